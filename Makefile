@@ -1,0 +1,29 @@
+# genbatch developer entry points.
+#   make demo   set up .venv (CPU torch on machines without an NVIDIA GPU) and run the example manifest
+#   make test   set up .venv with the test extras and run the test suite
+PYTHON ?= python3
+VENV   ?= .venv
+BIN     = $(VENV)/bin
+
+.PHONY: setup setup-test demo test clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+setup: $(BIN)/python
+	./scripts/install-torch $(BIN)/pip
+	$(BIN)/pip install -q -e .
+
+setup-test: $(BIN)/python
+	./scripts/install-torch $(BIN)/pip
+	$(BIN)/pip install -q -e '.[test]'
+
+demo: setup
+	$(BIN)/gen run examples/manifest.parquet --out runs/example
+
+test: setup-test
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) runs

@@ -1,0 +1,1 @@
+"""genbatch.jobs"""

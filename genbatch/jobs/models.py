@@ -1,0 +1,220 @@
+"""What a model is, read cheaply: its family, the sizes it accepts, its defaults and its transformer's shape.
+
+A `ModelSpec` is resolved from a preset name or a diffusers pipeline directory by reading small JSON
+configs only (never weights), so manifest validation, planning and scheduling can ask about a model
+without loading it. Loading the weights is the runner's job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from functools import lru_cache
+
+# The diffusers pipeline class named in model_index.json -> the family genbatch runs it as.
+PIPELINE_FAMILIES = {
+    "WanPipeline": "wan",
+    "FluxPipeline": "flux",
+    "StableDiffusion3Pipeline": "sd3",
+}
+
+# The defaults of each family's diffusers pipeline `__call__` (None: derived from the model's config).
+FAMILY_DEFAULTS: dict[str, dict[str, float | int | None]] = {
+    "wan": {"width": 832, "height": 480, "num_frames": 81, "num_inference_steps": 50, "guidance_scale": 5.0, "fps": 16},
+    "flux": {"width": None, "height": None, "num_inference_steps": 28, "guidance_scale": 3.5},
+    "sd3": {"width": None, "height": None, "num_inference_steps": 28, "guidance_scale": 7.0},
+}
+
+
+class UnknownModelError(ValueError):
+    """The model name is neither a preset nor a readable diffusers pipeline directory."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """The facts about one model that planning, validation and scheduling need, without its weights."""
+
+    name: str
+    """The name as the user gave it: a preset name or a pipeline directory."""
+    family: str
+    """`wan`, `flux` or `sd3`: which denoise loop and parallel plan apply."""
+    is_video: bool
+    """True for text-to-video models (the output is an MP4, `num_frames` applies)."""
+    uses_cfg: bool
+    """True when the model runs a conditional and an unconditional branch per step (CFG parallel applies)."""
+    size_multiple: int
+    """Width and height must be multiples of this (VAE downsampling times the patch size)."""
+    frame_multiple: int
+    """Video only: `num_frames - 1` must be a multiple of this (the VAE's temporal compression)."""
+    vae_spatial: int
+    """Pixels per latent pixel along height and width."""
+    patch_size: tuple[int, ...]
+    """The transformer's patch size: (t, h, w) for video, (h, w) for images."""
+    num_layers: int
+    """Transformer blocks (all kinds together)."""
+    num_heads: int
+    """Attention heads; the Ulysses degree must divide it."""
+    head_dim: int
+    """Channels per head."""
+    text_tokens: int
+    """Text tokens the transformer attends to (jointly for MMDiT models, by cross-attention for Wan)."""
+    parameters: int | None = None
+    """Transformer parameter count when known (from the safetensors index or the preset)."""
+    defaults: dict[str, float | int] = field(default_factory=dict)
+    """Per-job defaults: width, height, num_frames, num_inference_steps, guidance_scale, fps."""
+
+    @property
+    def hidden_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def latent_shape(self, width: int, height: int, num_frames: int | None) -> tuple[int, ...]:
+        """(frames, height, width) of the latent for video, (height, width) for images."""
+        h, w = height // self.vae_spatial, width // self.vae_spatial
+        if self.is_video:
+            return ((num_frames - 1) // self.frame_multiple + 1, h, w)
+        return (h, w)
+
+    def tokens(self, width: int, height: int, num_frames: int | None) -> int:
+        """Image tokens the transformer sees for one sample (latent size over the patch size)."""
+        shape = self.latent_shape(width, height, num_frames)
+        count = 1
+        for extent, patch in zip(shape, self.patch_size[-len(shape) :]):
+            count *= max(extent // patch, 1)
+        return count
+
+    def geometry_problems(self, width: int, height: int, num_frames: int | None) -> list[tuple[str, str]]:
+        """The (column, reason) pairs for sizes this model cannot take; empty when they are fine."""
+        problems = []
+        for column, value in (("width", width), ("height", height)):
+            if value % self.size_multiple:
+                fixed = max(self.size_multiple, round(value / self.size_multiple) * self.size_multiple)
+                problems.append((column, f"{value} is not a multiple of {self.size_multiple} (use {fixed})"))
+        if self.is_video and num_frames is not None and (num_frames - 1) % self.frame_multiple:
+            fixed = (num_frames - 1) // self.frame_multiple * self.frame_multiple + 1
+            problems.append(
+                ("num_frames", f"{num_frames} is not of the form {self.frame_multiple}k+1 (use {fixed})")
+            )
+        return problems
+
+
+def _preset_specs() -> dict[str, ModelSpec]:
+    from genbatch.runner import preset_configs as cfg
+
+    wan = cfg.TINY_WAN_TRANSFORMER
+    flux = cfg.TINY_FLUX_TRANSFORMER
+    return {
+        "tiny-wan": ModelSpec(
+            name="tiny-wan",
+            family="wan",
+            is_video=True,
+            uses_cfg=True,
+            size_multiple=16,
+            frame_multiple=4,
+            vae_spatial=8,
+            patch_size=tuple(wan["patch_size"]),
+            num_layers=wan["num_layers"],
+            num_heads=wan["num_attention_heads"],
+            head_dim=wan["attention_head_dim"],
+            text_tokens=512,
+            defaults=dict(cfg.PRESET_DEFAULTS["tiny-wan"]),
+        ),
+        "tiny-flux": ModelSpec(
+            name="tiny-flux",
+            family="flux",
+            is_video=False,
+            uses_cfg=False,
+            size_multiple=16,
+            frame_multiple=1,
+            vae_spatial=8,
+            patch_size=(2, 2),
+            num_layers=flux["num_layers"] + flux["num_single_layers"],
+            num_heads=flux["num_attention_heads"],
+            head_dim=flux["attention_head_dim"],
+            text_tokens=512,
+            defaults=dict(cfg.PRESET_DEFAULTS["tiny-flux"]),
+        ),
+    }
+
+
+def preset_names() -> list[str]:
+    return sorted(_preset_specs())
+
+
+def _read_json(path: str) -> dict:
+    with open(path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def _spec_from_directory(name: str) -> ModelSpec:
+    index_path = os.path.join(name, "model_index.json")
+    if not os.path.isfile(index_path):
+        raise UnknownModelError(
+            f"model {name!r} is not a preset ({', '.join(preset_names())}) and has no model_index.json; "
+            "pass a diffusers pipeline directory saved with save_pretrained"
+        )
+    index = _read_json(index_path)
+    pipeline_class = index.get("_class_name", "")
+    family = PIPELINE_FAMILIES.get(pipeline_class)
+    if family is None:
+        raise UnknownModelError(
+            f"model {name!r} is a {pipeline_class or 'pipeline of unknown class'}; genbatch runs "
+            f"{', '.join(sorted(PIPELINE_FAMILIES))}"
+        )
+    transformer = _read_json(os.path.join(name, "transformer", "config.json"))
+    vae = _read_json(os.path.join(name, "vae", "config.json"))
+    defaults = dict(FAMILY_DEFAULTS[family])
+    if family == "wan":
+        spatial = vae.get("scale_factor_spatial", 8)
+        patch = tuple(transformer["patch_size"])
+        return ModelSpec(
+            name=name,
+            family=family,
+            is_video=True,
+            uses_cfg=True,
+            size_multiple=spatial * patch[1],
+            frame_multiple=vae.get("scale_factor_temporal", 4),
+            vae_spatial=spatial,
+            patch_size=patch,
+            num_layers=transformer["num_layers"],
+            num_heads=transformer["num_attention_heads"],
+            head_dim=transformer["attention_head_dim"],
+            text_tokens=512,
+            defaults=defaults,
+        )
+    spatial = 2 ** (len(vae["block_out_channels"]) - 1)
+    if family == "flux":
+        patch = (2, 2)  # the pipeline packs 2x2 latent pixels into one token
+        layers = transformer["num_layers"] + transformer["num_single_layers"]
+        sample = 128
+        text_tokens = 512
+    else:
+        patch = (transformer["patch_size"],) * 2
+        layers = transformer["num_layers"]
+        sample = transformer["sample_size"]
+        text_tokens = 333  # 77 CLIP + 256 T5 tokens, the pipeline's default max_sequence_length
+    defaults["width"] = defaults["height"] = sample * spatial
+    return ModelSpec(
+        name=name,
+        family=family,
+        is_video=False,
+        uses_cfg=family == "sd3",
+        size_multiple=spatial * patch[0],
+        frame_multiple=1,
+        vae_spatial=spatial,
+        patch_size=patch,
+        num_layers=layers,
+        num_heads=transformer["num_attention_heads"],
+        head_dim=transformer["attention_head_dim"],
+        text_tokens=text_tokens,
+        defaults=defaults,
+    )
+
+
+@lru_cache(maxsize=64)
+def resolve_model(name: str) -> ModelSpec:
+    """The spec of a preset or a pipeline directory; raises `UnknownModelError` naming the fix."""
+    presets = _preset_specs()
+    if name in presets:
+        return presets[name]
+    return _spec_from_directory(os.path.expanduser(name))

@@ -1,0 +1,127 @@
+"""The collectives genbatch issues, each counting the bytes this rank sends.
+
+Every collective of the parallel layer goes through a `Comm`: a process group plus a `CommLedger`. The
+ledger adds up, per collective kind, the bytes this rank puts on the wire, under the usual algorithm
+for that kind, so a test (and the timings table) can compare what was sent with seed 000's formulas:
+
+| kind            | bytes this rank sends                                   |
+|-----------------|---------------------------------------------------------|
+| all_to_all      | its input minus the part it keeps                       |
+| all_gather      | its input, once to each of the p-1 others               |
+| all_reduce      | 2 (p-1)/p of the tensor (ring reduce-scatter + gather)  |
+| reduce_scatter  | (p-1)/p of its input                                    |
+| broadcast       | the tensor once to each other rank, on the source only  |
+| p2p             | the tensor                                              |
+
+Works the same on gloo (CPU tests) and NCCL (GPUs): only torch.distributed calls are used.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(slots=True)
+class CommLedger:
+    """Bytes sent by this rank, by collective kind, since the last `take()`."""
+
+    sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, kind: str, nbytes: int) -> None:
+        self.sent[kind] += int(nbytes)
+
+    def take(self) -> dict[str, int]:
+        """Return the counts so far and start again from zero (called at each step boundary)."""
+        counts = dict(self.sent)
+        self.sent.clear()
+        return counts
+
+    def total(self) -> int:
+        return sum(self.sent.values())
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+@dataclass(slots=True)
+class Comm:
+    """A process group and the ledger its collectives count into."""
+
+    group: dist.ProcessGroup | None
+    ledger: CommLedger
+
+    @property
+    def size(self) -> int:
+        return 1 if self.group is None else dist.get_world_size(self.group)
+
+    @property
+    def rank(self) -> int:
+        return 0 if self.group is None else dist.get_rank(self.group)
+
+    def global_rank(self, group_rank: int) -> int:
+        return dist.get_global_rank(self.group, group_rank)
+
+    def all_to_all(
+        self,
+        output: torch.Tensor,
+        tensor: torch.Tensor,
+        output_split_sizes: Sequence[int] | None = None,
+        input_split_sizes: Sequence[int] | None = None,
+        async_op: bool = False,
+    ):
+        """`all_to_all_single` along dim 0; uneven splits allowed."""
+        rows = tensor.shape[0]
+        kept = input_split_sizes[self.rank] if input_split_sizes is not None else rows // self.size
+        row_bytes = _nbytes(tensor) // max(rows, 1)
+        self.ledger.add("all_to_all", (rows - kept) * row_bytes)
+        return dist.all_to_all_single(
+            output,
+            tensor,
+            output_split_sizes=list(output_split_sizes) if output_split_sizes is not None else None,
+            input_split_sizes=list(input_split_sizes) if input_split_sizes is not None else None,
+            group=self.group,
+            async_op=async_op,
+        )
+
+    def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor, async_op: bool = False):
+        """Equal-size all-gather into one tensor whose dim 0 is `size` times the input's."""
+        self.ledger.add("all_gather", _nbytes(tensor) * (self.size - 1))
+        return dist.all_gather_into_tensor(output, tensor.contiguous(), group=self.group, async_op=async_op)
+
+    def all_gather_uneven(self, tensor: torch.Tensor, rows: Sequence[int]) -> list[torch.Tensor]:
+        """All-gather tensors whose dim 0 differs by rank (`rows[r]` on rank r): pad, gather, trim."""
+        longest = max(rows)
+        padded = tensor.new_zeros((longest, *tensor.shape[1:]))
+        padded[: tensor.shape[0]] = tensor
+        gathered = tensor.new_empty((longest * self.size, *tensor.shape[1:]))
+        self.ledger.add("all_gather", _nbytes(tensor) * (self.size - 1))
+        dist.all_gather_into_tensor(gathered, padded, group=self.group)
+        # (p * longest, ...) -> p pieces of (rows[r], ...)
+        return [gathered[r * longest : r * longest + rows[r]] for r in range(self.size)]
+
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
+        self.ledger.add("all_reduce", 2 * (self.size - 1) * _nbytes(tensor) // self.size)
+        dist.all_reduce(tensor, op=op, group=self.group)
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src_group_rank: int = 0) -> torch.Tensor:
+        if self.rank == src_group_rank:
+            self.ledger.add("broadcast", _nbytes(tensor) * (self.size - 1))
+        dist.broadcast(tensor, src=self.global_rank(src_group_rank), group=self.group)
+        return tensor
+
+    def exchange(self, sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]]):
+        """Start point-to-point sends and receives (peers as group ranks); returns the works to wait on."""
+        ops = []
+        for tensor, peer in sends:
+            self.ledger.add("p2p", _nbytes(tensor))
+            ops.append(dist.P2POp(dist.isend, tensor, self.global_rank(peer), self.group))
+        for tensor, peer in recvs:
+            ops.append(dist.P2POp(dist.irecv, tensor, self.global_rank(peer), self.group))
+        return dist.batch_isend_irecv(ops) if ops else []

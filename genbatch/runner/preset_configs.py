@@ -1,0 +1,53 @@
+"""The configs of the built-in tiny presets, as plain data (no torch import), so specs can be read cheaply."""
+
+TINY_WAN_TRANSFORMER = dict(
+    patch_size=(1, 2, 2),
+    num_attention_heads=4,
+    attention_head_dim=12,
+    in_channels=16,
+    out_channels=16,
+    text_dim=32,
+    freq_dim=256,
+    ffn_dim=32,
+    num_layers=2,
+    cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads",
+    rope_max_seq_len=32,
+)
+
+TINY_WAN_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
+
+TINY_FLUX_TRANSFORMER = dict(
+    patch_size=1,
+    in_channels=64,
+    num_layers=1,
+    num_single_layers=1,
+    attention_head_dim=16,
+    num_attention_heads=4,
+    joint_attention_dim=32,
+    pooled_projection_dim=32,
+    axes_dims_rope=[4, 4, 8],
+    guidance_embeds=True,
+)
+
+TINY_FLUX_VAE = dict(
+    in_channels=3,
+    out_channels=3,
+    block_out_channels=[8, 8, 8, 8],
+    down_block_types=["DownEncoderBlock2D"] * 4,
+    up_block_types=["UpDecoderBlock2D"] * 4,
+    layers_per_block=1,
+    latent_channels=16,
+    norm_num_groups=4,
+    use_quant_conv=False,
+    use_post_quant_conv=False,
+    shift_factor=0.1159,
+    scaling_factor=0.3611,
+    sample_size=64,
+)
+
+# Defaults the presets give jobs that leave a field empty: small enough to run in seconds on a CPU.
+PRESET_DEFAULTS: dict[str, dict[str, float | int]] = {
+    "tiny-wan": {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "fps": 8},
+    "tiny-flux": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 3.5},
+}

@@ -1,0 +1,136 @@
+"""Built-in tiny models: the real diffusers classes, small configs, deterministic random weights.
+
+They make the main job runnable anywhere (no model hub, no GPU) and give the tests real architectures to
+load, parallelise and compare. Each preset is a function that builds a whole diffusers pipeline; the same
+seed always gives the same weights, so two processes that build a preset hold identical models.
+"""
+
+from __future__ import annotations
+
+import string
+from collections.abc import Callable
+
+import torch
+
+from genbatch.runner import preset_configs as configs
+
+PRESETS: dict[str, Callable[[], object]] = {}
+
+
+def _preset(name: str):
+    def register(builder: Callable[[], object]) -> Callable[[], object]:
+        PRESETS[name] = builder
+        return builder
+
+    return register
+
+
+def build_preset(name: str):
+    """Build the named preset pipeline on the CPU in fp32."""
+    try:
+        builder = PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)} or pass a pipeline directory") from None
+    return builder()
+
+
+def character_tokenizer(model_max_length: int):
+    """A tokenizer with one token per character, built in memory (no files, no downloads).
+
+    Every distinct prompt gives distinct ids, and it saves and reloads like any fast tokenizer.
+    """
+    from tokenizers import Regex, Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "</s>", "<unk>"]
+    alphabet = list(string.ascii_lowercase + string.ascii_uppercase + string.digits + string.punctuation + " ")
+    vocab = {token: index for index, token in enumerate(specials + alphabet)}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(Regex("."), behavior="isolated")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="<pad>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        model_max_length=model_max_length,
+    )
+
+
+def _t5_config(vocab_size: int):
+    return dict(
+        vocab_size=vocab_size,
+        d_model=32,
+        d_kv=8,
+        d_ff=37,
+        num_layers=2,
+        num_heads=4,
+        relative_attention_num_buckets=8,
+        pad_token_id=0,
+        eos_token_id=1,
+        decoder_start_token_id=0,
+    )
+
+
+@_preset("tiny-wan")
+def tiny_wan():
+    """Wan 2.1 text-to-video (a CFG model): WanTransformer3DModel, AutoencoderKLWan, UMT5, UniPC flow scheduler."""
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tokenizer = character_tokenizer(model_max_length=512)
+    torch.manual_seed(0)
+    text_encoder = UMT5EncoderModel(UMT5Config(**_t5_config(len(tokenizer)))).eval()
+    torch.manual_seed(1)
+    transformer = WanTransformer3DModel(**configs.TINY_WAN_TRANSFORMER).eval()
+    torch.manual_seed(2)
+    vae = AutoencoderKLWan(**configs.TINY_WAN_VAE).eval()
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer)
+
+
+@_preset("tiny-flux")
+def tiny_flux():
+    """FLUX.1 text-to-image, guidance-distilled: FluxTransformer2DModel, AutoencoderKL, CLIP + T5, flow Euler."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    clip_tokenizer = character_tokenizer(model_max_length=77)
+    t5_tokenizer = character_tokenizer(model_max_length=512)
+    torch.manual_seed(0)
+    clip = CLIPTextModel(
+        CLIPTextConfig(
+            vocab_size=len(clip_tokenizer),
+            hidden_size=32,
+            intermediate_size=37,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=77,
+            projection_dim=32,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=1,
+        )
+    ).eval()
+    torch.manual_seed(1)
+    t5 = T5EncoderModel(T5Config(**_t5_config(len(t5_tokenizer)))).eval()
+    torch.manual_seed(2)
+    transformer = FluxTransformer2DModel(**configs.TINY_FLUX_TRANSFORMER).eval()
+    torch.manual_seed(3)
+    vae = AutoencoderKL(**configs.TINY_FLUX_VAE).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        base_image_seq_len=256,
+        base_shift=0.5,
+        max_image_seq_len=4096,
+        max_shift=1.15,
+        use_dynamic_shifting=True,
+        shift=3.0,
+    )
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=clip,
+        tokenizer=clip_tokenizer,
+        text_encoder_2=t5,
+        tokenizer_2=t5_tokenizer,
+        transformer=transformer,
+    )

@@ -1,0 +1,84 @@
+"""Run a function on N gloo processes on this machine, with short timeouts, and collect what each returns.
+
+    results = run_on_ranks(my_check, world_size=4, args=(...,))   # results[rank] is my_check's return value
+
+`fn(rank, world_size, *args)` runs after `init_process_group("gloo")`; it must be a module-level function
+(it is pickled by name). A rank that raises fails the call with that rank's traceback; a rank that hangs is
+cut off by the gloo timeout (seconds, not the 30-minute default) and the call fails.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import socket
+import tempfile
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _worker(rank, world_size, port, timeout_s, result_dir, fn, args):
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world_size),
+    )
+    torch.set_num_threads(1)
+    path = os.path.join(result_dir, f"rank{rank}.pkl")
+    try:
+        dist.init_process_group(
+            "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
+        )
+        result = fn(rank, world_size, *args)
+        with open(path, "wb") as handle:
+            pickle.dump(("ok", result), handle)
+    except BaseException:  # noqa: BLE001 - every failure must reach the parent
+        with open(path, "wb") as handle:
+            pickle.dump(("error", traceback.format_exc()), handle)
+        raise
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def run_on_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 30.0) -> list:
+    """Run `fn(rank, world_size, *args)` on `world_size` gloo processes; return their results by rank."""
+    with tempfile.TemporaryDirectory() as result_dir:
+        context = mp.start_processes(
+            _worker,
+            args=(world_size, free_port(), timeout_s, result_dir, fn, args),
+            nprocs=world_size,
+            join=False,
+            start_method="spawn",
+        )
+        try:
+            while not context.join(timeout=timeout_s * 4):
+                pass
+        except Exception as exc:  # a rank failed: report every rank's error
+            errors = []
+            for rank in range(world_size):
+                path = os.path.join(result_dir, f"rank{rank}.pkl")
+                if os.path.exists(path):
+                    status, value = pickle.load(open(path, "rb"))
+                    if status == "error":
+                        errors.append(f"--- rank {rank} ---\n{value}")
+            raise AssertionError("distributed run failed:\n" + "\n".join(errors or [str(exc)])) from None
+        results = []
+        for rank in range(world_size):
+            with open(os.path.join(result_dir, f"rank{rank}.pkl"), "rb") as handle:
+                status, value = pickle.load(handle)
+            results.append(value)
+        return results
