@@ -1,0 +1,22 @@
+"""The `gen` command: argument handling only; each subcommand calls into its subpackage."""
+
+from __future__ import annotations
+
+import click
+
+from genbatch import __version__
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+@click.version_option(__version__, prog_name="gen")
+def main() -> None:
+    """genbatch: turn a Parquet manifest of prompts into images and videos, on one GPU or a cluster.
+
+    \b
+    gen run MANIFEST --out OUT        generate every row (resumes: done rows are skipped)
+    gen validate MANIFEST             check a manifest without running it
+    gen status OUT                    done / failed / rejected / pending counts of a run
+    gen submit MANIFEST --out OUT     render and submit an sbatch script
+    gen plan --model M --gpus G       rank parallel layouts by estimated speed
+    gen bench --out OUT               nightly throughput run with a report
+    """

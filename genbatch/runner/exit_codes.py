@@ -1,0 +1,11 @@
+"""The exit statuses of `gen run`, which sbatch scripts and schedulers act on."""
+
+OK = 0
+"""Every valid manifest row is done."""
+JOBS_FAILED = 1
+"""The run finished, but some jobs failed (their errors are in results/)."""
+USAGE = 2
+"""Bad options or a manifest that cannot be read at all; nothing was run."""
+REQUEUE = 75
+"""Interrupted by SIGUSR1/SIGTERM (preemption, time limit): work was checkpointed; requeue and rerun the same
+command to continue. 75 is EX_TEMPFAIL from sysexits.h: a temporary failure, try again."""
