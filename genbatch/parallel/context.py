@@ -1,0 +1,89 @@
+"""ParallelContext: the one DeviceMesh of a run and the groups taken from it by axis name.
+
+Built once per process from a validated `ParallelDims`. Every group the parallel layer uses comes from here
+(never from module-level globals): `group` (the job group: cfg x ring x ulysses), `cfg`, `sp`
+(ring x ulysses), `ring`, `ulysses`. Each is a `Comm`, so its collectives count bytes into the one ledger.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from genbatch.parallel.comm import Comm, CommLedger
+from genbatch.parallel.dims import AXES, ParallelDims
+
+
+@dataclass(kw_only=True, slots=True)
+class ParallelContext:
+    dims: ParallelDims
+    """The validated layout."""
+    device: torch.device
+    """This rank's device (cuda:LOCAL_RANK, or cpu)."""
+    ledger: CommLedger
+    """Bytes this rank sent, by collective kind, since the last step boundary."""
+    mesh: object | None
+    """The (dp, cfg, ring, ulysses) DeviceMesh; None in a one-process run."""
+    rank: int
+    """Global rank."""
+    dp_rank: int
+    """Which job group this rank belongs to."""
+    group: Comm
+    """The ranks running this rank's job (cfg x ring x ulysses); group rank 0 is the leader."""
+    cfg: Comm
+    sp: Comm
+    ring: Comm
+    ulysses: Comm
+    group_mesh: object | None = None
+    """The job group as a 1-D DeviceMesh (what FSDP2 shards over); None in a one-process run."""
+
+    @property
+    def is_leader(self) -> bool:
+        """True on the rank that writes this group's outputs."""
+        return self.group.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.mesh is not None
+
+
+def single_process_context(device: torch.device) -> ParallelContext:
+    """The context of a plain one-process run: every group is just this rank."""
+    ledger = CommLedger()
+    solo = Comm(None, ledger)
+    return ParallelContext(
+        dims=ParallelDims(), device=device, ledger=ledger, mesh=None, rank=0, dp_rank=0,
+        group=solo, cfg=solo, sp=solo, ring=solo, ulysses=solo,
+    )
+
+
+def build_context(dims: ParallelDims, device: torch.device) -> ParallelContext:
+    """Build the mesh for an initialised process group and take every group from it by name."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if not dist.is_initialized():
+        return single_process_context(device)
+    mesh = init_device_mesh(device.type, dims.shape(), mesh_dim_names=AXES)
+    ledger = CommLedger()
+    group_mesh = mesh["cfg", "ring", "ulysses"]._flatten("group")
+    sp_mesh = mesh["ring", "ulysses"]._flatten("sp")
+
+    def comm(sub_mesh) -> Comm:
+        return Comm(sub_mesh.get_group(), ledger)
+
+    return ParallelContext(
+        dims=dims,
+        device=device,
+        ledger=ledger,
+        mesh=mesh,
+        rank=dist.get_rank(),
+        dp_rank=mesh["dp"].get_local_rank(),
+        group=comm(group_mesh),
+        cfg=comm(mesh["cfg"]),
+        sp=comm(sp_mesh),
+        ring=comm(mesh["ring"]),
+        ulysses=comm(mesh["ulysses"]),
+        group_mesh=group_mesh,
+    )
