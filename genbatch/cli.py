@@ -20,3 +20,4 @@ def main() -> None:
     gen plan --model M --gpus G       rank parallel layouts by estimated speed
     gen bench --out OUT               nightly throughput run with a report
     """
+from genbatch.manifests.cli import validate_command; main.add_command(validate_command)  # noqa: E402, E702

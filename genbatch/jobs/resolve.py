@@ -1,0 +1,85 @@
+"""Precedence: a row's own value > the run-level option > the model's default.
+
+Pure functions over plain values, shared by manifest validation (which checks the resolved values and says
+where a bad one came from) and anything else that needs a job's effective settings.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from genbatch.jobs.models import ModelSpec
+from genbatch.jobs.seeds import job_seed
+from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
+
+DEFAULT_MODEL = "tiny-wan"
+"""The model of rows that name none when the run names none either: the built-in preset that runs anywhere."""
+
+SOURCES = {"row": "the row's value", "run": "the run-level option", "model": "the model's default"}
+"""Where a resolved value came from, in words for messages."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resolved:
+    """One setting's effective value and where it came from."""
+
+    value: int | float
+    """The effective value."""
+    source: str
+    """`row`, `run` or `model` (keys of `SOURCES`)."""
+
+
+def resolve_model_name(row_model: str | None, overrides: JobOverrides) -> str:
+    """The model a row runs on: its own `model`, else the run's `--model`, else `DEFAULT_MODEL`."""
+    if row_model is not None:
+        return row_model
+    return overrides.model if overrides.model is not None else DEFAULT_MODEL
+
+
+def resolve_settings(
+    row: Mapping[str, object], overrides: JobOverrides, spec: ModelSpec
+) -> dict[str, Resolved | None]:
+    """Each setting of `SETTINGS` resolved for this model, None where no level supplies one (a model without
+    that default); video-only settings (`num_frames`, `fps`) are left out for image models."""
+    resolved: dict[str, Resolved | None] = {}
+    for name in SETTINGS:
+        if name in VIDEO_SETTINGS and not spec.is_video:
+            continue
+        candidates = (("row", row.get(name)), ("run", overrides.value(name)), ("model", spec.defaults.get(name)))
+        resolved[name] = next((Resolved(value, source) for source, value in candidates if value is not None), None)
+    return resolved
+
+
+def build_job(
+    *,
+    row: int,
+    job_id: str,
+    prompt: str,
+    negative_prompt: str | None,
+    model: str,
+    seed: int | None,
+    settings: Mapping[str, Resolved | None],
+    extra: dict[str, object],
+) -> JobSpec:
+    """A `JobSpec` from resolved settings that validation has already accepted (every required one present)."""
+
+    def value(name: str) -> int | float | None:
+        setting = settings.get(name)
+        return None if setting is None else setting.value
+
+    return JobSpec(
+        id=job_id,
+        prompt=prompt,
+        negative_prompt=negative_prompt,
+        model=model,
+        width=int(value("width")),
+        height=int(value("height")),
+        num_frames=None if value("num_frames") is None else int(value("num_frames")),
+        num_inference_steps=int(value("num_inference_steps")),
+        guidance_scale=float(value("guidance_scale")),
+        seed=job_seed(seed, job_id),
+        fps=None if value("fps") is None else int(value("fps")),
+        extra=extra,
+        row=row,
+    )

@@ -1,0 +1,94 @@
+"""One fully resolved job, and the run-level options that fill what a manifest row leaves out."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+# The per-job settings a manifest row, a run-level option or the model's defaults can supply, in the order
+# results tables list them.
+SETTINGS = ("width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps")
+# Settings that only mean something for video models.
+VIDEO_SETTINGS = ("num_frames", "fps")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobSpec:
+    """One manifest row with every setting resolved (row value > run-level option > model default)."""
+
+    id: str
+    """The row's unique id; names the outputs (`outputs/<id>.png`) and the done marker."""
+    prompt: str
+    """The text prompt."""
+    negative_prompt: str | None
+    """The negative prompt, or None for the pipeline's own (none)."""
+    model: str
+    """The model the job runs on: a preset name or a diffusers pipeline directory."""
+    width: int
+    """Output width in pixels."""
+    height: int
+    """Output height in pixels."""
+    num_frames: int | None
+    """Frames of a video; None for image models."""
+    num_inference_steps: int
+    """Denoising steps."""
+    guidance_scale: float
+    """Classifier-free guidance scale (or the distilled guidance embedding for FLUX)."""
+    seed: int
+    """The noise seed: the row's own, or derived from `id` (see `genbatch.jobs.seeds`)."""
+    fps: int | None
+    """Frames per second of a video; None for image models."""
+    extra: dict[str, object] = field(default_factory=dict)
+    """The manifest's extra columns for this row, as Python values, carried into the results table."""
+    row: int
+    """0-based row index in the manifest."""
+
+    def record(self) -> dict[str, object]:
+        """A flat dict for results tables: the job's fields, then its extra columns."""
+        flat: dict[str, object] = {
+            "id": self.id,
+            "row": self.row,
+            "model": self.model,
+            "prompt": self.prompt,
+            "negative_prompt": self.negative_prompt,
+            "seed": self.seed,
+        }
+        for name in SETTINGS:
+            flat[name] = getattr(self, name)
+        flat.update(self.extra)
+        return flat
+
+
+@dataclass(kw_only=True, slots=True)
+class JobOverrides:
+    """Run-level options (`gen run` / `gen validate` flags); each applies to rows that leave the column null."""
+
+    model: str | None = None
+    """The run's model for rows without a `model` value; None means the caller's default."""
+    width: int | None = None
+    """Width in pixels for rows without one."""
+    height: int | None = None
+    """Height in pixels for rows without one."""
+    num_frames: int | None = None
+    """Frames for video rows without one (ignored for image models)."""
+    num_inference_steps: int | None = None
+    """Denoising steps for rows without a value."""
+    guidance_scale: float | None = None
+    """Guidance scale for rows without a value."""
+    fps: int | None = None
+    """Frames per second for video rows without one (ignored for image models)."""
+
+    def __post_init__(self) -> None:
+        for name in ("width", "height", "num_frames", "num_inference_steps", "fps"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ValueError(f"run-level {name}={value!r} must be a positive integer; pass e.g. {name}=16")
+        guidance = self.guidance_scale
+        if guidance is not None and not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and guidance >= 0):
+            raise ValueError(f"run-level guidance_scale={guidance!r} must be a finite number >= 0; pass e.g. 5.0")
+        if self.model is not None and not self.model.strip():
+            raise ValueError("run-level model is empty; pass a preset name (tiny-wan, tiny-flux) or a pipeline directory")
+
+    def value(self, name: str) -> int | float | None:
+        """The run-level value of one setting (see `SETTINGS`), None when not given."""
+        return getattr(self, name)

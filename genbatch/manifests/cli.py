@@ -1,0 +1,71 @@
+"""`gen validate MANIFEST`: check a manifest without running it; exit 2 / 1 / 0 (file error / rejected rows / clean).
+
+`job_override_options` and `overrides_from_options` are the run-level job options shared with `gen run`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+
+import click
+
+from genbatch.jobs.resolve import DEFAULT_MODEL
+from genbatch.jobs.spec import JobOverrides
+from genbatch.manifests.report import validate_manifest
+
+
+def job_override_options(command: Callable) -> Callable:
+    """Add --model --width --height --frames --steps --guidance --fps (run-level job settings) to a command."""
+    options = [
+        click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model for rows without a `model` value: a preset name or a diffusers pipeline directory."),
+        click.option("--width", type=click.IntRange(min=1), help="Width in pixels for rows without one."),
+        click.option("--height", type=click.IntRange(min=1), help="Height in pixels for rows without one."),
+        click.option("--frames", "num_frames", type=click.IntRange(min=1), help="Frames for video rows without `num_frames`."),
+        click.option("--steps", "num_inference_steps", type=click.IntRange(min=1), help="Denoising steps for rows without `num_inference_steps`."),
+        click.option("--guidance", "guidance_scale", type=click.FloatRange(min=0), help="Guidance scale for rows without `guidance_scale`."),
+        click.option("--fps", type=click.IntRange(min=1), help="Frames per second for video rows without `fps`."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def overrides_from_options(options: dict) -> JobOverrides:
+    """The `JobOverrides` of the options `job_override_options` added (other keys are ignored)."""
+    names = ("model", "width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps")
+    return JobOverrides(**{name: options.get(name) for name in names})
+
+
+def storage_options_from(pairs: Iterable[str]) -> dict[str, object]:
+    """`--storage-option key=value` strings -> fsspec storage options (parsed by `genbatch.io`)."""
+    from genbatch.io.options import parse_storage_options
+
+    try:
+        return parse_storage_options(tuple(pairs))
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--storage-option") from None
+
+
+@click.command("validate")
+@click.argument("manifest")
+@job_override_options
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE", help="fsspec option for the manifest's filesystem (repeatable).")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@click.pass_context
+def validate_command(ctx: click.Context, manifest: str, storage_option: tuple[str, ...], as_json: bool, **options) -> None:
+    """Check MANIFEST (a Parquet file at any fsspec URL) and report every problem without running anything.
+
+    Exit status: 0 every row is valid, 1 some rows are rejected, 2 the file cannot be used at all.
+    """
+    try:
+        overrides = overrides_from_options(options)
+    except ValueError as error:
+        raise click.UsageError(str(error)) from None
+    report = validate_manifest(manifest, overrides=overrides, storage_options=storage_options_from(storage_option))
+    if as_json:
+        click.echo(json.dumps(report.to_json(), indent=2, default=str))
+    else:
+        for line in report.lines():
+            click.echo(line, err=report.file_error is not None)
+    ctx.exit(report.exit_code)

@@ -1,0 +1,109 @@
+"""`validate_manifest`: every problem of a manifest, counted, as text lines or JSON, with `gen validate`'s exit status."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genbatch.jobs.spec import JobOverrides, JobSpec
+from genbatch.manifests.loader import iter_checked
+from genbatch.manifests.reader import DEFAULT_BATCH_ROWS, ManifestReader
+from genbatch.manifests.schema import ManifestFileError
+from genbatch.manifests.validate import Rejection
+from genbatch.runner import exit_codes
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelCounts:
+    """Rows of one model."""
+
+    valid: int = 0
+    """Rows that will run."""
+    rejected: int = 0
+    """Rows rejected."""
+
+
+@dataclass(kw_only=True, slots=True)
+class ValidationReport:
+    """What `gen validate` found in one manifest."""
+
+    url: str
+    """The manifest's URL."""
+    rows: int = 0
+    """Rows in the manifest (0 when it could not be read)."""
+    valid: int = 0
+    """Rows that resolve to a job."""
+    rejected: int = 0
+    """Rows rejected (each with one or more problems)."""
+    problems: list[Rejection] = field(default_factory=list)
+    """Every problem of every rejected row, in manifest order."""
+    by_model: dict[str, ModelCounts] = field(default_factory=dict)
+    """Valid and rejected rows per model, in order of first appearance."""
+    extra_columns: list[str] = field(default_factory=list)
+    """The extra columns carried into results."""
+    file_error: ManifestFileError | None = None
+    """Set when the manifest cannot be read at all; then nothing else is filled."""
+
+    @property
+    def exit_code(self) -> int:
+        """2 for a file-level error, 1 when rows are rejected, 0 when every row is valid."""
+        if self.file_error is not None:
+            return exit_codes.USAGE
+        return exit_codes.JOBS_FAILED if self.rejected else exit_codes.OK
+
+    def lines(self) -> list[str]:
+        """The report as text: one line per problem, then the summary."""
+        if self.file_error is not None:
+            return [f"error: {self.file_error}"]
+        lines = [problem.message() for problem in self.problems]
+        lines.append(
+            f"{self.url}: {self.rows} rows, {self.valid} valid, {self.rejected} rejected"
+            + (f" ({len(self.problems)} problems)" if self.problems else "")
+        )
+        for model, counts in self.by_model.items():
+            lines.append(f"  {model}: {counts.valid} valid, {counts.rejected} rejected")
+        lines.append("extra columns: " + (", ".join(self.extra_columns) or "none"))
+        return lines
+
+    def to_json(self) -> dict:
+        """The report as JSON-ready data."""
+        error = self.file_error
+        return {
+            "url": self.url,
+            "rows": self.rows,
+            "valid": self.valid,
+            "rejected": self.rejected,
+            "problems": [
+                {"row": p.row, "id": p.job_id, "column": p.column, "reason": p.reason, "model": p.model}
+                for p in self.problems
+            ],
+            "by_model": {model: {"valid": c.valid, "rejected": c.rejected} for model, c in self.by_model.items()},
+            "extra_columns": self.extra_columns,
+            "file_error": None if error is None else {"message": str(error), "column": error.column},
+            "exit_code": self.exit_code,
+        }
+
+
+def validate_manifest(
+    url: str,
+    *,
+    overrides: JobOverrides | None = None,
+    storage_options: dict | None = None,
+    batch_rows: int = DEFAULT_BATCH_ROWS,
+) -> ValidationReport:
+    """Check every row of a manifest without keeping its jobs: memory grows with the problems, not the rows."""
+    report = ValidationReport(url=str(url))
+    try:
+        with ManifestReader(url, storage_options=storage_options, batch_rows=batch_rows) as reader:
+            report.rows = reader.rows
+            report.extra_columns = list(reader.schema.extra_columns)
+            for outcome in iter_checked(reader, overrides or JobOverrides()):
+                if isinstance(outcome, JobSpec):
+                    report.valid += 1
+                    report.by_model.setdefault(outcome.model, ModelCounts()).valid += 1
+                else:
+                    report.rejected += 1
+                    report.problems.extend(outcome)
+                    report.by_model.setdefault(outcome[0].model or "?", ModelCounts()).rejected += 1
+    except ManifestFileError as error:
+        return ValidationReport(url=str(url), file_error=error)
+    return report
