@@ -1,0 +1,24 @@
+"""Sequence-parallel attention kernels: Ulysses (all-to-all on heads), Ring (K/V point to point with
+online-softmax merging) and USP (both on a 2-D group), exact against one-process attention, safe for
+uneven sequence shards, and sending every byte through a counted `Comm`.
+
+All take diffusers' layout, (batch, seq, heads, head_dim), and this rank's sequence shard; a
+`SequenceLayout` tells every rank how many tokens each rank holds.
+"""
+
+from genbatch.parallel.attention.layout import SequenceLayout
+from genbatch.parallel.attention.local import BACKENDS, local_attention, merge_attention, pick_backend
+from genbatch.parallel.attention.ring import ring_attention
+from genbatch.parallel.attention.ulysses import ulysses_attention
+from genbatch.parallel.attention.usp import usp_attention
+
+__all__ = [
+    "BACKENDS",
+    "SequenceLayout",
+    "local_attention",
+    "merge_attention",
+    "pick_backend",
+    "ring_attention",
+    "ulysses_attention",
+    "usp_attention",
+]
