@@ -1,0 +1,121 @@
+"""Convolutions on a tile that give exactly the whole image's result: halo rows from the neighbours.
+
+A k x k convolution with zero padding p = k // 2 (times the dilation) is first run on the tile alone,
+with its own zero padding: every output pixel more than p away from a tile edge that has a neighbour is
+already right. Then the p-wide bands along those edges are computed again from small windows that include
+the neighbours' halo rows and columns, and written over the wrong ones. No copy of the whole tile is made,
+so a tile-parallel decoder holds no more than the plain one per pixel.
+
+Halos travel in two rounds so the corner pixels arrive too: first rows with the up/down neighbours, then
+columns of the row-extended tile with the left/right neighbours (2-D grids only).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from genbatch.parallel.vae.context import TileGroup
+
+ConvFn = Callable[[torch.Tensor, int, int], torch.Tensor]
+"""`conv(x, pad_h, pad_w)`: the layer's convolution of x with that zero padding on its last two dims."""
+
+
+def _swap(group: TileGroup, first: torch.Tensor, last: torch.Tensor, before: int | None, after: int | None, shape):
+    """Send `first` to rank `before` and `last` to rank `after`; receive tensors of `shape` from them.
+
+    Returns what came (before, after), zeros of `shape` where there is no neighbour (the image border).
+    """
+    got_before = first.new_empty(shape) if before is not None else first.new_zeros(shape)
+    got_after = last.new_empty(shape) if after is not None else last.new_zeros(shape)
+    sends, recvs = [], []
+    if before is not None:
+        sends.append((first.contiguous(), before))
+        recvs.append((got_before, before))
+    if after is not None:
+        sends.append((last.contiguous(), after))
+        recvs.append((got_after, after))
+    for work in group.comm.exchange(sends, recvs):
+        work.wait()
+    return got_before, got_after
+
+
+def _take(pieces: list[torch.Tensor], start: int, stop: int, dim: int) -> torch.Tensor:
+    """Rows [start, stop) along `dim` of the pieces as if they were concatenated along it."""
+    parts, offset = [], 0
+    for piece in pieces:
+        length = piece.shape[dim]
+        lo, hi = max(start, offset), min(stop, offset + length)
+        if lo < hi:
+            parts.append(piece.narrow(dim, lo - offset, hi - lo))
+        offset += length
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=dim)
+
+
+class _Extended:
+    """The tile with its halos, (h + 2 ph) x (w + 2 pw), never materialised whole: windows are cut from pieces."""
+
+    def __init__(self, group: TileGroup, x: torch.Tensor, ph: int, pw: int):
+        up, down, left, right = group.neighbors
+        h, w = x.shape[-2:]
+        if h < ph or w < pw:
+            raise ValueError(
+                f"a {h}x{w} tile is thinner than the {ph}x{pw} halo of a convolution; "
+                "decode with fewer ranks (or a larger latent) so every tile is at least as wide as the halo"
+            )
+        self.x, self.ph, self.pw = x, ph, pw
+        lead = x.shape[:-2]
+        # round 1, rows: (..., ph, w) from the up and down neighbours
+        shape = (*lead, ph, w)
+        if ph == 0:
+            self.top, self.bottom = x.new_zeros(shape), x.new_zeros(shape)
+        else:
+            self.top, self.bottom = _swap(group, x[..., :ph, :], x[..., h - ph :, :], up, down, shape)
+        # round 2, columns of the row-extended tile: (..., h + 2ph, pw), corners included
+        shape = (*lead, h + 2 * ph, pw)
+        if pw == 0 or (left is None and right is None):
+            self.left, self.right = x.new_zeros(shape), x.new_zeros(shape)
+        else:
+            columns = [self.top, x, self.bottom]
+            first = _take([c[..., :pw] for c in columns], 0, h + 2 * ph, -2)
+            last = _take([c[..., w - pw :] for c in columns], 0, h + 2 * ph, -2)
+            self.left, self.right = _swap(group, first, last, left, right, shape)
+
+    def window(self, row0: int, row1: int, col0: int, col1: int) -> torch.Tensor:
+        """Rows [row0, row1) and columns [col0, col1) of the extended tile (halo coordinates start at 0)."""
+        x, ph, pw = self.x, self.ph, self.pw
+        w = x.shape[-1]
+        parts = []
+        if col0 < pw:
+            parts.append(self.left[..., row0:row1, col0 : min(col1, pw)])
+        lo, hi = max(col0, pw) - pw, min(col1, pw + w) - pw
+        if lo < hi:
+            parts.append(_take([c[..., lo:hi] for c in (self.top, x, self.bottom)], row0, row1, -2))
+        if col1 > pw + w:
+            parts.append(self.right[..., row0:row1, max(col0, pw + w) - pw - w : col1 - pw - w])
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
+
+
+def halo_conv(group: TileGroup, x: torch.Tensor, conv: ConvFn, ph: int, pw: int) -> torch.Tensor:
+    """`conv` over this rank's tile `x` (..., h, w), exactly as over the whole image with zero padding (ph, pw)."""
+    out = conv(x, ph, pw)
+    up, down, left, right = group.neighbors
+    fix_rows = ph > 0 and (up is not None or down is not None)
+    fix_cols = pw > 0 and (left is not None or right is not None)
+    if not (fix_rows or fix_cols):
+        return out
+    ext = _Extended(group, x, ph, pw)
+    h, w = x.shape[-2:]
+    full_h, full_w = h + 2 * ph, w + 2 * pw
+    rows, cols = min(ph, h), min(pw, w)
+    # each band: a window 3p wide around the edge, convolved without padding -> the p edge rows/columns
+    if ph > 0 and up is not None:
+        out[..., :rows, :] = conv(ext.window(0, min(3 * ph, full_h), 0, full_w), 0, 0)
+    if ph > 0 and down is not None:
+        out[..., h - rows :, :] = conv(ext.window(max(0, full_h - 3 * ph), full_h, 0, full_w), 0, 0)
+    if pw > 0 and left is not None:
+        out[..., :, :cols] = conv(ext.window(0, full_h, 0, min(3 * pw, full_w)), 0, 0)
+    if pw > 0 and right is not None:
+        out[..., :, w - cols :] = conv(ext.window(0, full_h, max(0, full_w - 3 * pw), full_w), 0, 0)
+    return out

@@ -1,0 +1,221 @@
+"""Which decoder modules need a tile-parallel forward, which run on a tile as they are, and the `with` block
+that swaps those forwards in and restores them.
+
+The table is data: one row per module class met in AutoencoderKL's and AutoencoderKLWan's decoders. A
+class not in it makes the VAE unsupported (the caller falls back to a one-rank decode), so a new upstream
+layer can never silently give a wrong image. Per-pixel and per-channel layers run unchanged; convolutions
+get halos, GroupNorm global statistics, the mid-block attention a gathered key/value set.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from diffusers import AutoencoderKL, AutoencoderKLWan
+from diffusers.models.attention_processor import Attention, AttnProcessor2_0
+from diffusers.models.autoencoders import autoencoder_kl_wan as wan
+from diffusers.models.autoencoders.vae import Decoder
+from diffusers.models.resnet import ResnetBlock2D
+from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2D, UpDecoderBlock2D
+from diffusers.models.upsampling import Upsample2D
+from torch import nn
+
+from genbatch.parallel.vae.attention import image_attention, wan_attention
+from genbatch.parallel.vae.context import TileGroup
+from genbatch.parallel.vae.halo import halo_conv
+from genbatch.parallel.vae.norms import group_norm
+
+Check = Callable[[nn.Module], str | None]
+Patch = Callable[[TileGroup, nn.Module], Callable | None]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Rule:
+    """How one module class is decoded on tiles."""
+
+    check: Check | None = None
+    """Returns why this instance cannot be tiled (a configuration the rule does not cover), or None."""
+    patch: Patch | None = None
+    """Builds the tile-parallel forward for an instance (None from it: the instance runs as is)."""
+    descend: bool = True
+    """Whether the module's children are checked and patched too (False when `patch` replaces them all)."""
+
+
+def _same_padding(kernel, padding, dilation, stride) -> str | None:
+    if any(s != 1 for s in stride):
+        return f"stride {tuple(stride)} (only stride 1 is tiled)"
+    for k, p, d in zip(kernel, padding, dilation):
+        if k % 2 == 0 or p != d * (k - 1) // 2:
+            return f"kernel {tuple(kernel)} with padding {tuple(padding)} is not 'same' padding"
+    return None
+
+
+def _check_conv2d(conv: nn.Conv2d) -> str | None:
+    if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
+        return f"padding {conv.padding!r} mode {conv.padding_mode!r} (only zero padding is tiled)"
+    return _same_padding(conv.kernel_size, conv.padding, conv.dilation, conv.stride)
+
+
+def _patch_conv2d(group: TileGroup, conv: nn.Conv2d):
+    ph, pw = conv.padding
+    if ph == 0 and pw == 0:
+        return None
+
+    def run(x, pad_h, pad_w):
+        return F.conv2d(x, conv.weight, conv.bias, 1, (pad_h, pad_w), conv.dilation, conv.groups)
+
+    return lambda x: halo_conv(group, x, run, ph, pw)
+
+
+def _check_causal_conv(conv: wan.WanCausalConv3d) -> str | None:
+    pw, _, ph = conv._padding[:3]
+    return _same_padding(conv.kernel_size[1:], (ph, pw), conv.dilation[1:], conv.stride[1:])
+
+
+def _patch_causal_conv(group: TileGroup, conv: wan.WanCausalConv3d):
+    pw, _, ph = conv._padding[:3]
+    if ph == 0 and pw == 0:
+        return None
+
+    def run(x, pad_h, pad_w):
+        return F.conv3d(x, conv.weight, conv.bias, conv.stride, (0, pad_h, pad_w), conv.dilation, conv.groups)
+
+    def forward(x, cache_x=None):
+        # time as in WanCausalConv3d.forward: cached frames first, zeros for what the cache does not cover
+        front, back = conv._padding[4:]
+        if cache_x is not None and front > 0:
+            x = torch.cat([cache_x.to(x.device), x], dim=2)
+            front -= cache_x.shape[2]
+        if front or back:
+            x = F.pad(x, (0, 0, 0, 0, front, back))
+        return halo_conv(group, x, run, ph, pw)
+
+    return forward
+
+
+def _check_attention(attn: Attention) -> str | None:
+    if type(attn.processor) is not AttnProcessor2_0:
+        return f"attention processor {type(attn.processor).__name__} (only AttnProcessor2_0 is tiled)"
+    if attn.spatial_norm is not None or attn.is_cross_attention:
+        return "spatial-norm or cross attention"
+    return None
+
+
+def _check_resnet(block: ResnetBlock2D) -> str | None:
+    if block.upsample is not None or block.downsample is not None or block.time_emb_proj is not None:
+        return "resnet with its own up/down sampling or time embedding"
+    return None
+
+
+def _check_upsample(up: Upsample2D) -> str | None:
+    if up.use_conv_transpose or not up.interpolate:
+        return "transposed-convolution upsampling"
+    return None
+
+
+def _check_wan_resample(resample: wan.WanResample) -> str | None:
+    return None if resample.mode in ("upsample2d", "upsample3d", "none") else f"resample mode {resample.mode!r}"
+
+
+_LOCAL = Rule()
+"""Per-pixel or per-channel work, or a container: runs on a tile unchanged."""
+
+RULES: dict[type, Rule] = {
+    # containers and local layers
+    **{cls: _LOCAL for cls in (nn.Sequential, nn.ModuleList, nn.Identity, nn.Dropout, nn.SiLU, nn.GELU, nn.ReLU, nn.Mish)},
+    Decoder: _LOCAL,
+    UNetMidBlock2D: _LOCAL,
+    UpDecoderBlock2D: _LOCAL,
+    ResnetBlock2D: Rule(check=_check_resnet),
+    Upsample2D: Rule(check=_check_upsample),
+    wan.WanDecoder3d: _LOCAL,
+    wan.WanMidBlock: _LOCAL,
+    wan.WanUpBlock: _LOCAL,
+    wan.WanResidualUpBlock: _LOCAL,
+    wan.WanResidualBlock: _LOCAL,
+    wan.WanResample: Rule(check=_check_wan_resample),
+    wan.WanUpsample: _LOCAL,  # nearest-exact x2: output row i reads input row i // 2
+    wan.WanRMS_norm: _LOCAL,  # normalises over channels, per pixel
+    wan.DupUp3D: _LOCAL,
+    # layers that see beyond a pixel
+    nn.Conv2d: Rule(check=_check_conv2d, patch=_patch_conv2d),
+    wan.WanCausalConv3d: Rule(check=_check_causal_conv, patch=_patch_causal_conv),
+    nn.GroupNorm: Rule(patch=lambda group, norm: lambda x: group_norm(group, norm, x)),
+    wan.WanAttentionBlock: Rule(patch=lambda group, block: lambda x: wan_attention(group, block, x), descend=False),
+    Attention: Rule(
+        check=_check_attention,
+        patch=lambda group, attn: lambda x, **kwargs: image_attention(group, attn, x, **kwargs),
+        descend=False,
+    ),
+}
+
+
+def _decoder_parts(vae: nn.Module) -> list[tuple[str, nn.Module]]:
+    parts = [("decoder", vae.decoder)]
+    if getattr(vae, "post_quant_conv", None) is not None:
+        parts.insert(0, ("post_quant_conv", vae.post_quant_conv))
+    return parts
+
+
+def _walk(name: str, module: nn.Module) -> Iterator[tuple[str, nn.Module, Rule | None]]:
+    rule = RULES.get(type(module))
+    yield name, module, rule
+    if rule is not None and rule.descend:
+        for child_name, child in module.named_children():
+            yield from _walk(f"{name}.{child_name}", child)
+
+
+def unsupported_reason(vae: nn.Module) -> str | None:
+    """Why `vae` cannot be decoded tile-parallel (naming the first module in the way), or None if it can."""
+    if not isinstance(vae, (AutoencoderKL, AutoencoderKLWan)):
+        return f"{type(vae).__name__} is not AutoencoderKL or AutoencoderKLWan"
+    for part, root in _decoder_parts(vae):
+        for name, module, rule in _walk(part, root):
+            if rule is None:
+                return f"{name} is a {type(module).__name__}, which tile-parallel decode does not know"
+            reason = rule.check(module) if rule.check is not None else None
+            if reason is not None:
+                return f"{name} ({type(module).__name__}): {reason}"
+    return None
+
+
+def supports_parallel_decode(vae: nn.Module) -> bool:
+    """Whether `parallel_decode` can decode this VAE exactly on tiles."""
+    return unsupported_reason(vae) is None
+
+
+_UNSET = object()
+
+
+@contextmanager
+def tile_parallel(vae: nn.Module, group: TileGroup) -> Iterator[None]:
+    """Within the block, `vae.decode(tile)` decodes this rank's latent tile as part of the whole image.
+
+    Swaps the forward of the modules that need it on this VAE instance and turns its own tiling off;
+    everything is restored on exit, so the same VAE decodes normally afterwards.
+    """
+    reason = unsupported_reason(vae)
+    if reason is not None:
+        raise ValueError(f"cannot decode tile-parallel: {reason}; use decode_fallback(vae, latents) instead")
+    swapped: list[tuple[nn.Module, object]] = []
+    use_tiling = getattr(vae, "use_tiling", False)
+    try:
+        for part, root in _decoder_parts(vae):
+            for _, module, rule in _walk(part, root):
+                forward = rule.patch(group, module) if rule.patch is not None else None
+                if forward is not None:
+                    swapped.append((module, module.__dict__.get("forward", _UNSET)))
+                    module.forward = forward
+        vae.use_tiling = False
+        yield
+    finally:
+        vae.use_tiling = use_tiling
+        for module, previous in reversed(swapped):
+            if previous is _UNSET:
+                del module.forward
+            else:
+                module.forward = previous
