@@ -37,18 +37,29 @@ def resolve_model_name(row_model: str | None, overrides: JobOverrides) -> str:
     return overrides.model if overrides.model is not None else DEFAULT_MODEL
 
 
-def resolve_settings(
-    row: Mapping[str, object], overrides: JobOverrides, spec: ModelSpec
-) -> dict[str, Resolved | None]:
-    """Each setting of `SETTINGS` resolved for this model, None where no level supplies one (a model without
-    that default); video-only settings (`num_frames`, `fps`) are left out for image models."""
-    resolved: dict[str, Resolved | None] = {}
-    for name in SETTINGS:
-        if name in VIDEO_SETTINGS and not spec.is_video:
-            continue
-        candidates = (("row", row.get(name)), ("run", overrides.value(name)), ("model", spec.defaults.get(name)))
-        resolved[name] = next((Resolved(value, source) for source, value in candidates if value is not None), None)
-    return resolved
+class SettingResolver:
+    """Resolves rows' settings for one model and one set of run-level options (the fallbacks computed once)."""
+
+    def __init__(self, overrides: JobOverrides, spec: ModelSpec) -> None:
+        names = [name for name in SETTINGS if spec.is_video or name not in VIDEO_SETTINGS]
+        self._fallbacks: dict[str, Resolved | None] = {}
+        for name in names:
+            candidates = (("run", overrides.value(name)), ("model", spec.defaults.get(name)))
+            self._fallbacks[name] = next((Resolved(v, source) for source, v in candidates if v is not None), None)
+
+    def resolve(self, row: Mapping[str, object]) -> dict[str, Resolved | None]:
+        """Each setting resolved for the row, None where no level supplies one (a model without that
+        default); video-only settings (`num_frames`, `fps`) are left out for image models."""
+        resolved = {}
+        for name, fallback in self._fallbacks.items():
+            value = row.get(name)
+            resolved[name] = fallback if value is None else Resolved(value, "row")
+        return resolved
+
+
+def resolve_settings(row: Mapping[str, object], overrides: JobOverrides, spec: ModelSpec) -> dict[str, Resolved | None]:
+    """`SettingResolver(overrides, spec).resolve(row)` for a single row."""
+    return SettingResolver(overrides, spec).resolve(row)
 
 
 def build_job(

@@ -50,7 +50,7 @@ class ManifestReader:
             self._file = fsspec.open(self.url, "rb", **self.storage_options).open()
         except FileNotFoundError:
             raise ManifestFileError(f"{self.url}: no such manifest; check the path or URL", url=self.url) from None
-        except (OSError, ValueError, ImportError) as error:
+        except Exception as error:  # fsspec backends raise their own kinds (botocore, gcsfs, ...)
             raise ManifestFileError(
                 f"{self.url}: cannot open the manifest ({type(error).__name__}: {error}); check the URL and "
                 "--storage-option settings",
@@ -59,12 +59,12 @@ class ManifestReader:
         try:
             self._parquet = pq.ParquetFile(self._file)
             self._schema = check_schema(self._parquet.schema_arrow, self.url)
-        except (pa.ArrowException, OSError) as error:
-            self.close()
-            raise ManifestFileError(f"{self.url}: not a Parquet file ({error}); {_WRITE_HINT}", url=self.url) from error
         except ManifestFileError:
             self.close()
             raise
+        except (pa.ArrowException, OSError) as error:
+            self.close()
+            raise ManifestFileError(f"{self.url}: not a Parquet file ({error}); {_WRITE_HINT}", url=self.url) from error
         return self
 
     def __exit__(self, kind: type | None, value: BaseException | None, traceback: TracebackType | None) -> None:

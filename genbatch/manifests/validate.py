@@ -7,11 +7,12 @@ naming the row, its id, the column and the reason (with the fix).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from genbatch.jobs.models import ModelSpec, UnknownModelError, resolve_model
-from genbatch.jobs.resolve import SOURCES, Resolved, build_job, resolve_model_name, resolve_settings
+from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver, build_job, resolve_model_name
 from genbatch.jobs.seeds import INT64_MAX, INT64_MIN
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
 
@@ -42,12 +43,15 @@ class Rejection:
         return f"row {self.row} ({who}): column {self.column!r}: {self.reason}"
 
 
-def _id_problem(job_id: object) -> str | None:
-    if job_id is None or not str(job_id).strip():
+_UNSAFE_ID = re.compile(r"[/\\\x00-\x1f\x7f]")
+
+
+def _id_problem(job_id: str | None) -> str | None:
+    if job_id is None or not job_id.strip():
         return "empty id; give every row a unique non-empty id"
-    if job_id in (".", "..") or any(char in job_id for char in "/\\") or any(ord(char) < 32 for char in job_id):
+    if _UNSAFE_ID.search(job_id) or job_id in (".", ".."):
         return f"{job_id!r} cannot name an output file; use an id without '/', '\\', control characters, '.' or '..'"
-    if len(job_id.encode("utf-8")) > MAX_ID_BYTES:
+    if len(job_id) * 4 > MAX_ID_BYTES and len(job_id.encode("utf-8")) > MAX_ID_BYTES:
         return f"id is {len(job_id.encode('utf-8'))} bytes long; ids name files, keep them to {MAX_ID_BYTES} bytes"
     return None
 
@@ -67,6 +71,15 @@ def _setting_problem(name: str, setting: Resolved | None) -> str | None:
     return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Model:
+    """A usable model, with its settings' fallbacks resolved once."""
+
+    name: str
+    spec: ModelSpec
+    resolver: SettingResolver
+
+
 class RowChecker:
     """Checks rows in manifest order; remembers ids (duplicates) and resolved models (resolved once each)."""
 
@@ -76,21 +89,37 @@ class RowChecker:
         self.extra_columns = tuple(extra_columns)
         """Columns carried into `JobSpec.extra`."""
         self._first_row: dict[str, int] = {}
-        self._models: dict[str, ModelSpec | str] = {}
+        self._models: dict[str, _Model | str] = {}
+        self._geometry: dict[tuple, list[tuple[str, str]]] = {}
 
-    def _model(self, name: str) -> ModelSpec | str:
-        """The model's spec, or the reason it cannot be used (cached: a manifest names few models)."""
+    def _model(self, name: str) -> _Model | str:
+        """The model, or the reason it cannot be used (cached: a manifest names few models)."""
         if name not in self._models:
-            try:
-                self._models[name] = resolve_model(name)
-            except UnknownModelError as error:
-                self._models[name] = str(error)
+            if not name.strip():
+                self._models[name] = "empty model name; leave it null to use the run's model"
+            else:
+                try:
+                    spec = resolve_model(name)
+                    self._models[name] = _Model(name=name, spec=spec, resolver=SettingResolver(self.overrides, spec))
+                except UnknownModelError as error:
+                    self._models[name] = str(error)
         return self._models[name]
+
+    def _geometry_problems(self, spec: ModelSpec, settings: Mapping[str, Resolved | None]) -> list[tuple[str, str]]:
+        frames = settings.get("num_frames")
+        key = (spec.name, settings["width"], settings["height"], frames)
+        if key not in self._geometry:
+            problems = spec.geometry_problems(settings["width"].value, settings["height"].value, frames and frames.value)
+            self._geometry[key] = [
+                (column, reason + ("" if settings[column].source == "row" else f" ({SOURCES[settings[column].source]})"))
+                for column, reason in problems
+            ]
+        return self._geometry[key]
 
     def check(self, row: int, values: Mapping[str, object]) -> JobSpec | list[Rejection]:
         """The row's job, or one `Rejection` per problem of the row."""
-        job_id = values.get("id")
-        extra = {name: values.get(name) for name in self.extra_columns}
+        get = values.get
+        job_id, prompt, seed = get("id"), get("prompt"), get("seed")
         problems: list[tuple[str, str]] = []
         id_problem = _id_problem(job_id)
         if id_problem:
@@ -99,47 +128,42 @@ class RowChecker:
             problems.append(("id", f"duplicate id, first used on row {self._first_row[job_id]}; ids must be unique"))
         else:
             self._first_row[job_id] = row
-        prompt = values.get("prompt")
         if prompt is None or not prompt.strip():
             problems.append(("prompt", "empty prompt; give the row a prompt"))
-        seed = values.get("seed")
         if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
             problems.append(("seed", f"{seed} does not fit in int64; use a seed in [0, 2**63) or leave it null"))
-        row_model = values.get("model")
-        model = resolve_model_name(row_model, self.overrides)
-        spec = self._model(model) if model.strip() else "empty model name; leave it null to use the run's model"
-        settings: dict[str, Resolved | None]
-        if isinstance(spec, str):
-            problems.append(("model", spec))
+        model_name = resolve_model_name(get("model"), self.overrides)
+        model = self._model(model_name)
+        if isinstance(model, str):
+            problems.append(("model", model))
             # Without a model only the row's own values can be checked.
-            settings = {name: Resolved(values[name], "row") for name in SETTINGS if values.get(name) is not None}
+            settings = {name: Resolved(get(name), "row") for name in SETTINGS if get(name) is not None}
         else:
-            for name in VIDEO_SETTINGS:
-                if not spec.is_video and values.get(name) is not None:
-                    problems.append((name, f"{name} applies to video models only and {model} makes images; leave it null"))
-            settings = resolve_settings(values, self.overrides, spec)
+            if not model.spec.is_video:
+                problems.extend(
+                    (name, f"{name} applies to video models only and {model_name} makes images; leave it null")
+                    for name in VIDEO_SETTINGS
+                    if get(name) is not None
+                )
+            settings = model.resolver.resolve(values)
         bad_settings = set()
         for name, setting in settings.items():
             problem = _setting_problem(name, setting)
             if problem:
                 problems.append((name, problem))
                 bad_settings.add(name)
-        if not isinstance(spec, str) and not bad_settings & {"width", "height", "num_frames"}:
-            frames = settings.get("num_frames")
-            for column, reason in spec.geometry_problems(
-                settings["width"].value, settings["height"].value, None if frames is None else frames.value
-            ):
-                source = settings[column].source
-                problems.append((column, reason + ("" if source == "row" else f" ({SOURCES[source]})")))
+        if not isinstance(model, str) and not bad_settings & {"width", "height", "num_frames"}:
+            problems.extend(self._geometry_problems(model.spec, settings))
+        extra = {name: get(name) for name in self.extra_columns}
         if problems:
-            ident = job_id if isinstance(job_id, str) and job_id else None
-            return [Rejection(row=row, job_id=ident, column=c, reason=r, model=model, extra=extra) for c, r in problems]
+            ident = job_id if job_id else None
+            return [Rejection(row=row, job_id=ident, column=c, reason=r, model=model_name, extra=extra) for c, r in problems]
         return build_job(
             row=row,
             job_id=job_id,
             prompt=prompt,
-            negative_prompt=values.get("negative_prompt"),
-            model=model,
+            negative_prompt=get("negative_prompt"),
+            model=model_name,
             seed=seed,
             settings=settings,
             extra=extra,

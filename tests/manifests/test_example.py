@@ -1,0 +1,35 @@
+"""The shipped example manifest is what examples/make_manifest.py writes, and it validates clean."""
+
+import importlib.util
+from pathlib import Path
+
+import pyarrow.parquet as pq
+from click.testing import CliRunner
+
+from genbatch.cli import main
+from genbatch.jobs.spec import JobOverrides
+from genbatch.manifests import read_jobs
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("make_manifest", EXAMPLES / "make_manifest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_shipped_manifest_matches_the_script(tmp_path):
+    written = load_script().main(str(tmp_path / "m.parquet"))
+    assert pq.read_table(written).equals(pq.read_table(EXAMPLES / "manifest.parquet"))
+
+
+def test_shipped_manifest_mixes_video_and_image_rows_and_is_valid():
+    result = read_jobs(str(EXAMPLES / "manifest.parquet"), overrides=JobOverrides())
+    assert not result.rejected and len(result.jobs) == 6
+    models = [job.model for job in result.jobs]
+    assert models.count("tiny-wan") == 3 and models.count("tiny-flux") == 3
+    assert result.extra_columns == ["category", "priority"]
+    assert all(job.width * job.height <= 64 * 64 for job in result.jobs)  # small enough for a CPU
+    assert CliRunner().invoke(main, ["validate", str(EXAMPLES / "manifest.parquet")]).exit_code == 0
