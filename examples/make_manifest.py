@@ -37,11 +37,29 @@ SCHEMA = pa.schema(
 
 ROWS = [
     dict(id="wan-fox", prompt="a red fox running through snow", seed=42, category="animals", priority=1),
-    dict(id="wan-river", prompt="a river at dawn, mist over the water", num_frames=5, fps=4, category="landscape", priority=2),
-    dict(id="wan-city", prompt="a city street at night in the rain", negative_prompt="blurry", width=48, height=32, num_inference_steps=4, category="urban", priority=3),
-    dict(id="flux-apple", prompt="a green apple on a wooden table", model="tiny-flux", seed=7, category="still life", priority=1),
-    dict(id="flux-house", prompt="a small house on a hill", model="tiny-flux", width=48, height=32, guidance_scale=4.0, category="landscape", priority=2),
-    dict(id="flux-owl", prompt="an owl in a pine tree at night", model="tiny-flux", num_inference_steps=4, category="animals", priority=3),
+    dict(id="wan-river", prompt="a river at dawn, mist over the water", num_frames=5, fps=4, category="landscape"),
+    dict(
+        id="wan-city",
+        prompt="a city street at night in the rain",
+        negative_prompt="blurry",
+        width=48,
+        height=32,
+        num_inference_steps=4,
+        category="urban",
+        priority=3,
+    ),
+    dict(id="flux-apple", prompt="a green apple on a wooden table", model="tiny-flux", seed=7, category="still life"),
+    dict(
+        id="flux-house",
+        prompt="a small house on a hill",
+        model="tiny-flux",
+        width=48,
+        height=32,
+        guidance_scale=4.0,
+        category="landscape",
+        priority=2,
+    ),
+    dict(id="flux-owl", prompt="an owl in a pine tree", model="tiny-flux", num_inference_steps=4, category="animals"),
 ]
 
 

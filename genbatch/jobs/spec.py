@@ -84,10 +84,14 @@ class JobOverrides:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
                 raise ValueError(f"run-level {name}={value!r} must be a positive integer; pass e.g. {name}=16")
         guidance = self.guidance_scale
-        if guidance is not None and not (isinstance(guidance, (int, float)) and math.isfinite(guidance) and guidance >= 0):
+        if guidance is not None and not (
+            isinstance(guidance, (int, float)) and math.isfinite(guidance) and guidance >= 0
+        ):
             raise ValueError(f"run-level guidance_scale={guidance!r} must be a finite number >= 0; pass e.g. 5.0")
         if self.model is not None and not self.model.strip():
-            raise ValueError("run-level model is empty; pass a preset name (tiny-wan, tiny-flux) or a pipeline directory")
+            raise ValueError(
+                "run-level model is empty; pass a preset name (tiny-wan, tiny-flux) or a pipeline directory"
+            )
 
     def value(self, name: str) -> int | float | None:
         """The run-level value of one setting (see `SETTINGS`), None when not given."""

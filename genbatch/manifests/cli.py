@@ -18,12 +18,29 @@ from genbatch.manifests.report import validate_manifest
 def job_override_options(command: Callable) -> Callable:
     """Add --model --width --height --frames --steps --guidance --fps (run-level job settings) to a command."""
     options = [
-        click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Model for rows without a `model` value: a preset name or a diffusers pipeline directory."),
+        click.option(
+            "--model",
+            default=DEFAULT_MODEL,
+            show_default=True,
+            help="Model for rows without a `model` value: a preset name or a diffusers pipeline directory.",
+        ),
         click.option("--width", type=click.IntRange(min=1), help="Width in pixels for rows without one."),
         click.option("--height", type=click.IntRange(min=1), help="Height in pixels for rows without one."),
-        click.option("--frames", "num_frames", type=click.IntRange(min=1), help="Frames for video rows without `num_frames`."),
-        click.option("--steps", "num_inference_steps", type=click.IntRange(min=1), help="Denoising steps for rows without `num_inference_steps`."),
-        click.option("--guidance", "guidance_scale", type=click.FloatRange(min=0), help="Guidance scale for rows without `guidance_scale`."),
+        click.option(
+            "--frames", "num_frames", type=click.IntRange(min=1), help="Frames for video rows without `num_frames`."
+        ),
+        click.option(
+            "--steps",
+            "num_inference_steps",
+            type=click.IntRange(min=1),
+            help="Denoising steps for rows without `num_inference_steps`.",
+        ),
+        click.option(
+            "--guidance",
+            "guidance_scale",
+            type=click.FloatRange(min=0),
+            help="Guidance scale for rows without `guidance_scale`.",
+        ),
         click.option("--fps", type=click.IntRange(min=1), help="Frames per second for video rows without `fps`."),
     ]
     for option in reversed(options):
@@ -50,10 +67,18 @@ def storage_options_from(pairs: Iterable[str]) -> dict[str, object]:
 @click.command("validate")
 @click.argument("manifest")
 @job_override_options
-@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE", help="fsspec option for the manifest's filesystem (repeatable).")
+@click.option(
+    "--storage-option",
+    "storage_option",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="fsspec option for the manifest's filesystem (repeatable; dotted keys nest).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
-def validate_command(ctx: click.Context, manifest: str, storage_option: tuple[str, ...], as_json: bool, **options) -> None:
+def validate_command(
+    ctx: click.Context, manifest: str, storage_option: tuple[str, ...], as_json: bool, **options
+) -> None:
     """Check MANIFEST (a Parquet file at any fsspec URL) and report every problem without running anything.
 
     Exit status: 0 every row is valid, 1 some rows are rejected, 2 the file cannot be used at all.

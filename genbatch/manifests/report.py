@@ -1,4 +1,4 @@
-"""`validate_manifest`: every problem of a manifest, counted, as text lines or JSON, with `gen validate`'s exit status."""
+"""`validate_manifest`: every problem of a manifest, counted, as text or JSON, with `gen validate`'s exit status."""
 
 from __future__ import annotations
 

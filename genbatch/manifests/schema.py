@@ -74,7 +74,11 @@ def accepts(kind: str, arrow_type: pa.DataType) -> bool:
     if pa.types.is_dictionary(arrow_type):
         return accepts(kind, arrow_type.value_type)
     if kind == "string":
-        return pa.types.is_string(arrow_type) or pa.types.is_large_string(arrow_type) or pa.types.is_string_view(arrow_type)
+        return (
+            pa.types.is_string(arrow_type)
+            or pa.types.is_large_string(arrow_type)
+            or pa.types.is_string_view(arrow_type)
+        )
     if kind == "int":
         return pa.types.is_integer(arrow_type)
     return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
@@ -116,13 +120,19 @@ def check_schema(arrow: pa.Schema, url: str) -> ManifestSchema:
     names = list(arrow.names)
     for name in names:
         if names.count(name) > 1:
-            raise ManifestFileError(f"{url}: column {name!r} appears {names.count(name)} times; rename or drop the copies", url=url, column=name)
+            raise ManifestFileError(
+                f"{url}: column {name!r} appears {names.count(name)} times; rename or drop the copies",
+                url=url,
+                column=name,
+            )
     for name, column in COLUMNS.items():
         if column.required and name not in names:
             close = [n for n in names if n.lower() == name] or difflib.get_close_matches(name, names, n=1, cutoff=0.6)
             hint = f"rename column {close[0]!r} to {name!r}" if close else f"add a {name!r} column ({column.doc})"
             listed = ", ".join(repr(n) for n in names) or "none"
-            raise ManifestFileError(f"{url}: the manifest has no {name!r} column (columns: {listed}); {hint}", url=url, column=name)
+            raise ManifestFileError(
+                f"{url}: the manifest has no {name!r} column (columns: {listed}); {hint}", url=url, column=name
+            )
     for field in arrow:
         if field.name in COLUMNS and not accepts(COLUMNS[field.name].kind, field.type):
             raise _type_error(url, field.name, field.type)

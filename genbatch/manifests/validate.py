@@ -109,9 +109,14 @@ class RowChecker:
         frames = settings.get("num_frames")
         key = (spec.name, settings["width"], settings["height"], frames)
         if key not in self._geometry:
-            problems = spec.geometry_problems(settings["width"].value, settings["height"].value, frames and frames.value)
+            problems = spec.geometry_problems(
+                settings["width"].value, settings["height"].value, frames and frames.value
+            )
             self._geometry[key] = [
-                (column, reason + ("" if settings[column].source == "row" else f" ({SOURCES[settings[column].source]})"))
+                (
+                    column,
+                    reason + ("" if settings[column].source == "row" else f" ({SOURCES[settings[column].source]})"),
+                )
                 for column, reason in problems
             ]
         return self._geometry[key]
@@ -157,7 +162,9 @@ class RowChecker:
         extra = {name: get(name) for name in self.extra_columns}
         if problems:
             ident = job_id if job_id else None
-            return [Rejection(row=row, job_id=ident, column=c, reason=r, model=model_name, extra=extra) for c, r in problems]
+            return [
+                Rejection(row=row, job_id=ident, column=c, reason=r, model=model_name, extra=extra) for c, r in problems
+            ]
         return build_job(
             row=row,
             job_id=job_id,
@@ -172,5 +179,5 @@ class RowChecker:
     def check_batch(self, first_row: int, columns: Mapping[str, list]) -> Iterator[JobSpec | list[Rejection]]:
         """`check` over a batch given as {column: values} whose first row has index `first_row`."""
         names = list(columns)
-        for offset, row_values in enumerate(zip(*columns.values())):
-            yield self.check(first_row + offset, dict(zip(names, row_values)))
+        for offset, row_values in enumerate(zip(*columns.values(), strict=True)):
+            yield self.check(first_row + offset, dict(zip(names, row_values, strict=True)))

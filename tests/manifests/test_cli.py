@@ -113,10 +113,14 @@ def test_storage_options_reach_the_filesystem(s3_run):
         pq.write_table(manifest_table(id=["a"], prompt=["p"]), handle)
     options = s3_run.storage_options
     flags = [
-        "--storage-option", f"key={options['key']}",
-        "--storage-option", f"secret={options['secret']}",
-        "--storage-option", f"endpoint_url={options['endpoint_url']}",
-        "--storage-option", f"client_kwargs.region_name={options['client_kwargs']['region_name']}",
+        "--storage-option",
+        f"key={options['key']}",
+        "--storage-option",
+        f"secret={options['secret']}",
+        "--storage-option",
+        f"endpoint_url={options['endpoint_url']}",
+        "--storage-option",
+        f"client_kwargs.region_name={options['client_kwargs']['region_name']}",
     ]
     assert gen("validate", url, *flags).exit_code == 0
     # without the endpoint the file cannot be reached: a file-level error, not a crash

@@ -51,7 +51,7 @@ def test_row_groups_are_read_batch_by_batch(tmp_path):
 
 def test_reader_must_be_opened(tmp_path):
     with pytest.raises(RuntimeError, match="context manager"):
-        ManifestReader(str(tmp_path / "m.parquet")).rows
+        _ = ManifestReader(str(tmp_path / "m.parquet")).rows
     with pytest.raises(ValueError, match="batch_rows=0"):
         ManifestReader("x", batch_rows=0)
 

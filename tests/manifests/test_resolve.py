@@ -70,8 +70,19 @@ def test_overrides_reject_bad_values_naming_them():
 
 def test_record_flattens_extra_columns():
     job = JobSpec(
-        id="a", prompt="p", negative_prompt=None, model="tiny-wan", width=64, height=48, num_frames=9,
-        num_inference_steps=8, guidance_scale=5.0, seed=1, fps=8, extra={"category": "x", "score": 0.5}, row=3,
+        id="a",
+        prompt="p",
+        negative_prompt=None,
+        model="tiny-wan",
+        width=64,
+        height=48,
+        num_frames=9,
+        num_inference_steps=8,
+        guidance_scale=5.0,
+        seed=1,
+        fps=8,
+        extra={"category": "x", "score": 0.5},
+        row=3,
     )
     record = job.record()
     assert record["category"] == "x" and record["score"] == 0.5

@@ -100,7 +100,9 @@ def test_every_problem_of_a_row_is_reported(write_manifest):
 
 
 def test_a_bad_run_level_value_says_where_it_came_from(write_manifest):
-    result = read_jobs(write_manifest(id=["a", "b"], prompt=["p", "q"], width=[64, None]), overrides=JobOverrides(width=72))
+    result = read_jobs(
+        write_manifest(id=["a", "b"], prompt=["p", "q"], width=[64, None]), overrides=JobOverrides(width=72)
+    )
     assert [job.id for job in result.jobs] == ["a"]
     (rejection,) = result.rejected
     assert rejection.column == "width" and "(the run-level option)" in rejection.reason
@@ -129,7 +131,13 @@ def test_extra_columns_are_carried_into_jobs_and_rejections(write_manifest):
     result = read_jobs(path, overrides=JobOverrides())
     assert result.extra_columns == ["category", "score", "tags", "meta", "when"]
     assert result.extra_schema.field("score").type == pa.int16()
-    assert result.jobs[0].extra == {"category": "animals", "score": 1, "tags": ["x", "y"], "meta": {"k": 1}, "when": when}
+    assert result.jobs[0].extra == {
+        "category": "animals",
+        "score": 1,
+        "tags": ["x", "y"],
+        "meta": {"k": 1},
+        "when": when,
+    }
     assert result.jobs[1].extra == {"category": None, "score": 2, "tags": [], "meta": {"k": 2}, "when": None}
     assert result.jobs[0].record()["tags"] == ["x", "y"]
     (rejection,) = result.rejected
