@@ -6,7 +6,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from genbatch.parallel.attention import SequenceLayout, local_attention, merge_attention, pick_backend
+from genbatch.parallel.attention import (
+    SequenceLayout,
+    local_attention,
+    merge_attention,
+    pick_backend,
+    ring_attention,
+    ulysses_attention,
+    usp_attention,
+)
+from genbatch.parallel.comm import Comm, CommLedger
 
 
 def _qkv(b=2, s_q=45, s_k=45, h=4, d=12, dtype=torch.float32, seed=0):
@@ -127,3 +136,24 @@ def test_layout_shard_rows_and_offsets():
 def test_layout_errors_name_the_fix(make, match):
     with pytest.raises(ValueError, match=match):
         make()
+
+
+def test_groups_of_one_are_local_attention_and_send_nothing():
+    q, k, v = _qkv()
+    ledger = CommLedger()
+    solo, layout = Comm(None, ledger), SequenceLayout((45,))
+    expected = local_attention(q, k, v)[0]
+    for out in (
+        ulysses_attention(q, k, v, solo, layout),
+        ring_attention(q, k, v, solo, layout),
+        usp_attention(q, k, v, solo, solo, layout),
+    ):
+        assert torch.equal(out, expected)
+    assert ledger.total() == 0
+
+
+@pytest.mark.parametrize("attention", [ulysses_attention, ring_attention])
+def test_mismatched_qkv_are_refused(attention):
+    q, k, v = _qkv(s_q=45, s_k=20)
+    with pytest.raises(ValueError, match=r"\(2, 45, 4, 12\).*\(2, 20, 4, 12\).*call local_attention"):
+        attention(q, k, v, Comm(None, CommLedger()), SequenceLayout((45,)))

@@ -97,3 +97,13 @@ class SequenceLayout:
                 f"{what}: rank {rank} holds {seq_len} tokens but the layout {self.lengths} gives it "
                 f"{self.lengths[rank]}; cut the input with layout.shard(x, rank)"
             )
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
+    """Sequence-parallel self-attention takes q, k, v of one shape and dtype, (b, s_rank, h, d)."""
+    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape or not q.dtype == k.dtype == v.dtype:
+        raise ValueError(
+            f"{what}: q, k, v must share one (batch, seq, heads, head_dim) shape and dtype, got "
+            f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}; "
+            f"replicated text K/V (cross-attention) needs no sequence parallel: call local_attention"
+        )

@@ -18,9 +18,8 @@ from collections.abc import Sequence
 
 import torch
 
-from genbatch.parallel.attention.layout import SequenceLayout
+from genbatch.parallel.attention.layout import SequenceLayout, check_qkv
 from genbatch.parallel.attention.local import local_attention, merge_attention
-from genbatch.parallel.attention.ulysses import check_qkv
 from genbatch.parallel.comm import Comm
 
 

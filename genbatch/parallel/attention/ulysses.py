@@ -13,21 +13,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from genbatch.parallel.attention.layout import SequenceLayout
+from genbatch.parallel.attention.layout import SequenceLayout, check_qkv
 from genbatch.parallel.attention.local import local_attention
 from genbatch.parallel.comm import Comm
 
 Attend = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, what: str) -> None:
-    """Sequence-parallel self-attention takes q, k, v of one shape and dtype, (b, s_rank, h, d)."""
-    if q.dim() != 4 or q.shape != k.shape or q.shape != v.shape or not q.dtype == k.dtype == v.dtype:
-        raise ValueError(
-            f"{what}: q, k, v must share one (batch, seq, heads, head_dim) shape and dtype, got "
-            f"{tuple(q.shape)} {q.dtype}, {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype}; "
-            f"replicated text K/V (cross-attention) needs no sequence parallel: call local_attention"
-        )
 
 
 def check_heads(heads: int, degree: int) -> None:

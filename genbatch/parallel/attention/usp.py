@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from genbatch.parallel.attention.layout import SequenceLayout
+from genbatch.parallel.attention.layout import SequenceLayout, check_qkv
 from genbatch.parallel.attention.ring import ring_pass
-from genbatch.parallel.attention.ulysses import check_qkv, ulysses_wrap
+from genbatch.parallel.attention.ulysses import ulysses_wrap
 from genbatch.parallel.comm import Comm
 
 
