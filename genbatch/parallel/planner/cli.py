@@ -1,0 +1,56 @@
+"""`gen plan`: rank parallel layouts for a model on some GPUs (argument handling only)."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from genbatch.jobs.models import UnknownModelError
+from genbatch.parallel.planner.hardware import GPUS, NETWORKS, NODE_LINKS
+from genbatch.parallel.planner.rank import OBJECTIVES, plan
+from genbatch.parallel.planner.report import format_table, plan_to_dict
+from genbatch.parallel.planner.shapes import PUBLISHED
+from genbatch.runner.exit_codes import USAGE
+
+
+@click.command("plan")
+@click.option("--model", "-m", required=True,
+              help=f"Published model ({', '.join(PUBLISHED)}), preset, or diffusers pipeline directory.")
+@click.option("--gpus", "-g", type=int, required=True, help="GPUs in total.")
+@click.option("--nodes", type=int, default=1, show_default=True, help="Machines the GPUs are spread over.")
+@click.option("--interconnect", type=click.Choice(NODE_LINKS + NETWORKS), default=None,
+              help="One node: the GPU link (default: the GPU's usual one). Several nodes: the network between "
+              "them (default infiniband).")
+@click.option("--intra-node", type=click.Choice(NODE_LINKS), default=None,
+              help="With several nodes: the GPU link inside each (default: the GPU's usual one).")
+@click.option("--network-gbps", type=float, default=None, help="Network rate between nodes, Gbit/s per GPU.")
+@click.option("--gpu", type=click.Choice(sorted(GPUS)), default="h100", show_default=True, help="GPU model.")
+@click.option("--gpu-mem", type=float, default=None, help="GiB per GPU the run may use (default: the GPU's).")
+@click.option("--width", type=int, default=None, help="Output width (default: the model's).")
+@click.option("--height", type=int, default=None, help="Output height (default: the model's).")
+@click.option("--frames", type=int, default=None, help="Video frames (default: the model's).")
+@click.option("--steps", type=int, default=None, help="Denoising steps (default: the model's).")
+@click.option("--offload-text-encoder", is_flag=True,
+              help="Text encoders leave the GPU after encoding (less memory, a reload per job).")
+@click.option("--objective", type=click.Choice(OBJECTIVES), default="throughput", show_default=True,
+              help="throughput: most jobs per hour (data parallel first); latency: fewest seconds per job.")
+@click.option("--max-latency", type=float, default=None, help="Reject layouts slower than this, seconds per job.")
+@click.option("--top", type=int, default=10, show_default=True, help="Layouts the table shows.")
+@click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
+def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
+                 steps, offload_text_encoder, objective, max_latency, top, as_json) -> None:
+    """Rank every legal parallel layout (dp, cfg, ring, ulysses, fsdp; pipefusion and tp as estimates) by
+    estimated seconds per job and jobs per hour, showing compute, communication and memory per rank."""
+    try:
+        result = plan(model, gpus, nodes=nodes, interconnect=interconnect, intra_node=intra_node,
+                      network_gbps=network_gbps, gpu=gpu, gpu_mem=gpu_mem, width=width, height=height, frames=frames,
+                      steps=steps, offload_text_encoder=offload_text_encoder, objective=objective,
+                      max_latency=max_latency)
+    except (UnknownModelError, ValueError) as error:
+        click.echo(f"gen plan: {error}", err=True)
+        raise SystemExit(USAGE) from None
+    if as_json:
+        click.echo(json.dumps(plan_to_dict(result), indent=1))
+    else:
+        click.echo(format_table(result, top=top))

@@ -1,0 +1,219 @@
+"""Seconds per step and per job, and bytes per step, for one layout of one workload on one cluster.
+
+Compute: per layer, 2 x tokens x (4d^2 + 2 d ffn [+ 2d^2 cross-attention]) linear FLOPs and 4 N^2 d attention
+FLOPs (4 N T d for Wan's cross-attention), at a fraction of the GPU's peak. The linear layers lose
+efficiency as each rank's GEMMs shrink to N/p rows (seed 000 §2.2), and every layer costs a fixed overhead
+that splitting does not shrink.
+
+Communication per rank per layer, from seed 000 §1's table, over the slowest link the axis crosses:
+Ulysses 4(p-1)/p^2 N d (four all-to-alls, not overlapped); Ring 2(p-1)/p N d (K/V passed around the ring,
+overlapped with the attention of the block in hand, plus a fixed cost per round); TP 4(p-1)/p N d (two
+all-reduces, not overlapped); FSDP 2P/L (p-1)/p (the next layer's weights, prefetched under this layer's
+compute); CFG one prediction exchange per step; PipeFusion N d per stage per step (asynchronous).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genbatch.parallel.planner.hardware import PCIE, Cluster, Link
+from genbatch.parallel.planner.layouts import Layout, axis_link, link_for_extent
+from genbatch.parallel.planner.memory import memory_per_rank
+from genbatch.parallel.planner.workload import BYTES_PER_VALUE, Workload
+
+# Fitted together by least squares on log time to xDiT's FLUX.1-dev table (seed 000 §1: 1xH100 4.30 s,
+# Ulysses-2 2.68, Ring-2 2.60, Ulysses-2 x Ring-2 1.80, Ulysses-4 1.63, Ring-4 1.98; tests/planner checks it).
+GEMM_EFFICIENCY = 0.71
+"""Fraction of the tensor-core peak large linear layers reach (compiled, bf16)."""
+GEMM_HALF_ROWS = 256
+"""Rows per rank at which linear layers reach half of `GEMM_EFFICIENCY` (small GEMMs fill fewer tiles)."""
+LAYER_OVERHEAD_S = 230e-6
+"""Fixed seconds per layer and forward (kernel launches, norms, modulation) that do not shrink with p."""
+RING_ROUND_OVERHEAD_S = 60e-6
+"""Fixed seconds per Ring round and layer (a smaller attention block and a P2P start each round)."""
+
+OVERLAP_TAX = 0.5
+"""Fraction of overlapped communication time that still costs: NCCL kernels take SMs and HBM bandwidth from the
+compute they hide under. Chosen so the model agrees with seed 000 §8's NVLink table, which prefers Ulysses to
+Ring for Wan2.1-14B and HunyuanVideo although Ring's traffic overlaps (FLUX's small Ring traffic barely feels it)."""
+
+ATTENTION_EFFICIENCY = 0.30
+"""Fraction of peak attention kernels reach: from HunyuanVideo 720p 129 frames 50 steps, 1904 s on one H100
+(peers.md, xDiT), where attention is 87% of the FLOPs."""
+VAE_EFFICIENCY = 0.30
+"""Fraction of peak the VAE decoder's convolutions reach: assumed (cuDNN convolutions in bf16)."""
+PIPEFUSION_WARMUP_STEPS = 1
+"""Synchronous steps before PipeFusion may use stale K/V: xDiT's default `--warmup_steps 1` (seed 003: 1-4)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Estimate:
+    """What one layout costs: time, bytes and memory, with the parts that explain them."""
+
+    seconds_per_job: float
+    """Wall time of one job: all steps, PipeFusion's warm-up and bubble, and the VAE decode."""
+    seconds_per_step: float
+    """Wall time of one steady-state denoising step."""
+    compute_s: float
+    """Per step: FLOPs over achieved throughput."""
+    overhead_s: float
+    """Per step: fixed per-layer costs."""
+    comm_s: float
+    """Per step: all communication as if nothing overlapped."""
+    comm_exposed_s: float
+    """Per step: the communication left on the critical path after overlap."""
+    decode_s: float
+    """Per job: patch-parallel VAE decode, gathering the output, and loading offloaded text encoders."""
+    pipeline_s: float
+    """Per job: PipeFusion's warm-up steps and pipeline bubble beyond steady-state steps."""
+    comm_bytes_per_step: float
+    """Bytes this rank sends per step, all collectives together."""
+    comm_bytes: dict[str, float] = field(default_factory=dict)
+    """Bytes per step by axis: ulysses, ring, tp, fsdp, cfg, pipefusion, sp_gather."""
+    links: dict[str, str] = field(default_factory=dict)
+    """The link each active axis's traffic crosses."""
+    memory: dict[str, float] = field(default_factory=dict)
+    """GiB per rank by part (weights, text_encoder, vae_weights, activations, vae_decode, reserve, total)."""
+
+    @property
+    def memory_per_rank_gib(self) -> float:
+        return self.memory["total"]
+
+
+def _transfer(nbytes: float, link: Link, messages: int = 1) -> float:
+    return nbytes / (link.gbs * 1e9) + messages * link.latency_s
+
+
+def _overlapped(transfer_s: float, compute_s: float) -> float:
+    """What a transfer hidden under `compute_s` still costs: the part that sticks out, plus the tax."""
+    return max(0.0, transfer_s - compute_s) + OVERLAP_TAX * min(transfer_s, compute_s)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """Per-step communication, summed axis by axis."""
+
+    nbytes: dict[str, float] = field(default_factory=dict)
+    raw_s: float = 0.0
+    exposed_s: float = 0.0
+
+    def add(self, axis: str, nbytes: float, raw_s: float, exposed_s: float) -> None:
+        self.nbytes[axis] = self.nbytes.get(axis, 0.0) + nbytes
+        self.raw_s += raw_s
+        self.exposed_s += exposed_s
+
+
+def estimate(layout: Layout, work: Workload, cluster: Cluster) -> Estimate:
+    """Price `layout` (its structural validity is checked elsewhere)."""
+    shape = work.shape
+    n, d, text = work.sequence, shape.hidden_size, shape.text_tokens
+    u, r, tp, stages = layout.ulysses, layout.ring, layout.tp, layout.pipefusion
+    sp, patches = layout.sp, layout.pipefusion
+    cross = not shape.joint_text
+    forwards = (2 if shape.uses_cfg else 1) // layout.cfg  # forwards per step on this rank
+    layers = shape.num_layers / stages  # layers on this rank's stage
+    peak = cluster.gpu.bf16_tflops * 1e12
+
+    def layer_compute(rows_per_gemm: float) -> tuple[float, float]:
+        """(linear seconds, attention seconds) of one layer over this rank's N/sp tokens."""
+        tokens = n / sp
+        linear = 2 * tokens * (4 * d * d + 2 * d * shape.ffn_dim + (2 * d * d if cross else 0)) / tp
+        linear += (4 * text * d * d / tp) if cross else 0.0  # text K/V projections, on every sequence rank
+        attention = 4 * tokens * (n + (text if cross else 0)) * d / tp
+        efficiency = GEMM_EFFICIENCY * rows_per_gemm / (rows_per_gemm + GEMM_HALF_ROWS)
+        return linear / (peak * efficiency), attention / (peak * ATTENTION_EFFICIENCY)
+
+    linear_s, attention_s = layer_compute(n / (sp * patches * tp))
+    compute_layer = linear_s + attention_s
+    compute = forwards * layers * compute_layer
+    overhead = forwards * layers * patches * LAYER_OVERHEAD_S
+    tally = _Tally()
+    links: dict[str, str] = {}
+    nd = n * d * BYTES_PER_VALUE  # one [N, d] bf16 tensor
+
+    if u > 1:
+        link = axis_link(layout, "ulysses", cluster)
+        links["ulysses"] = link.name
+        per_layer = 4 * (u - 1) / u * nd / (u * r * tp)  # four all-to-alls of this rank's [N/(u r), d/tp]
+        time = _transfer(per_layer, link, messages=4)
+        tally.add("ulysses", forwards * layers * per_layer, forwards * layers * time, forwards * layers * time)
+    if r > 1:
+        link = axis_link(layout, "ring", cluster)
+        links["ring"] = link.name
+        chunk = 2 * nd / (r * u * tp)  # K and V of N/r tokens, d/(u tp) channels, each round
+        round_s = _transfer(chunk, link)
+        exposed = (r - 1) * _overlapped(round_s, attention_s / r) + r * RING_ROUND_OVERHEAD_S
+        tally.add("ring", forwards * layers * (r - 1) * chunk, forwards * layers * (r - 1) * round_s,
+                  forwards * layers * exposed)
+    if tp > 1:
+        link = axis_link(layout, "tp", cluster)
+        links["tp"] = link.name
+        per_layer = 2 * 2 * (tp - 1) / tp * nd / sp  # two ring all-reduces of [N/sp, d]
+        time = _transfer(per_layer, link, messages=2)
+        tally.add("tp", forwards * layers * per_layer, forwards * layers * time, forwards * layers * time)
+    if layout.fsdp > 1:
+        link = link_for_extent(layout.group, cluster)
+        links["fsdp"] = link.name
+        per_layer = shape.parameters * BYTES_PER_VALUE / shape.num_layers * (layout.fsdp - 1) / layout.fsdp
+        gather = _transfer(per_layer, link)
+        # the first layer's gather waits; each next one is prefetched under the previous layer's compute
+        exposed = gather + (layers - 1) * _overlapped(gather, compute_layer + LAYER_OVERHEAD_S)
+        tally.add("fsdp", forwards * layers * per_layer, forwards * layers * gather, forwards * exposed)
+    if sp > 1:
+        link = link_for_extent(sp * tp, cluster)
+        links["sp_gather"] = link.name
+        per_forward = (sp - 1) / sp * work.prediction_bytes  # all-gather the output over the sequence ranks
+        time = _transfer(per_forward, link)
+        tally.add("sp_gather", forwards * per_forward, forwards * time, forwards * time)
+    if layout.cfg > 1:
+        link = axis_link(layout, "cfg", cluster)
+        links["cfg"] = link.name
+        per_step = work.prediction_bytes / sp  # this rank's share of its branch's prediction, once a step
+        time = _transfer(per_step, link)
+        tally.add("cfg", per_step, time, time)
+
+    step = compute + overhead + tally.exposed_s
+    pipeline = 0.0
+    if stages > 1:
+        link = axis_link(layout, "pipefusion", cluster)
+        links["pipefusion"] = link.name
+        per_step = nd / (sp * tp)  # this stage's [N/sp, d] activations, in `patches` pieces (seed 000 §6.3)
+        time = _transfer(per_step, link, messages=patches)
+        step = compute + overhead + tally.exposed_s + _overlapped(time, compute)  # asynchronous P2P
+        tally.add("pipefusion", forwards * per_step, forwards * time, 0.0)
+        warm = min(PIPEFUSION_WARMUP_STEPS, work.steps)
+        full_linear, full_attention = layer_compute(n / (sp * tp))
+        # warm-up: stages run one after another on the whole latent, no patches
+        warm_step = forwards * shape.num_layers * (full_linear + full_attention + LAYER_OVERHEAD_S)
+        warm_step += stages * time + tally.exposed_s
+        piped = work.steps - warm
+        bubble = (stages - 1) / patches * step  # seed 003: compute ratio M S / (M S + N - 1)
+        pipeline = warm * (warm_step - step) + (bubble if piped else 0.0)
+    decode = _decode_seconds(layout, work, cluster)
+    if work.offload_text_encoder:  # loaded from host memory for each job, over the GPU's PCIe link
+        decode += shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)
+    return Estimate(
+        seconds_per_job=work.steps * step + pipeline + decode,
+        seconds_per_step=step,
+        compute_s=compute,
+        overhead_s=overhead,
+        comm_s=tally.raw_s,
+        comm_exposed_s=step - compute - overhead,
+        decode_s=decode,
+        pipeline_s=pipeline,
+        comm_bytes_per_step=sum(tally.nbytes.values()),
+        comm_bytes=tally.nbytes,
+        links=links,
+        memory=memory_per_rank(layout, work),
+    )
+
+
+def _decode_seconds(layout: Layout, work: Workload, cluster: Cluster) -> float:
+    """Patch-parallel VAE decode over the job's group, then gathering the frames to the group's leader."""
+    shape = work.shape
+    flops = work.megapixels * 1e6 * shape.vae_mflop_per_pixel * 1e6
+    seconds = flops / (cluster.gpu.bf16_tflops * 1e12 * VAE_EFFICIENCY * layout.group)
+    if layout.group > 1:
+        pixels = work.megapixels * 1e6 * 3 * BYTES_PER_VALUE
+        seconds += _transfer(pixels * (layout.group - 1) / layout.group, link_for_extent(layout.group, cluster))
+    return seconds

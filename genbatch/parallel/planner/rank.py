@@ -1,0 +1,161 @@
+"""Rank the legal layouts for an objective; keep the rejected ones with their reasons.
+
+Throughput (seed 000 §2, §11 Q5): data parallelism always gives more jobs per hour than splitting a job,
+so the most data-parallel layout that fits memory (and `max_latency`) wins; among equal dp, more jobs per hour.
+Latency: fewest seconds per job. Layouts built on stale activations (PipeFusion) must beat the best exact
+layout by `STALE_MARGIN` to rank above it: seed 000 §6 and §8 keep them off fast links ("NVLink 上不用它
+（USP 更好，PipeFusion 有气泡与 stale 误差）").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from genbatch.jobs.models import ModelSpec
+from genbatch.parallel.planner.cost import Estimate, estimate
+from genbatch.parallel.planner.hardware import Cluster, make_cluster
+from genbatch.parallel.planner.layouts import Layout, enumerate_layouts, structural_problems, unavailable_reason
+from genbatch.parallel.planner.shapes import ModelShape, resolve_shape
+from genbatch.parallel.planner.workload import Workload, make_workload
+
+OBJECTIVES = ("throughput", "latency")
+STALE_MARGIN = 0.10
+"""How much faster (fraction) a stale-activation layout must be to rank above an exact one."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Candidate:
+    """A layout that can run here, with its estimate."""
+
+    layout: Layout
+    """The degrees."""
+    estimate: Estimate
+    """Its cost."""
+    jobs_per_hour: float
+    """Jobs the whole run finishes per hour (dp groups working side by side)."""
+    unavailable: str | None
+    """Why genbatch's runner cannot run it yet; None when it can."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Rejection:
+    """A layout the planner ruled out."""
+
+    layout: Layout
+    """The degrees."""
+    reasons: tuple[str, ...]
+    """Why, each naming the limit it breaks."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Plan:
+    """The ranked layouts for one workload on one cluster."""
+
+    work: Workload
+    """What one job is."""
+    cluster: Cluster
+    """The GPUs."""
+    objective: str
+    """`throughput` or `latency`."""
+    max_latency: float | None
+    """Seconds per job no layout may exceed, when given."""
+    ranked: tuple[Candidate, ...]
+    """Legal layouts, best first (runnable or not)."""
+    rejected: tuple[Rejection, ...]
+    """Layouts ruled out, with reasons: first those too big or too slow, then those that cannot run at all."""
+
+    @property
+    def best(self) -> Candidate:
+        """The best layout genbatch's runner can run; ValueError naming the limits when there is none."""
+        for candidate in self.ranked:
+            if candidate.unavailable is None:
+                return candidate
+        reasons = list(dict.fromkeys(rejection.reasons[0] for rejection in self.rejected))[:3]
+        if self.ranked:
+            reasons.insert(0, f"only {len(self.ranked)} layouts the runner lacks fit ({self.ranked[0].unavailable})")
+        raise ValueError(
+            f"no runnable layout for {self.work.describe()} on {self.cluster.gpus} x {self.cluster.gpu.name}: "
+            + " | ".join(reasons)
+            + " (try more GPUs, a larger --gpu-mem, a smaller size, or a looser --max-latency)"
+        )
+
+
+def _memory_problem(cost: Estimate, cluster: Cluster) -> str | None:
+    parts = cost.memory
+    if parts["total"] <= cluster.memory_gib:
+        return None
+    detail = ", ".join(f"{name} {parts[name]:.1f}" for name in ("weights", "text_encoder", "activations", "vae_decode"))
+    return (f"needs {parts['total']:.2f} GiB per rank > {cluster.memory_gib:.2f} GiB ({detail}); "
+            "shard weights with fsdp or split the job over more ranks")
+
+
+def _sort_key(candidate: Candidate, objective: str) -> tuple:
+    layout, cost = candidate.layout, candidate.estimate
+    stale = 1.0 + STALE_MARGIN if layout.pipefusion > 1 else 1.0
+    simplicity = (layout.fsdp, layout.tp, layout.pipefusion, layout.ring, layout.ulysses, layout.cfg)
+    if objective == "throughput":
+        return (-layout.dp, -candidate.jobs_per_hour / stale, simplicity)
+    return (cost.seconds_per_job * stale, -candidate.jobs_per_hour, simplicity)
+
+
+def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max_latency: float | None = None) -> Plan:
+    """Enumerate, validate, price and order every layout of `cluster.gpus` for `work`."""
+    if objective not in OBJECTIVES:
+        raise ValueError(f"unknown objective {objective!r}; choose throughput or latency")
+    if max_latency is not None and max_latency <= 0:
+        raise ValueError(f"--max-latency {max_latency} must be positive seconds")
+    ranked, rejected, illegal = [], [], []
+    for layout in enumerate_layouts(cluster.gpus):
+        problems = structural_problems(layout, work.shape, work.sequence, work.steps, cluster)
+        if problems:
+            illegal.append(Rejection(layout=layout, reasons=tuple(problems)))
+            continue
+        cost = estimate(layout, work, cluster)
+        memory = _memory_problem(cost, cluster)
+        if memory:
+            problems.append(memory)
+        if max_latency is not None and cost.seconds_per_job > max_latency:
+            problems.append(f"{cost.seconds_per_job:.1f} s per job > --max-latency {max_latency:g} s")
+        if problems:
+            rejected.append(Rejection(layout=layout, reasons=tuple(problems)))
+            continue
+        ranked.append(Candidate(layout=layout, estimate=cost, jobs_per_hour=layout.dp * 3600 / cost.seconds_per_job,
+                                unavailable=unavailable_reason(layout)))
+    ranked.sort(key=lambda candidate: _sort_key(candidate, objective))
+    return Plan(work=work, cluster=cluster, objective=objective, max_latency=max_latency, ranked=tuple(ranked),
+                rejected=tuple(rejected + illegal))
+
+
+def plan(
+    model: str | ModelSpec | ModelShape,
+    gpus: int,
+    *,
+    nodes: int = 1,
+    interconnect: str | None = None,
+    intra_node: str | None = None,
+    network_gbps: float | None = None,
+    gpu: str = "h100",
+    gpu_mem: float | None = None,
+    width: int | None = None,
+    height: int | None = None,
+    frames: int | None = None,
+    steps: int | None = None,
+    offload_text_encoder: bool = False,
+    objective: str = "throughput",
+    max_latency: float | None = None,
+) -> Plan:
+    """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs."""
+    cluster = make_cluster(gpus, nodes=nodes, gpu=gpu, gpu_mem=gpu_mem, interconnect=interconnect,
+                           intra_node=intra_node, network_gbps=network_gbps)
+    work = make_workload(resolve_shape(model), width=width, height=height, frames=frames, steps=steps,
+                         offload_text_encoder=offload_text_encoder)
+    return rank(work, cluster, objective=objective, max_latency=max_latency)
+
+
+def best_layout(model: str | ModelSpec | ModelShape, gpus: int, **options) -> dict[str, int]:
+    """The degrees of the best runnable layout: dp, cfg, pipefusion, ring, ulysses, tp, fsdp, vae_parallel.
+
+    Takes `plan`'s keyword options (nodes, interconnect, gpu, gpu_mem, width, height, frames, steps, objective,
+    max_latency, ...); raises ValueError naming the limits when nothing fits.
+    """
+    return plan(model, gpus, **options).best.layout.degrees()

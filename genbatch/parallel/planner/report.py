@@ -1,0 +1,125 @@
+"""A plan as JSON-ready data and as a text table that shows why each layout ranks where it does."""
+
+from __future__ import annotations
+
+from genbatch.parallel.planner.layouts import AXES
+from genbatch.parallel.planner.rank import Candidate, Plan
+
+SCHEMA_VERSION = 1
+"""Bumped when a field of `plan_to_dict` changes meaning or goes away."""
+
+
+def _round(value: float, digits: int = 4) -> float:
+    return float(f"{value:.{digits}g}")
+
+
+def candidate_to_dict(candidate: Candidate) -> dict:
+    """One ranked layout: its degrees, its estimates and the parts behind them."""
+    cost = candidate.estimate
+    return {
+        **candidate.layout.degrees(),
+        "available": candidate.unavailable is None,
+        "note": candidate.unavailable,
+        "seconds_per_job": _round(cost.seconds_per_job),
+        "seconds_per_step": _round(cost.seconds_per_step),
+        "jobs_per_hour": _round(candidate.jobs_per_hour),
+        "memory_per_rank_gib": _round(cost.memory_per_rank_gib),
+        "comm_bytes_per_step": int(cost.comm_bytes_per_step),
+        "breakdown": {
+            "compute_s_per_step": _round(cost.compute_s),
+            "overhead_s_per_step": _round(cost.overhead_s),
+            "comm_s_per_step": _round(cost.comm_s),
+            "comm_exposed_s_per_step": _round(cost.comm_exposed_s),
+            "decode_s_per_job": _round(cost.decode_s),
+            "pipeline_s_per_job": _round(cost.pipeline_s),
+            "comm_bytes_per_step": {axis: int(nbytes) for axis, nbytes in cost.comm_bytes.items()},
+            "links": dict(cost.links),
+            "memory_gib": {part: _round(gib) for part, gib in cost.memory.items()},
+        },
+    }
+
+
+def plan_to_dict(plan: Plan) -> dict:
+    """The whole plan: inputs, the layouts best first, the best runnable one, and the rejected with reasons."""
+    work, cluster = plan.work, plan.cluster
+    try:
+        best = plan.best.layout.degrees()
+    except ValueError:
+        best = None
+    return {
+        "schema": SCHEMA_VERSION,
+        "model": work.shape.name,
+        "workload": {
+            "width": work.width,
+            "height": work.height,
+            "frames": work.frames,
+            "steps": work.steps,
+            "tokens": work.sequence,
+            "image_tokens": work.image_tokens,
+            "offload_text_encoder": work.offload_text_encoder,
+        },
+        "cluster": {
+            "gpu": cluster.gpu.name,
+            "gpus": cluster.gpus,
+            "nodes": cluster.nodes,
+            "gpu_mem_gib": cluster.memory_gib,
+            "intra_node": cluster.intra.name,
+            "network": cluster.inter.name if cluster.inter else None,
+        },
+        "objective": plan.objective,
+        "max_latency": plan.max_latency,
+        "best": best,
+        "layouts": [candidate_to_dict(candidate) for candidate in plan.ranked],
+        "rejected": [{**rejection.layout.degrees(), "reasons": list(rejection.reasons)} for rejection in plan.rejected],
+    }
+
+
+_SHORT = {"dp": "dp", "cfg": "cfg", "pipefusion": "pf", "ring": "ring", "ulysses": "uly", "tp": "tp"}
+
+
+def _degree_cells(degrees: dict[str, int]) -> list[str]:
+    return [str(degrees[axis]) for axis in AXES] + [str(degrees["fsdp"])]
+
+
+def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
+    """The ranked layouts (at most `top`) with the numbers behind their rank, then rejected layouts by reason."""
+    work, cluster = plan.work, plan.cluster
+    network = f", {cluster.nodes} nodes over {cluster.inter.name}" if cluster.inter else ""
+    lines = [
+        f"{work.describe()}",
+        f"{cluster.gpus} x {cluster.gpu.name} ({cluster.memory_gib:g} GiB, {cluster.intra.name} in a node{network}); "
+        f"objective: {plan.objective}" + (f", max latency {plan.max_latency:g} s" if plan.max_latency else ""),
+        "",
+    ]
+    header = ["#", *(_SHORT[axis] for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
+              "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", "note"]
+    rows = [header]
+    for index, candidate in enumerate(plan.ranked[:top], start=1):
+        cost, memory = candidate.estimate, candidate.estimate.memory
+        rows.append([
+            str(index), *_degree_cells(candidate.layout.degrees()),
+            f"{cost.seconds_per_job:.2f}", f"{cost.seconds_per_step:.3f}", f"{candidate.jobs_per_hour:.1f}",
+            f"{cost.compute_s:.3f}", f"{cost.comm_s:.3f}", f"{cost.comm_exposed_s:.3f}",
+            f"{cost.comm_bytes_per_step / 1e9:.2f}", f"{memory['total']:.1f}", f"{memory['weights']:.1f}",
+            f"{memory['activations']:.1f}", f"{memory['vae_decode']:.1f}", candidate.unavailable or "",
+        ])
+    widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
+    for row in rows:
+        cells = [cell.rjust(width) for cell, width in zip(row, widths)]
+        lines.append("  ".join(cells + [row[-1]]).rstrip())
+    if len(plan.ranked) > top:
+        lines.append(f"... {len(plan.ranked) - top} more legal layouts (--top N, or --json for all)")
+    lines.append("(seconds: compute, comm (all traffic) and exposed (left after overlap) per step; memory in GiB "
+                 "per rank: total, weights, denoise activations, VAE decode peak)")
+    try:
+        lines.append(f"best runnable: {plan.best.layout.label()}")
+    except ValueError as error:
+        lines.append(f"no runnable layout: {error}")
+    if plan.rejected:
+        lines.append("")
+        lines.append(f"rejected {len(plan.rejected)} layouts:")
+        for rejection in plan.rejected[:rejected]:
+            lines.append(f"  {rejection.layout.label()}: {'; '.join(rejection.reasons)}")
+        if len(plan.rejected) > rejected:
+            lines.append(f"  ... {len(plan.rejected) - rejected} more (--json lists all)")
+    return "\n".join(lines)
