@@ -21,3 +21,4 @@ def main() -> None:
     gen bench --out OUT               nightly throughput run with a report
     """
 from genbatch.manifests.cli import validate_command; main.add_command(validate_command)  # noqa: E402, E702
+from genbatch.slurm.cli import submit_command; main.add_command(submit_command)  # noqa: E402, E702
