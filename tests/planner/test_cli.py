@@ -1,0 +1,101 @@
+"""`gen plan` through click's CliRunner: the table, the JSON schema, and argument errors."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from genbatch.cli import main
+from genbatch.runner.exit_codes import USAGE
+
+LAYOUT_KEYS = {"dp", "cfg", "pipefusion", "ring", "ulysses", "tp", "fsdp", "vae_parallel"}
+ESTIMATE_KEYS = {"seconds_per_job", "seconds_per_step", "jobs_per_hour", "memory_per_rank_gib", "comm_bytes_per_step"}
+
+
+def _gen(*args: str):
+    return CliRunner().invoke(main, ["plan", *args])
+
+
+def _json(*args: str) -> dict:
+    result = _gen(*args, "--json")
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_json_schema_best_first_with_rejections():
+    data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
+    assert data["schema"] == 1 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
+                                "image_tokens": 75600, "offload_text_encoder": False}
+    assert data["cluster"]["gpu"] == "h100" and data["cluster"]["gpus"] == 8 and data["cluster"]["network"] is None
+    layouts = data["layouts"]
+    for layout in layouts:
+        assert LAYOUT_KEYS | ESTIMATE_KEYS | {"available", "note", "breakdown"} == set(layout)
+        assert layout["dp"] * layout["cfg"] * layout["pipefusion"] * layout["ring"] * layout["ulysses"] * layout["tp"] == 8
+        assert layout["available"] == (layout["note"] is None)
+        parts = layout["breakdown"]
+        assert set(parts["memory_gib"]) >= {"weights", "activations", "vae_decode", "total"}
+        assert sum(parts["comm_bytes_per_step"].values()) == pytest.approx(layout["comm_bytes_per_step"], abs=10)
+        assert layout["jobs_per_hour"] == pytest.approx(layout["dp"] * 3600 / layout["seconds_per_job"], rel=1e-3)
+    exact = [layout["seconds_per_job"] for layout in layouts if layout["pipefusion"] == 1]
+    assert exact == sorted(exact)
+    assert {key: layouts[0][key] for key in LAYOUT_KEYS} == data["best"]
+    assert data["best"]["cfg"] == 2 and data["best"]["ulysses"] == 4
+    assert data["rejected"] and all(set(r) == LAYOUT_KEYS | {"reasons"} and r["reasons"] for r in data["rejected"])
+    json.dumps(data, allow_nan=False)
+
+
+def test_json_throughput_on_two_ethernet_nodes():
+    data = _json("-m", "flux.1-dev", "-g", "16", "--nodes", "2", "--interconnect", "ethernet", "--gpu", "l40")
+    assert data["cluster"]["network"] == "ethernet" and data["cluster"]["nodes"] == 2
+    assert data["best"]["dp"] == 16 and data["layouts"][0]["comm_bytes_per_step"] == 0
+
+
+def test_table_shows_the_why():
+    result = _gen("--model", "flux.1-dev", "--gpus", "8", "--gpu", "l40", "--objective", "latency", "--top", "4")
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    assert lines[0] == "flux.1-dev 1024x1024 28 steps (4608 tokens)"
+    header = lines[3].split()
+    for column in ("dp", "uly", "pf", "fsdp", "s/job", "s/step", "jobs/h", "compute", "exposed", "GB/step", "GiB/rank"):
+        assert column in header
+    assert "pipefusion not in the runner yet" in lines[4]
+    assert any(line.startswith("best runnable: ") for line in lines)
+    assert any(line.startswith("rejected ") for line in lines)
+    assert "more legal layouts" in result.output
+
+
+def test_size_and_memory_options_change_the_plan():
+    small = _json("-m", "wan2.1-1.3b", "-g", "8", "--width", "480", "--height", "480", "--frames", "33", "--steps", "10")
+    assert small["workload"]["tokens"] == 9 * 30 * 30 and small["best"]["dp"] == 8
+    tight = _json("-m", "wan2.1-1.3b", "-g", "8", "--gpu-mem", "24")
+    assert tight["best"]["dp"] < 8 and tight["cluster"]["gpu_mem_gib"] == 24
+    latency = _json("-m", "flux.1-dev", "-g", "8", "--max-latency", "2")
+    assert latency["best"]["dp"] == 2 and all(layout["seconds_per_job"] <= 2 for layout in latency["layouts"])
+
+
+def test_no_runnable_layout_still_prints_the_plan():
+    data = _json("-m", "wan2.1-14b", "-g", "1")
+    assert data["best"] is None and data["layouts"] == [] and "GiB per rank" in data["rejected"][0]["reasons"][0]
+    assert "no runnable layout" in _gen("-m", "wan2.1-14b", "-g", "1").output
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--model", "nope", "--gpus", "8"], "published model"),
+        (["--model", "flux.1-dev", "--gpus", "8", "--nodes", "3"], "cannot be spread evenly"),
+        (["--model", "flux.1-dev", "--gpus", "8", "--frames", "9"], "applies to video models"),
+        (["--model", "flux.1-dev", "--gpus", "8", "--interconnect", "ethernet"], "--nodes 2 or more"),
+    ],
+)
+def test_bad_arguments_exit_with_usage(args, message):
+    result = _gen(*args)
+    assert result.exit_code == USAGE and message in result.output
+
+
+def test_click_rejects_unknown_choices():
+    assert _gen("--model", "flux.1-dev", "--gpus", "8", "--gpu", "k80").exit_code == 2
+    assert _gen("--model", "flux.1-dev", "--gpus", "8", "--objective", "fast").exit_code == 2

@@ -1,0 +1,113 @@
+"""Enumeration, placement and legality of layouts; the objectives and `best_layout`."""
+
+from __future__ import annotations
+
+import pytest
+
+from genbatch.parallel.planner import best_layout, plan
+from genbatch.parallel.planner.hardware import make_cluster
+from genbatch.parallel.planner.layouts import AXES, Layout, axis_link, enumerate_layouts, unavailable_reason
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 6, 8, 16])
+def test_every_layout_multiplies_to_the_gpus_and_none_repeats(gpus):
+    layouts = enumerate_layouts(gpus)
+    assert len(set(layouts)) == len(layouts)
+    for layout in layouts:
+        assert layout.world == gpus and layout.cfg in (1, 2) and layout.fsdp in (1, layout.group)
+        assert layout.fsdp == 1 or (layout.group > 1 and layout.pipefusion == layout.tp == 1)
+    plain = {layout for layout in layouts if layout.fsdp == 1}
+    assert Layout(dp=gpus) in plain and Layout(ulysses=gpus) in plain and Layout(ring=gpus) in plain
+
+
+def test_ranked_and_rejected_cover_every_layout_once():
+    result = plan("wan2.1-14b", 16, nodes=2, gpu="a100")
+    seen = [candidate.layout for candidate in result.ranked] + [rejection.layout for rejection in result.rejected]
+    assert sorted(seen, key=repr) == sorted(enumerate_layouts(16), key=repr)
+    assert all(rejection.reasons for rejection in result.rejected)
+
+
+def test_mesh_order_puts_ulysses_innermost_and_dp_outermost():
+    layout = Layout(dp=2, cfg=2, ring=2, ulysses=2)
+    assert [layout.span(axis)[0] for axis in AXES] == [8, 4, 4, 2, 1, 1]
+
+
+def test_links_per_axis_on_two_nodes():
+    cluster = make_cluster(16, nodes=2, gpu="h100", interconnect="ethernet")
+    layout = Layout(ring=2, ulysses=8)
+    assert axis_link(layout, "ulysses", cluster).name == "nvlink"
+    assert axis_link(layout, "ring", cluster).name == "ethernet"
+    assert axis_link(Layout(dp=2, ring=2, ulysses=4), "ring", cluster).name == "nvlink"
+
+
+def test_pcie_groups_beyond_a_socket_use_the_slow_bridge():
+    cluster = make_cluster(8, gpu="l40")
+    assert axis_link(Layout(dp=2, ulysses=4), "ulysses", cluster).name == "pcie"
+    assert axis_link(Layout(ulysses=8), "ulysses", cluster).name == "pcie-cross-socket"
+
+
+def test_rejection_reasons_name_the_limit():
+    reasons = {rejection.layout: rejection.reasons for rejection in plan("flux.1-dev", 16).rejected}
+    assert "does not divide the 24 heads" in reasons[Layout(ulysses=16)][0]
+    assert "classifier-free guidance" in reasons[Layout(dp=8, cfg=2)][0]
+    tiny = {r.layout: r.reasons for r in plan("tiny-flux", 4, steps=20).rejected}
+    assert "exceeds the 2 layers" in tiny[Layout(pipefusion=4)][0]
+    big = {r.layout: r.reasons for r in plan("wan2.1-14b", 8).rejected}
+    assert "GiB per rank > 79.60 GiB" in big[Layout(dp=8)][0] and "fsdp" in big[Layout(dp=8)][0]
+
+
+def test_pipefusion_and_tp_are_estimated_but_flagged():
+    assert unavailable_reason(Layout(ulysses=8)) is None
+    assert "pipefusion" in unavailable_reason(Layout(pipefusion=2, ulysses=4))
+    assert "tp" in unavailable_reason(Layout(tp=2, dp=4))
+    flagged = [candidate for candidate in plan("flux.1-dev", 8, gpu="l40").ranked if candidate.unavailable]
+    assert flagged and all(candidate.layout.pipefusion > 1 or candidate.layout.tp > 1 for candidate in flagged)
+
+
+def test_throughput_splits_only_for_memory():
+    # Wan 14B 720p: one rank cannot hold the VAE decode (107 GiB), so jobs are split, but no more than needed
+    result = plan("wan2.1-14b", 8)
+    best = result.best.layout
+    fits = [candidate.layout.dp for candidate in result.ranked]
+    assert best.dp == max(fits) < 8
+    # a bigger card holds more of the decode: fewer ranks per job
+    assert plan("wan2.1-14b", 8, gpu="b200").best.layout.dp > best.dp
+
+
+def test_throughput_splits_for_max_latency():
+    free = plan("flux.1-dev", 8).best
+    assert free.layout == Layout(dp=8)
+    bounded = plan("flux.1-dev", 8, max_latency=2.0).best
+    assert bounded.estimate.seconds_per_job <= 2.0 and bounded.layout.dp == 2
+    assert any("--max-latency 2 s" in reason for r in plan("flux.1-dev", 8, max_latency=2.0).rejected for reason in r.reasons)
+
+
+def test_latency_objective_minimises_seconds_per_job():
+    result = plan("hunyuanvideo", 8, objective="latency")
+    exact = [candidate for candidate in result.ranked if candidate.layout.pipefusion == 1]
+    assert [c.estimate.seconds_per_job for c in exact] == sorted(c.estimate.seconds_per_job for c in exact)
+
+
+def test_best_layout_returns_degrees_for_the_runner():
+    degrees = best_layout("wan2.1-14b", 8, objective="latency")
+    assert degrees == {"dp": 1, "cfg": 2, "pipefusion": 1, "ring": 1, "ulysses": 4, "tp": 1, "fsdp": 1,
+                       "vae_parallel": 8}
+    assert best_layout("tiny-wan", 4)["dp"] == 4
+
+
+def test_nothing_fits_names_the_way_out():
+    with pytest.raises(ValueError, match="no runnable layout.*GiB per rank.*try more GPUs"):
+        best_layout("wan2.1-14b", 1)
+    with pytest.raises(ValueError, match="max-latency"):
+        best_layout("flux.1-dev", 2, max_latency=0.5)
+
+
+def test_bad_inputs_are_value_errors_naming_the_fix():
+    with pytest.raises(ValueError, match="choose throughput or latency"):
+        plan("flux.1-dev", 8, objective="fastest")
+    with pytest.raises(ValueError, match="--max-latency"):
+        plan("flux.1-dev", 8, max_latency=0)
+    with pytest.raises(ValueError, match="--frames 9 applies to video models"):
+        plan("flux.1-dev", 8, frames=9)
+    with pytest.raises(ValueError, match="--width 0"):
+        plan("flux.1-dev", 8, width=0)
