@@ -22,3 +22,4 @@ def main() -> None:
     """
 from genbatch.manifests.cli import validate_command; main.add_command(validate_command)  # noqa: E402, E702
 from genbatch.slurm.cli import submit_command; main.add_command(submit_command)  # noqa: E402, E702
+from genbatch.parallel.planner.cli import plan_command; main.add_command(plan_command)  # noqa: E402, E702
