@@ -1,11 +1,12 @@
 """A small torchrun worker for the Slurm machinery tests (no genbatch run involved).
 
-    allreduce.py OUT_DIR [--wait-signal]
+    allreduce.py OUT_DIR [--wait-signal] [--rank1-exit CODE]
 
 Joins the gloo group torchrun set up, all-reduces rank + 1, and writes OUT_DIR/<restart>-rank<r>.json with what
 it saw (rank, world size, the sum, the Slurm and CUDA environment, genbatch's view of the array share). With
 --wait-signal, on the job's first run only, it then waits for SIGUSR1 and exits 75 (as `gen run` does when
-it checkpoints), so the test can check the signal path and the requeue.
+it checkpoints), so the test can check the signal path and the requeue. With --rank1-exit CODE, rank 1 exits
+with CODE instead of 0 (a failing worker).
 """
 
 import json
@@ -46,4 +47,7 @@ if wait_signal and restart == 0:
 with open(path, "w") as handle:
     json.dump(record, handle)
 dist.destroy_process_group()
-sys.exit(75 if record["signalled"] else 0)
+if record["signalled"]:
+    sys.exit(75)
+if "--rank1-exit" in sys.argv and record["rank"] == 1:
+    sys.exit(int(sys.argv[sys.argv.index("--rank1-exit") + 1]))
