@@ -21,5 +21,6 @@ def main() -> None:
     gen bench --out OUT               nightly throughput run with a report
     """
 from genbatch.manifests.cli import validate_command; main.add_command(validate_command)  # noqa: E402, E702
+from genbatch.runner.cli import run_command, status_command; main.add_command(run_command); main.add_command(status_command)  # noqa: E402, E702, I001
 from genbatch.slurm.cli import submit_command; main.add_command(submit_command)  # noqa: E402, E702
 from genbatch.parallel.planner.cli import plan_command; main.add_command(plan_command)  # noqa: E402, E702

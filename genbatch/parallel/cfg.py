@@ -1,0 +1,41 @@
+"""CFG parallel: the conditional and unconditional branches on the two halves of the cfg axis.
+
+Each cfg rank runs one branch's transformer forward (with its own sequence-parallel group inside), then
+the two predictions are exchanged once per step (one all-gather of the prediction, N x c values), and both
+halves combine them identically. Jobs with a single branch (guidance <= 1, distilled models) run that
+branch on both halves.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genbatch.parallel.comm import Comm
+from genbatch.parallel.context import ParallelContext
+
+
+class CfgExchange:
+    def __init__(self, comm: Comm):
+        self.comm = comm
+
+    def local_branches(self, names: list[str]) -> list[str]:
+        if len(names) != self.comm.size:
+            return names
+        return [names[self.comm.rank]]
+
+    def complete(self, predictions: dict[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]:
+        if len(names) != self.comm.size:
+            return predictions
+        (mine,) = predictions.values()
+        mine = mine.contiguous()
+        gathered = mine.new_empty((self.comm.size, *mine.shape))
+        # (b, ...) on each cfg rank -> (cfg, b, ...) on every cfg rank, in branch order
+        self.comm.all_gather_into(gathered.view(self.comm.size * mine.shape[0], *mine.shape[1:]), mine)
+        return {name: gathered[index] for index, name in enumerate(names)}
+
+
+def branch_exchange(ctx: ParallelContext):
+    """The branch exchange for this rank's layout: local branches when cfg == 1."""
+    from genbatch.runner.denoise import LocalBranches
+
+    return CfgExchange(ctx.cfg) if ctx.dims.cfg > 1 else LocalBranches()

@@ -1,0 +1,126 @@
+"""`gen run` and `gen status`: argument handling only."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from genbatch.manifests.cli import job_override_options, overrides_from_options, storage_options_from
+from genbatch.runner import exit_codes
+
+
+def _layout_options(command):
+    options = [
+        click.option("--dp", type=click.IntRange(min=1), help="Data-parallel groups (default: the rest of the world)."),
+        click.option("--cfg", type=click.IntRange(1, 2), default=1, show_default=True,
+                     help="CFG parallel: 2 runs the two guidance branches on different ranks."),
+        click.option("--ring", type=click.IntRange(min=1), default=1, show_default=True, help="Ring-attention degree."),
+        click.option("--ulysses", type=click.IntRange(min=1), default=1, show_default=True,
+                     help="Ulysses degree (must divide the head count)."),
+        click.option("--fsdp/--no-fsdp", default=False, show_default=True,
+                     help="Shard transformer and text-encoder weights over each job group (FSDP2)."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+@click.command("run")
+@click.argument("manifest")
+@click.option("--out", required=True, help="Where outputs, timings and resume state go: a path or any fsspec URL (s3://...).")
+@job_override_options
+@_layout_options
+@click.option("--nproc", type=click.IntRange(min=1), help="Start this many processes on this machine (torchrun) and run across them.")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), help="Weights and activations (default: bf16 on GPUs, fp32 on CPUs).")
+@click.option("--backend", type=click.Choice(["nccl", "gloo"]), help="torch.distributed backend (default: nccl with GPUs, else gloo).")
+@click.option("--collective-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
+              help="Seconds a rank waits for a peer before the job fails, naming the missing rank.")
+@click.option("--share", metavar="K/N", help="Run only share K of N of the manifest (job arrays set this from Slurm).")
+@click.option("--hand-out", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
+              help="dynamic: a free group takes the next job; static: a fixed strided split.")
+@click.option("--checkpoint-every", type=click.IntRange(min=0), default=10, show_default=True,
+              help="Checkpoint a running job every N steps (0: never by steps).")
+@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=300, show_default=True,
+              help="...or when this many seconds have passed since its last checkpoint (0: never by time).")
+@click.option("--vae-parallel/--no-vae-parallel", default=True, show_default=True,
+              help="Decode patch-parallel across each job group.")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="fsspec option for the manifest and output filesystems (repeatable).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
+def run_command(manifest: str, out: str, nproc: int | None, storage_option: tuple[str, ...], share: str | None,
+                hand_out: str, checkpoint_every: int, checkpoint_seconds: float, **options) -> None:
+    """Generate every valid row of MANIFEST into OUT; rerunning the same command resumes.
+
+    \b
+    Outputs:  OUT/outputs/<id>.png|.mp4, OUT/results/ (one row per job), OUT/timings/ (every stage
+              and denoising step), OUT/rejected/ (invalid rows and why), OUT/run.json.
+    Exit:     0 all valid rows done, 1 some jobs failed, 2 usage or manifest file error,
+              75 stopped by SIGUSR1/SIGTERM with state checkpointed (rerun to continue).
+    Under torchrun or srun every process runs this same command; --nproc starts them here.
+    """
+    if nproc is not None and nproc > 1:
+        from genbatch.runner.launch import launch_local
+
+        sys.exit(launch_local(nproc, [arg for arg in _args_without_nproc(sys.argv[1:])]))
+    from genbatch.jobs.schedule import parse_share
+    from genbatch.runner.execute import CheckpointPolicy
+    from genbatch.runner.run import RunOptions, run
+    from genbatch.runner.world import UsageError
+
+    try:
+        share_value = parse_share(share) if share else None
+        if share_value is None:
+            from genbatch.slurm.env import array_share
+
+            share_value = array_share()
+        run_options = RunOptions(
+            manifest=manifest,
+            out=out,
+            model=options["model"],
+            overrides=overrides_from_options(options),
+            storage_options=storage_options_from(storage_option),
+            dp=options["dp"], cfg=options["cfg"], ring=options["ring"], ulysses=options["ulysses"],
+            fsdp=options["fsdp"], dtype=options["dtype"], backend=options["backend"],
+            collective_timeout=options["collective_timeout"], share=share_value,
+            dynamic_hand_out=hand_out == "dynamic",
+            checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
+            vae_parallel=options["vae_parallel"], quiet=options["quiet"],
+        )
+        status = run(run_options)
+    except UsageError as error:
+        click.echo(f"genbatch: {error}", err=True)
+        status = exit_codes.USAGE
+    sys.exit(status)
+
+
+def _args_without_nproc(argv: list[str]) -> list[str]:
+    """The command line minus `--nproc N` / `--nproc=N`, for the processes the launcher starts."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--nproc":
+            skip = True
+        elif not arg.startswith("--nproc="):
+            kept.append(arg)
+    return kept
+
+
+@click.command("status")
+@click.argument("out")
+@click.option("--manifest", help="Count pending jobs against this manifest (default: the one in OUT/run.json).")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE")
+@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+def status_command(out: str, manifest: str | None, storage_option: tuple[str, ...], as_json: bool) -> None:
+    """Done / failed / rejected / pending counts of the run in OUT."""
+    from genbatch.runner.status import run_status
+
+    options = storage_options_from(storage_option)
+    counts = run_status(out, manifest=manifest, storage_options=options)
+    if as_json:
+        import json
+
+        click.echo(json.dumps(counts))
+    else:
+        click.echo("  ".join(f"{key}: {value}" for key, value in counts.items()))

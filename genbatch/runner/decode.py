@@ -1,0 +1,48 @@
+"""VAE decode for a job group: patch-parallel over the group when it can be, else on the leader alone.
+
+Patch-parallel decode (`genbatch.parallel.vae`) splits the latent into strips across the group and is exact.
+A VAE class it does not know falls back to a one-rank decode on the leader (tiled where the VAE supports
+tiling), with one warning per class.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+
+from genbatch.parallel.context import ParallelContext
+
+
+@dataclass(kw_only=True, slots=True)
+class Decoder:
+    ctx: ParallelContext
+    parallel: bool = True
+    """Decode patch-parallel across the job group when it has more than one rank (`--vae-parallel`)."""
+    measure_memory: bool = True
+    """Record the decode's peak memory on this rank (`last_peak_bytes`)."""
+    last_peak_bytes: int | None = None
+    _warned: set = field(default_factory=set)
+
+    def decode(self, pipe, vae_input: torch.Tensor) -> torch.Tensor | None:
+        """Decoded pixels on the group leader; None on the other ranks."""
+        from genbatch.parallel.vae import decode_fallback, parallel_decode, peak_memory, supports_parallel_decode
+
+        vae = pipe.vae
+        group = self.ctx.group
+        use_parallel = self.parallel and group.size > 1 and supports_parallel_decode(vae)
+        if self.parallel and group.size > 1 and not use_parallel:
+            name = type(vae).__name__
+            if name not in self._warned:
+                self._warned.add(name)
+                warnings.warn(f"no patch-parallel decode for {name}; decoding on the group leader alone", stacklevel=2)
+        with peak_memory(self.ctx.device) as peak:
+            if use_parallel:
+                decoded = parallel_decode(vae, vae_input, group, leader_only=True)
+            elif self.ctx.is_leader:
+                decoded = decode_fallback(vae, vae_input)
+            else:
+                decoded = None
+        self.last_peak_bytes = peak.bytes if self.measure_memory else None
+        return decoded

@@ -1,0 +1,197 @@
+"""One job on one job group: encode -> denoise (checkpointed, stoppable) -> decode -> media -> commit.
+
+Every rank of the group runs `JobExecutor.run` for the same job at the same time and issues the same
+collectives in the same order. The group leader resumes from the job's checkpoint (if any), shares it with
+the group, and alone encodes and writes the media and the done marker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from genbatch.jobs.models import resolve_model
+from genbatch.jobs.spec import JobSpec
+from genbatch.parallel.context import ParallelContext
+from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
+from genbatch.runner.decode import Decoder
+from genbatch.runner.denoise import BranchExchange, denoise
+from genbatch.runner.families import family_of, to_uint8
+from genbatch.runner.loading import PipelineCache
+from genbatch.runner.signals import StopRequest
+from genbatch.runner.timing import JobTimer
+
+
+class JobInterrupted(Exception):
+    """The run was asked to stop; the job's state was checkpointed at a step boundary."""
+
+
+class NonFiniteLatents(RuntimeError):
+    """The denoised latents hold NaN or inf (every rank of the group sees the same latents)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointPolicy:
+    every_steps: int = 10
+    """Save the denoising state after this many steps since the last save (0: never by step count)."""
+    every_seconds: float = 300.0
+    """...or once this many seconds have passed since the last save (0: never by time)."""
+
+    def due(self, steps_since: int, seconds_since: float) -> bool:
+        by_steps = self.every_steps > 0 and steps_since >= self.every_steps
+        by_time = self.every_seconds > 0 and seconds_since >= self.every_seconds
+        return by_steps or by_time
+
+
+@dataclass(kw_only=True, slots=True)
+class JobResult:
+    record: dict
+    """The job's result record (status done), also stored in its done marker."""
+    timings: list[dict]
+    """This rank's timing rows for the job."""
+
+
+def fingerprint(job: JobSpec) -> dict:
+    """The settings a checkpoint must match to be resumed (a changed row restarts the job)."""
+    return {
+        "model": job.model,
+        "seed": job.seed,
+        "width": job.width,
+        "height": job.height,
+        "num_frames": job.num_frames,
+        "num_inference_steps": job.num_inference_steps,
+        "guidance_scale": job.guidance_scale,
+        "prompt": hashlib.sha256(f"{job.prompt}\0{job.negative_prompt}".encode()).hexdigest(),
+    }
+
+
+@dataclass(kw_only=True, slots=True)
+class JobExecutor:
+    ctx: ParallelContext
+    pipelines: PipelineCache
+    store: object
+    """The run's `genbatch.io.RunStore`."""
+    writer: object
+    """The run's `genbatch.io.BackgroundWriter` (uploads overlap the next job's denoising)."""
+    exchange: BranchExchange
+    decoder: Decoder
+    stop: StopRequest
+    checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    run_id: str = ""
+
+    def _shared_checkpoint(self, job: JobSpec) -> DenoiseCheckpoint | None:
+        """The leader reads the job's checkpoint; the group receives the same bytes (or None)."""
+        payload = self.store.load_checkpoint(job.id) if self.ctx.is_leader else None
+        if self.ctx.group.size > 1:
+            holder = [payload]
+            dist.broadcast_object_list(holder, src=self.ctx.group.global_rank(0), group=self.ctx.group.group)
+            payload = holder[0]
+        if payload is None:
+            return None
+        checkpoint = DenoiseCheckpoint.from_bytes(payload)
+        if checkpoint.fingerprint != fingerprint(job):
+            return None  # the row changed since the checkpoint was taken: start over
+        return checkpoint
+
+    def _save_checkpoint(self, job: JobSpec, steps_done: int, latents, generator) -> None:
+        if not self.ctx.is_leader:
+            return
+        checkpoint = DenoiseCheckpoint(
+            job_id=job.id,
+            fingerprint=fingerprint(job),
+            steps_done=steps_done,
+            latents=latents.detach().to("cpu", copy=True),
+            scheduler=scheduler_state(self.pipelines.get(resolve_model(job.model)).scheduler),
+            rng={"torch_cpu": torch.get_rng_state(), "generator": generator.get_state()},
+        )
+        self.writer.submit(self.store.save_checkpoint, job.id, checkpoint.to_bytes())
+
+    def run(self, job: JobSpec) -> JobResult:
+        spec = resolve_model(job.model)
+        family = family_of(spec.family)
+        pipe = self.pipelines.get(spec)
+        device = self.ctx.device
+        timer = JobTimer(device)
+        generator = torch.Generator("cpu").manual_seed(job.seed)
+
+        with torch.inference_mode():
+            with timer.stage("text_encode"):
+                conditioning = family.encode(pipe, job, device)
+            trajectory = family.trajectory(pipe, job, generator, device)
+            checkpoint = self._shared_checkpoint(job)
+            start_step, latents = 0, None
+            if checkpoint is not None:
+                start_step = checkpoint.steps_done
+                latents = checkpoint.latents.to(device)
+                restore_scheduler(pipe.scheduler, checkpoint.scheduler, device)
+                generator.set_state(checkpoint.rng["generator"])
+
+            last_save = {"step": start_step, "time": time.monotonic()}
+
+            def after_step(steps_done: int, current) -> bool:
+                if self.stop.agreed(self.ctx.group, device):
+                    self._save_checkpoint(job, steps_done, current, generator)
+                    return True
+                if self.checkpoints.due(steps_done - last_save["step"], time.monotonic() - last_save["time"]):
+                    if steps_done < len(trajectory.timesteps):
+                        self._save_checkpoint(job, steps_done, current, generator)
+                    last_save.update(step=steps_done, time=time.monotonic())
+                return False
+
+            result = denoise(
+                family, pipe, trajectory, conditioning,
+                timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
+                after_step=after_step, step_extra=self._step_bytes,
+            )
+            if result.stopped:
+                raise JobInterrupted(f"job {job.id} stopped after step {result.steps_done}")
+            if not torch.isfinite(result.latents).all():
+                raise NonFiniteLatents(
+                    f"the latents of job {job.id} hold NaN/inf after {result.steps_done} steps; "
+                    "try fp32 (--dtype fp32) or a lower guidance scale"
+                )
+            with timer.stage("vae_decode") as stage:
+                decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, result.latents))
+            stage_memory = self.decoder.last_peak_bytes
+            if stage_memory is not None:
+                timer.intervals[-1].extra["peak_bytes"] = stage_memory
+
+        record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank}
+        if not self.ctx.is_leader:
+            return JobResult(record=record, timings=timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank))
+        with timer.stage("encode_media"):
+            frames = to_uint8(family.postprocess(pipe, decoded))
+            media, ext = self._encode(frames, job, spec.is_video)
+        record["output_uri"] = self.store.output_uri(job.id, ext)
+        seconds = timer.seconds_by_stage()
+        record.update({f"{stage}_s": value for stage, value in seconds.items()})
+        record["finished_at"] = time.time()
+        timings = timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank)
+        self.writer.submit(self._commit, job, media, ext, record)
+        return JobResult(record=record, timings=timings)
+
+    def _commit(self, job: JobSpec, media: bytes, ext: str, record: dict) -> None:
+        """Runs on the writer thread: media, then the done marker, then the checkpoint goes away."""
+        started, clock = time.time(), time.perf_counter()
+        self.store.commit(job.id, media, ext, record)
+        self.store.delete_checkpoint(job.id)
+        self.store.append_timings([{
+            "run_id": self.run_id, "job_id": job.id, "rank": self.ctx.rank, "stage": "write", "step": None,
+            "start": started, "seconds": time.perf_counter() - clock,
+        }])
+
+    @staticmethod
+    def _encode(frames: np.ndarray, job: JobSpec, is_video: bool) -> tuple[bytes, str]:
+        from genbatch.io import encode_mp4, encode_png
+
+        if is_video:
+            return encode_mp4(frames, fps=job.fps), "mp4"
+        return encode_png(frames), "png"
+
+    def _step_bytes(self) -> dict:
+        return {f"bytes_{kind}": count for kind, count in self.ctx.ledger.take().items()}

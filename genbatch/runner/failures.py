@@ -1,0 +1,83 @@
+"""Failed jobs: recorded with their error, without losing the run.
+
+In a one-rank group any exception fails just that job and the run goes on. In a multi-rank group a
+failure that is not known to be identical on every rank (anything but non-finite latents) leaves peers
+waiting inside a collective, so the group cannot go on: each rank posts what it saw to the run's
+coordination store, the failure record names the rank that raised or stopped responding, and the process
+exits with JOBS_FAILED (a rerun resumes; the failed job is retried).
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+
+from genbatch.jobs.spec import JobSpec
+from genbatch.runner.execute import NonFiniteLatents
+
+_GRACE_SECONDS = 2.0  # how long peers get to post what they saw before the failure is written
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
+
+
+def failure_record(job: JobSpec, message: str, run_id: str, rank: int) -> dict:
+    return {**job.record(), "status": "failed", "error": message, "run_id": run_id, "rank": rank,
+            "finished_at": time.time()}
+
+
+class GroupFailure(Exception):
+    """A job failed on part of a multi-rank group; the group's collectives are no longer usable."""
+
+    def __init__(self, job: JobSpec, message: str, rank: int):
+        super().__init__(message)
+        self.job, self.message, self.rank = job, message, rank
+
+    def record(self, store, run_id: str) -> None:
+        store.record_failure(self.job.id, failure_record(self.job, self.message, run_id, self.rank))
+
+
+def _is_collective_error(error: BaseException) -> bool:
+    import torch.distributed as dist
+
+    if isinstance(error, (dist.DistError, TimeoutError)):
+        return True
+    text = str(error)
+    return any(hint in text for hint in ("Connection closed by peer", "Timed out", "gloo", "NCCL", "Connection reset"))
+
+
+def record_failure(ctx, store, job: JobSpec, error: BaseException, run_id: str) -> None:
+    """Record a failed job, or raise GroupFailure when the group cannot go on."""
+    if ctx.group.size == 1 or isinstance(error, NonFiniteLatents):
+        if ctx.is_leader:
+            store.record_failure(job.id, failure_record(job, _describe(error), run_id, ctx.rank))
+        return
+    from genbatch.runner.handout import coordination_store
+
+    coordination = coordination_store(ctx)
+    prefix = f"genbatch/{run_id}/failure/{job.id}"
+    collective = _is_collective_error(error)
+    coordination.set(f"{prefix}/{ctx.rank}", ("peer" if collective else "raised") + "\t" + _describe(error))
+    time.sleep(_GRACE_SECONDS)
+    group_ranks = [ctx.group.global_rank(r) for r in range(ctx.group.size)]
+    raised, silent = [], []
+    for rank in group_ranks:
+        key = f"{prefix}/{rank}"
+        if coordination.check([key]):
+            kind, text = coordination.get(key).decode().split("\t", 1)
+            if kind == "raised":
+                raised.append(f"rank {rank} raised {text}")
+        else:
+            silent.append(rank)
+    if raised:
+        cause = "; ".join(raised)
+    elif silent:
+        cause = f"rank(s) {silent} stopped responding (died or hung; collective timeout applies)"
+    else:
+        cause = _describe(error)
+    message = f"job {job.id} failed on ranks {group_ranks}: {cause}"
+    if not collective:
+        message += "\n" + "".join(traceback.format_exception(error)[-3:])
+    raise GroupFailure(job, message, ctx.rank) from error

@@ -1,0 +1,53 @@
+"""`gen run --nproc N`: start N workers on this machine with torchrun's launcher and return one status.
+
+Workers run `python -m genbatch run ...` (the same command without --nproc). SIGTERM to the launcher is
+forwarded to the workers by torchrun's agent; SIGUSR1 is turned into the same. Exit status: 75 when the
+workers stopped on a signal with their state checkpointed, else the most severe worker status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import uuid
+
+from genbatch.runner import exit_codes
+
+
+def _threads_per_worker(nproc: int) -> str:
+    return os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
+
+
+def launch_local(nproc: int, args: list[str]) -> int:
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    os.environ["OMP_NUM_THREADS"] = _threads_per_worker(nproc)  # this launcher process only exports it
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"genbatch-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="127.0.0.1:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        start_method="spawn",
+    )
+    previous = signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
+    try:
+        elastic_launch(config, entrypoint=sys.executable)("-m", "genbatch", *args)
+        return exit_codes.OK
+    except ChildFailedError as failure:
+        codes = {info.exitcode for info in failure.failures.values()}
+        if codes <= {exit_codes.REQUEUE, -signal.SIGTERM}:
+            return exit_codes.REQUEUE
+        if exit_codes.USAGE in codes:
+            return exit_codes.USAGE
+        return exit_codes.JOBS_FAILED
+    except SignalException:
+        return exit_codes.REQUEUE
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

@@ -1,0 +1,44 @@
+"""The run's progress bar (rank 0, on a terminal) and its end-of-run summary."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+
+from tqdm import tqdm
+
+
+@dataclass(slots=True)
+class RunProgress:
+    total: int
+    """Jobs this run is responsible for (valid rows of its share)."""
+    already_done: int
+    """Jobs done by earlier attempts (skipped)."""
+    enabled: bool
+    bar: tqdm | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.enabled:
+            # disable=None: a bar on a terminal, nothing when stderr is a file or a pipe.
+            self.bar = tqdm(total=self.total, initial=self.already_done, unit="job", desc="gen run",
+                            dynamic_ncols=True, disable=None, file=sys.stderr)
+
+    def job_finished(self, store, run_id: str, ctx) -> None:
+        """Count a finished job (group leaders) and move the bar to the run-wide count (rank 0)."""
+        key = f"genbatch/{run_id}/finished"
+        if ctx.is_leader:
+            store.add(key, 1)
+        if self.bar is not None:
+            finished = store.add(key, 0)
+            self.bar.update(self.already_done + finished - self.bar.n)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+    def print_summary(self, summary: dict, *, wall_seconds: float, out: str) -> None:
+        parts = [f"{summary.get(key, 0)} {key}" for key in ("done", "failed", "rejected")]
+        parts.append(f"{self.already_done} skipped (done before)")
+        print(f"genbatch: {', '.join(parts)} in {wall_seconds:.1f} s -> {out}", file=sys.stderr)
+        if summary.get("failed"):
+            print(f"genbatch: failed jobs and their errors are in {out}/results/", file=sys.stderr)

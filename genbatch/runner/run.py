@@ -1,0 +1,170 @@
+"""`gen run`: the process entry point, from options to an exit status.
+
+    world    = torchrun/srun environment (or one process)       -> ParallelContext (one DeviceMesh)
+    jobs     = manifest rows, validated (rank 0 reads, all ranks receive the same list)
+    pending  = jobs without a done marker, in hand-out order (optionally one array share)
+    for job in HandOut(pending):  JobExecutor.run(job)         -> outputs, markers, timings
+    rank 0   = results table, run.json, summary                  -> exit status
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from genbatch.jobs.models import resolve_model
+from genbatch.jobs.schedule import hand_out_order, select_share
+from genbatch.jobs.spec import JobOverrides
+from genbatch.parallel.context import ParallelContext
+from genbatch.runner import exit_codes
+from genbatch.runner.execute import CheckpointPolicy, JobExecutor, JobInterrupted
+from genbatch.runner.failures import GroupFailure, record_failure
+from genbatch.runner.handout import HandOut, coordination_store
+from genbatch.runner.progress import RunProgress
+from genbatch.runner.world import World, start_world
+
+
+@dataclass(kw_only=True, slots=True)
+class RunOptions:
+    manifest: str
+    """The manifest's URL (any fsspec URL)."""
+    out: str
+    """Where the run writes (any fsspec URL)."""
+    model: str = "tiny-wan"
+    """The run's model for rows without a `model` value: a preset name or a pipeline directory."""
+    overrides: JobOverrides = field(default_factory=JobOverrides)
+    """Run-level defaults for rows that leave a setting empty."""
+    storage_options: dict = field(default_factory=dict)
+    """fsspec options for the manifest and the output URLs (endpoint, credentials, ...)."""
+    dp: int | None = None
+    """Data-parallel groups (None: the world size over the other degrees)."""
+    cfg: int = 1
+    ring: int = 1
+    ulysses: int = 1
+    fsdp: bool = False
+    dtype: str | None = None
+    """fp32 / bf16 / fp16 (None: bf16 on GPUs, fp32 on the CPU)."""
+    backend: str | None = None
+    """torch.distributed backend (None: nccl with GPUs, gloo otherwise)."""
+    collective_timeout: float = 600.0
+    """Seconds a collective may wait for a peer before the job fails, naming the missing rank."""
+    share: tuple[int, int] | None = None
+    """Run only this (index, count) share of the manifest (job arrays)."""
+    dynamic_hand_out: bool = True
+    """Hand jobs to whichever group is free (False: a static strided split)."""
+    checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
+    vae_parallel: bool = True
+    max_pending_writes: int = 4
+    """Finished jobs whose uploads may be in flight while the next job runs."""
+    quiet: bool = False
+
+
+def _run_info(options: RunOptions, world: World, run_id: str, started: float) -> dict:
+    import diffusers
+    import transformers
+
+    from genbatch import __version__
+
+    return {
+        "run_id": run_id,
+        "manifest": options.manifest,
+        "out": options.out,
+        "model": options.model,
+        "layout": world.ctx.dims.describe(),
+        "world_size": world.world_size,
+        "device": str(world.ctx.device),
+        "dtype": str(world.dtype).removeprefix("torch."),
+        "options": {k: getattr(options, k) for k in ("dp", "cfg", "ring", "ulysses", "fsdp", "share", "vae_parallel")},
+        "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
+        "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
+                     "transformers": transformers.__version__, "python": sys.version.split()[0]},
+        "host": socket.gethostname(),
+        "started": started,
+        "ended": None,
+    }
+
+
+def run(options: RunOptions) -> int:
+    """Run the manifest; returns the process exit status (see `exit_codes`)."""
+    from genbatch.io import BackgroundWriter, RunStore
+
+    world = start_world(options)
+    try:
+        return _run(options, world, RunStore(options.out, storage_options=options.storage_options), BackgroundWriter)
+    finally:
+        world.close()
+
+
+def _run(options: RunOptions, world: World, store, writer_cls) -> int:
+    ctx = world.ctx
+    started = time.time()
+    manifest = world.load_manifest(options)
+    if isinstance(manifest, int):
+        return manifest  # a usage error, already reported by rank 0
+    jobs, rejected, extra_columns = manifest
+    run_id = world.shared_value(lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
+    if ctx.rank == 0:
+        store.abort_stale_uploads()
+        store.write_rejected(rejected)
+        store.write_run_info(_run_info(options, world, run_id, started))
+    selected = jobs if options.share is None else select_share(jobs, *options.share)
+    pending = world.shared_value(lambda: [j for j in hand_out_order(selected) if j.id not in store.done_ids()])
+
+    writer = writer_cls(max_pending=options.max_pending_writes)
+    executor = world.executor(options, store, writer, run_id)
+    progress = RunProgress(total=len(selected), already_done=len(selected) - len(pending),
+                           enabled=ctx.rank == 0 and not options.quiet)
+    counts = {"done": 0, "failed": 0, "interrupted": False}
+    coordination = coordination_store(ctx)
+    try:
+        for job in HandOut(jobs=pending, ctx=ctx, store=coordination, key=f"genbatch/{run_id}/next",
+                           dynamic=options.dynamic_hand_out):
+            try:
+                result = executor.run(job)
+                counts["done"] += 1
+                store.append_timings(result.timings)
+            except JobInterrupted:
+                counts["interrupted"] = True
+                break
+            except GroupFailure:
+                raise
+            except Exception as error:  # noqa: BLE001 - a failed job is recorded and the run goes on
+                counts["failed"] += 1
+                record_failure(ctx, store, job, error, run_id)
+            progress.job_finished(coordination, run_id, ctx)
+            if executor.stop.requested and executor.stop.agreed(ctx.group, ctx.device):
+                counts["interrupted"] = True
+                break
+    except GroupFailure as failure:
+        failure.record(store, run_id)
+        writer.flush()
+        store.flush_timings()
+        return exit_codes.JOBS_FAILED
+    finally:
+        executor.stop.restore()
+        progress.close()
+    writer.flush()
+    store.flush_timings()
+    if counts["interrupted"]:
+        if ctx.rank == 0 and not options.quiet:
+            print("genbatch: stopped by signal; state checkpointed. Rerun the same command to continue "
+                  f"(exit {exit_codes.REQUEUE}).", file=sys.stderr)
+        return exit_codes.REQUEUE
+    world.wait_for_all_ranks(run_id, coordination)
+    if ctx.rank != 0:
+        return exit_codes.OK
+    summary = store.write_results(extra_columns)
+    info = _run_info(options, world, run_id, started)
+    info["ended"] = time.time()
+    info["summary"] = summary
+    store.write_run_info(info)
+    if not options.quiet:
+        progress.print_summary(summary, wall_seconds=time.time() - started, out=store.url)
+    return exit_codes.JOBS_FAILED if summary.get("failed", 0) else exit_codes.OK

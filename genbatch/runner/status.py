@@ -1,0 +1,24 @@
+"""`gen status OUT`: what a run has done, against its manifest."""
+
+from __future__ import annotations
+
+import json
+
+from genbatch.jobs.spec import JobOverrides
+
+
+def run_status(out: str, *, manifest: str | None = None, storage_options: dict | None = None) -> dict:
+    """Counts of done / failed / rejected / pending jobs (pending: valid rows not yet done)."""
+    from genbatch.io import RunStore
+    from genbatch.manifests import read_jobs
+
+    store = RunStore(out, storage_options=storage_options)
+    info = store.read_run_info()
+    if info is None and manifest is None:
+        raise FileNotFoundError(f"{out} has no run.json: pass --manifest to count against a manifest")
+    manifest = manifest or info["manifest"]
+    overrides = JobOverrides(**(info or {}).get("overrides", {})) if info else JobOverrides()
+    loaded = read_jobs(manifest, overrides=overrides, storage_options=storage_options)
+    counts = store.status_counts(job.id for job in loaded.jobs)
+    counts["rejected"] = len(loaded.rejected)
+    return {"total": len(loaded.jobs) + len(loaded.rejected), **counts}

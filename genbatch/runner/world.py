@@ -1,0 +1,151 @@
+"""The processes of a run: process-group start-up from the torchrun/srun environment, the mesh, and the few
+things every rank must agree on (the job list, the run id), decided by rank 0 and broadcast.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from genbatch.jobs.models import resolve_model
+from genbatch.parallel.context import ParallelContext, build_context
+from genbatch.parallel.dims import ParallelDims
+from genbatch.runner import exit_codes
+from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype
+
+
+class UsageError(ValueError):
+    """Options that cannot run (a bad layout, an unreadable manifest): exit status 2, nothing runs."""
+
+
+def _device() -> torch.device:
+    if torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+@dataclass(kw_only=True, slots=True)
+class World:
+    ctx: ParallelContext
+    dtype: torch.dtype
+    owns_process_group: bool
+    """True when this run started the process group (and so destroys it at the end)."""
+
+    @property
+    def world_size(self) -> int:
+        return self.ctx.dims.world_size
+
+    def shared_value(self, compute):
+        """`compute()` on rank 0, the same value on every rank."""
+        if not self.ctx.distributed:
+            return compute()
+        holder = [compute() if self.ctx.rank == 0 else None]
+        dist.broadcast_object_list(holder, src=0)
+        return holder[0]
+
+    def load_manifest(self, options):
+        """(jobs, rejected, extra_columns) on every rank, or the exit status of a usage error."""
+        from genbatch.manifests import ManifestFileError, read_jobs
+
+        def read():
+            try:
+                overrides = options.overrides
+                if overrides.model is None:
+                    from dataclasses import replace
+
+                    overrides = replace(overrides, model=options.model)
+                loaded = read_jobs(options.manifest, overrides=overrides, storage_options=options.storage_options)
+                self._validate_layout(loaded.jobs)
+                return loaded.jobs, loaded.rejected, loaded.extra_columns
+            except (ManifestFileError, UsageError, FileNotFoundError) as error:
+                return f"genbatch: {error}"
+
+        result = self.shared_value(read)
+        if isinstance(result, str):
+            if self.ctx.rank == 0:
+                print(result, file=sys.stderr)
+            return exit_codes.USAGE
+        return result
+
+    def _validate_layout(self, jobs) -> None:
+        for name in sorted({job.model for job in jobs}):
+            spec = resolve_model(name)
+            try:
+                self.ctx.dims.validate(world_size=self.world_size, num_heads=spec.num_heads, uses_cfg=spec.uses_cfg)
+            except ValueError as error:
+                raise UsageError(f"layout {self.ctx.dims.describe()} does not fit model {name}: {error}") from None
+
+    def executor(self, options, store, writer, run_id: str):
+        from genbatch.parallel.cfg import branch_exchange
+        from genbatch.runner.decode import Decoder
+        from genbatch.runner.execute import JobExecutor
+        from genbatch.runner.signals import StopRequest
+
+        prepare = None
+        if self.ctx.dims.sp > 1 or self.ctx.dims.fsdp:
+            from genbatch.parallel.apply import parallelize_pipeline
+
+            def prepare(pipe, spec):
+                parallelize_pipeline(pipe, spec, self.ctx)
+
+        return JobExecutor(
+            ctx=self.ctx,
+            pipelines=PipelineCache(device=self.ctx.device, dtype=self.dtype, prepare=prepare),
+            store=store,
+            writer=writer,
+            exchange=branch_exchange(self.ctx),
+            decoder=Decoder(ctx=self.ctx, parallel=options.vae_parallel),
+            stop=StopRequest().install(),
+            checkpoints=options.checkpoints,
+            run_id=run_id,
+        )
+
+    def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
+        """Rank 0 waits (without a collective, whose timeout is short) until every rank has finished."""
+        if not self.ctx.distributed:
+            return
+        key = f"genbatch/{run_id}/ranks_finished"
+        store.add(key, 1)
+        if self.ctx.rank == 0:
+            while store.add(key, 0) < self.world_size:
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        if self.owns_process_group and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def start_world(options) -> World:
+    """Join the process group described by the environment (torchrun, srun) and build the mesh."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    device = _device()
+    owns = False
+    if world_size > 1 and not dist.is_initialized():
+        backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
+        dist.init_process_group(backend, timeout=timedelta(seconds=options.collective_timeout))
+        owns = True
+    elif dist.is_initialized():
+        world_size = dist.get_world_size()
+    try:
+        dims = ParallelDims.infer(
+            world_size, dp=options.dp, cfg=options.cfg, ring=options.ring, ulysses=options.ulysses, fsdp=options.fsdp
+        )
+        if dims.world_size != world_size:
+            raise ValueError(
+                f"dp {dims.dp} x cfg {dims.cfg} x ring {dims.ring} x ulysses {dims.ulysses} = {dims.world_size}, "
+                f"but {world_size} processes were started; leave --dp out to let it take the rest"
+            )
+    except ValueError as error:
+        if owns:
+            dist.destroy_process_group()
+        raise UsageError(str(error)) from None
+    dtype = DTYPES[options.dtype or default_dtype(device)]
+    return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns)
