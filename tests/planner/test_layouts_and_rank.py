@@ -79,7 +79,8 @@ def test_throughput_splits_for_max_latency():
     assert free.layout == Layout(dp=8)
     bounded = plan("flux.1-dev", 8, max_latency=2.0).best
     assert bounded.estimate.seconds_per_job <= 2.0 and bounded.layout.dp == 2
-    assert any("--max-latency 2 s" in reason for r in plan("flux.1-dev", 8, max_latency=2.0).rejected for reason in r.reasons)
+    reasons = [reason for r in plan("flux.1-dev", 8, max_latency=2.0).rejected for reason in r.reasons]
+    assert any("--max-latency 2 s" in reason for reason in reasons)
 
 
 def test_latency_objective_minimises_seconds_per_job():
@@ -111,3 +112,12 @@ def test_bad_inputs_are_value_errors_naming_the_fix():
         plan("flux.1-dev", 8, frames=9)
     with pytest.raises(ValueError, match="--width 0"):
         plan("flux.1-dev", 8, width=0)
+
+
+def test_runnable_layouts_become_the_runners_parallel_dims():
+    dims = plan("wan2.1-14b", 8, objective="latency").best.layout.parallel_dims()
+    assert (dims.dp, dims.cfg, dims.ring, dims.ulysses, dims.fsdp) == (1, 2, 1, 4, False)
+    dims.validate(world_size=8, num_heads=40, uses_cfg=True)
+    assert Layout(ulysses=4, fsdp=4).parallel_dims().fsdp is True
+    with pytest.raises(ValueError, match="pipefusion not in the runner"):
+        Layout(pipefusion=2).parallel_dims()

@@ -79,6 +79,7 @@ def test_cluster_defaults_follow_the_gpu():
         ({"gpus": 8, "gpu": "l40", "interconnect": "nvlink"}, "l40 has no NVLink; use --interconnect pcie"),
         ({"gpus": 8, "gpu_mem": -1}, "--gpu-mem -1 must be positive"),
         ({"gpus": 0}, "--gpus 0 must be at least 1"),
+        ({"gpus": 8, "network_gbps": 100}, "--network-gbps sets the link between nodes"),
         ({"gpus": 8, "interconnect": "carrier-pigeon"}, "unknown --interconnect"),
     ],
 )

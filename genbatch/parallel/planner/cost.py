@@ -103,102 +103,127 @@ class _Tally:
         self.exposed_s += exposed_s
 
 
-def estimate(layout: Layout, work: Workload, cluster: Cluster) -> Estimate:
-    """Price `layout` (its structural validity is checked elsewhere)."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Compute:
+    """One rank's share of a step's arithmetic."""
+
+    forwards: int
+    """Forwards per step on this rank (2 for a CFG model without CFG parallel)."""
+    layers: float
+    """Layers on this rank's PipeFusion stage."""
+    linear_s: float
+    """Seconds of linear layers per layer and forward."""
+    attention_s: float
+    """Seconds of attention per layer and forward."""
+
+    @property
+    def layer_s(self) -> float:
+        return self.linear_s + self.attention_s
+
+    @property
+    def step_s(self) -> float:
+        return self.forwards * self.layers * self.layer_s
+
+
+def _compute(layout: Layout, work: Workload, cluster: Cluster, *, patches: int) -> _Compute:
+    """Linear and attention seconds when the rank's N/sp tokens go through its layers in `patches` pieces."""
     shape = work.shape
-    n, d, text = work.sequence, shape.hidden_size, shape.text_tokens
-    u, r, tp, stages = layout.ulysses, layout.ring, layout.tp, layout.pipefusion
-    sp, patches = layout.sp, layout.pipefusion
+    n, d, text, tp = work.sequence, shape.hidden_size, shape.text_tokens, layout.tp
     cross = not shape.joint_text
-    forwards = (2 if shape.uses_cfg else 1) // layout.cfg  # forwards per step on this rank
-    layers = shape.num_layers / stages  # layers on this rank's stage
+    tokens = n / layout.sp
+    linear = 2 * tokens * (4 * d * d + 2 * d * shape.ffn_dim + (2 * d * d if cross else 0)) / tp
+    linear += (4 * text * d * d / tp) if cross else 0.0  # text K/V projections, on every sequence rank
+    attention = 4 * tokens * (n + (text if cross else 0)) * d / tp
+    rows = tokens / (patches * tp)  # TP narrows each GEMM as much as fewer rows would
+    efficiency = GEMM_EFFICIENCY * rows / (rows + GEMM_HALF_ROWS)
     peak = cluster.gpu.bf16_tflops * 1e12
+    return _Compute(
+        forwards=(2 if shape.uses_cfg else 1) // layout.cfg,
+        layers=shape.num_layers / layout.pipefusion,
+        linear_s=linear / (peak * efficiency),
+        attention_s=attention / (peak * ATTENTION_EFFICIENCY),
+    )
 
-    def layer_compute(rows_per_gemm: float) -> tuple[float, float]:
-        """(linear seconds, attention seconds) of one layer over this rank's N/sp tokens."""
-        tokens = n / sp
-        linear = 2 * tokens * (4 * d * d + 2 * d * shape.ffn_dim + (2 * d * d if cross else 0)) / tp
-        linear += (4 * text * d * d / tp) if cross else 0.0  # text K/V projections, on every sequence rank
-        attention = 4 * tokens * (n + (text if cross else 0)) * d / tp
-        efficiency = GEMM_EFFICIENCY * rows_per_gemm / (rows_per_gemm + GEMM_HALF_ROWS)
-        return linear / (peak * efficiency), attention / (peak * ATTENTION_EFFICIENCY)
 
-    linear_s, attention_s = layer_compute(n / (sp * patches * tp))
-    compute_layer = linear_s + attention_s
-    compute = forwards * layers * compute_layer
-    overhead = forwards * layers * patches * LAYER_OVERHEAD_S
-    tally = _Tally()
-    links: dict[str, str] = {}
-    nd = n * d * BYTES_PER_VALUE  # one [N, d] bf16 tensor
-
+def _communication(layout: Layout, work: Workload, cluster: Cluster, compute: _Compute) -> tuple[_Tally, dict]:
+    """Bytes, raw and exposed seconds per step of every collective but PipeFusion's, and the links they use."""
+    u, r, tp, sp = layout.ulysses, layout.ring, layout.tp, layout.sp
+    per_step = compute.forwards * compute.layers  # layer-forwards per step
+    nd = work.sequence * work.shape.hidden_size * BYTES_PER_VALUE  # one [N, d] bf16 tensor
+    tally, links = _Tally(), {}
     if u > 1:
-        link = axis_link(layout, "ulysses", cluster)
-        links["ulysses"] = link.name
+        link = links["ulysses"] = axis_link(layout, "ulysses", cluster)
         per_layer = 4 * (u - 1) / u * nd / (u * r * tp)  # four all-to-alls of this rank's [N/(u r), d/tp]
         time = _transfer(per_layer, link, messages=4)
-        tally.add("ulysses", forwards * layers * per_layer, forwards * layers * time, forwards * layers * time)
+        tally.add("ulysses", per_step * per_layer, per_step * time, per_step * time)
     if r > 1:
-        link = axis_link(layout, "ring", cluster)
-        links["ring"] = link.name
+        link = links["ring"] = axis_link(layout, "ring", cluster)
         chunk = 2 * nd / (r * u * tp)  # K and V of N/r tokens, d/(u tp) channels, each round
         round_s = _transfer(chunk, link)
-        exposed = (r - 1) * _overlapped(round_s, attention_s / r) + r * RING_ROUND_OVERHEAD_S
-        tally.add("ring", forwards * layers * (r - 1) * chunk, forwards * layers * (r - 1) * round_s,
-                  forwards * layers * exposed)
+        exposed = (r - 1) * _overlapped(round_s, compute.attention_s / r) + r * RING_ROUND_OVERHEAD_S
+        tally.add("ring", per_step * (r - 1) * chunk, per_step * (r - 1) * round_s, per_step * exposed)
     if tp > 1:
-        link = axis_link(layout, "tp", cluster)
-        links["tp"] = link.name
+        link = links["tp"] = axis_link(layout, "tp", cluster)
         per_layer = 2 * 2 * (tp - 1) / tp * nd / sp  # two ring all-reduces of [N/sp, d]
         time = _transfer(per_layer, link, messages=2)
-        tally.add("tp", forwards * layers * per_layer, forwards * layers * time, forwards * layers * time)
+        tally.add("tp", per_step * per_layer, per_step * time, per_step * time)
     if layout.fsdp > 1:
-        link = link_for_extent(layout.group, cluster)
-        links["fsdp"] = link.name
+        link = links["fsdp"] = link_for_extent(layout.group, cluster)
+        shape = work.shape
         per_layer = shape.parameters * BYTES_PER_VALUE / shape.num_layers * (layout.fsdp - 1) / layout.fsdp
         gather = _transfer(per_layer, link)
         # the first layer's gather waits; each next one is prefetched under the previous layer's compute
-        exposed = gather + (layers - 1) * _overlapped(gather, compute_layer + LAYER_OVERHEAD_S)
-        tally.add("fsdp", forwards * layers * per_layer, forwards * layers * gather, forwards * exposed)
+        exposed = gather + (compute.layers - 1) * _overlapped(gather, compute.layer_s + LAYER_OVERHEAD_S)
+        tally.add("fsdp", per_step * per_layer, per_step * gather, compute.forwards * exposed)
     if sp > 1:
-        link = link_for_extent(sp * tp, cluster)
-        links["sp_gather"] = link.name
+        link = links["sp_gather"] = link_for_extent(sp * tp, cluster)
         per_forward = (sp - 1) / sp * work.prediction_bytes  # all-gather the output over the sequence ranks
         time = _transfer(per_forward, link)
-        tally.add("sp_gather", forwards * per_forward, forwards * time, forwards * time)
+        tally.add("sp_gather", compute.forwards * per_forward, compute.forwards * time, compute.forwards * time)
     if layout.cfg > 1:
-        link = axis_link(layout, "cfg", cluster)
-        links["cfg"] = link.name
-        per_step = work.prediction_bytes / sp  # this rank's share of its branch's prediction, once a step
-        time = _transfer(per_step, link)
-        tally.add("cfg", per_step, time, time)
+        link = links["cfg"] = axis_link(layout, "cfg", cluster)
+        per_step_bytes = work.prediction_bytes / sp  # this rank's share of its branch's prediction, once a step
+        time = _transfer(per_step_bytes, link)
+        tally.add("cfg", per_step_bytes, time, time)
+    return tally, {axis: link.name for axis, link in links.items()}
 
-    step = compute + overhead + tally.exposed_s
+
+def _pipefusion(layout: Layout, work: Workload, cluster: Cluster, compute: _Compute, tally: _Tally, step: float):
+    """PipeFusion's steady step (its P2P hides under compute) and its per-job warm-up and bubble, in seconds."""
+    stages = patches = layout.pipefusion  # as many patches as stages (xDiT's default)
+    link = axis_link(layout, "pipefusion", cluster)
+    per_step = work.sequence * work.shape.hidden_size * BYTES_PER_VALUE / (layout.sp * layout.tp)
+    time = compute.forwards * _transfer(per_step, link, messages=patches)  # this stage's [N/sp, d], in pieces
+    step += _overlapped(time, compute.step_s)  # asynchronous P2P (seed 000 §6.3: N d per stage per step)
+    tally.add("pipefusion", compute.forwards * per_step, time, 0.0)
+    whole = _compute(layout, work, cluster, patches=1)
+    # warm-up: stages run one after another on the whole latent, no patches, no stale K/V
+    warm_step = compute.forwards * work.shape.num_layers * (whole.layer_s + LAYER_OVERHEAD_S)
+    warm_step += stages * time + tally.exposed_s
+    warm = min(PIPEFUSION_WARMUP_STEPS, work.steps)
+    bubble = (stages - 1) / patches * step if work.steps > warm else 0.0  # seed 003: M S / (M S + N - 1)
+    return step, warm * (warm_step - step) + bubble, link.name
+
+
+def estimate(layout: Layout, work: Workload, cluster: Cluster) -> Estimate:
+    """Price `layout` (its structural validity is checked elsewhere)."""
+    compute = _compute(layout, work, cluster, patches=layout.pipefusion)
+    overhead = compute.forwards * compute.layers * layout.pipefusion * LAYER_OVERHEAD_S
+    tally, links = _communication(layout, work, cluster, compute)
+    step = compute.step_s + overhead + tally.exposed_s
     pipeline = 0.0
-    if stages > 1:
-        link = axis_link(layout, "pipefusion", cluster)
-        links["pipefusion"] = link.name
-        per_step = nd / (sp * tp)  # this stage's [N/sp, d] activations, in `patches` pieces (seed 000 §6.3)
-        time = _transfer(per_step, link, messages=patches)
-        step = compute + overhead + tally.exposed_s + _overlapped(time, compute)  # asynchronous P2P
-        tally.add("pipefusion", forwards * per_step, forwards * time, 0.0)
-        warm = min(PIPEFUSION_WARMUP_STEPS, work.steps)
-        full_linear, full_attention = layer_compute(n / (sp * tp))
-        # warm-up: stages run one after another on the whole latent, no patches
-        warm_step = forwards * shape.num_layers * (full_linear + full_attention + LAYER_OVERHEAD_S)
-        warm_step += stages * time + tally.exposed_s
-        piped = work.steps - warm
-        bubble = (stages - 1) / patches * step  # seed 003: compute ratio M S / (M S + N - 1)
-        pipeline = warm * (warm_step - step) + (bubble if piped else 0.0)
+    if layout.pipefusion > 1:
+        step, pipeline, links["pipefusion"] = _pipefusion(layout, work, cluster, compute, tally, step)
     decode = _decode_seconds(layout, work, cluster)
     if work.offload_text_encoder:  # loaded from host memory for each job, over the GPU's PCIe link
-        decode += shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)
+        decode += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)
     return Estimate(
         seconds_per_job=work.steps * step + pipeline + decode,
         seconds_per_step=step,
-        compute_s=compute,
+        compute_s=compute.step_s,
         overhead_s=overhead,
         comm_s=tally.raw_s,
-        comm_exposed_s=step - compute - overhead,
+        comm_exposed_s=step - compute.step_s - overhead,
         decode_s=decode,
         pipeline_s=pipeline,
         comm_bytes_per_step=sum(tally.nbytes.values()),

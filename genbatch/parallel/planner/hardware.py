@@ -175,6 +175,8 @@ def make_cluster(
                 f"--interconnect {interconnect} links nodes, but --nodes is 1; "
                 "give nvlink or pcie for one node, or --nodes 2 or more"
             )
+        if network_gbps is not None:
+            raise ValueError("--network-gbps sets the link between nodes; give --nodes 2 or more, or drop it")
         node_link = (intra_node or interconnect or gpu_type.link).lower()
         network = None
     else:

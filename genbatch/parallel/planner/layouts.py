@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from dataclasses import dataclass
 
+from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.planner.hardware import GPUS_PER_SOCKET, Cluster, Link
 from genbatch.parallel.planner.shapes import ModelShape
 
@@ -63,6 +64,13 @@ class Layout:
     def degrees(self) -> dict[str, int]:
         """The degrees by name, plus `vae_parallel` (the job group decodes its VAE patch-parallel)."""
         return {**{axis: getattr(self, axis) for axis in AXES}, "fsdp": self.fsdp, "vae_parallel": self.group}
+
+    def parallel_dims(self) -> ParallelDims:
+        """The runner's `ParallelDims` for this layout; ValueError for axes the runner does not have."""
+        reason = unavailable_reason(self)
+        if reason:
+            raise ValueError(f"layout {self.label()}: {reason}; pick a layout without them")
+        return ParallelDims(dp=self.dp, cfg=self.cfg, ring=self.ring, ulysses=self.ulysses, fsdp=self.fsdp > 1)
 
     def label(self) -> str:
         parts = [f"{axis}{getattr(self, axis)}" for axis in AXES if getattr(self, axis) > 1]

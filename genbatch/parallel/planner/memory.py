@@ -2,8 +2,9 @@
 
 Denoising and decoding do not overlap, so the peak is the resident weights plus the larger of the denoise
 activations and the VAE decode. Seed 000 gives the rules: weights are replicated under sequence and CFG
-parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by layer); activations split 1/p under sequence parallel
-(each rank holds [N/p, d]); the VAE decode peak splits 1/p with patch parallel over the job's group (§7.1).
+parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by layer); activations split 1/p under
+sequence parallel (each rank holds [N/p, d]); the VAE decode peak splits 1/p with patch parallel over the job's
+group (§7.1).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from genbatch.parallel.planner.layouts import AXES
-from genbatch.parallel.planner.rank import Candidate, Plan
+from genbatch.parallel.planner.rank import STALE_MARGIN, Candidate, Plan
 
 SCHEMA_VERSION = 1
 """Bumped when a field of `plan_to_dict` changes meaning or goes away."""
@@ -111,6 +111,8 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
         lines.append(f"... {len(plan.ranked) - top} more legal layouts (--top N, or --json for all)")
     lines.append("(seconds: compute, comm (all traffic) and exposed (left after overlap) per step; memory in GiB "
                  "per rank: total, weights, denoise activations, VAE decode peak)")
+    if any(candidate.layout.pipefusion > 1 for candidate in plan.ranked[:top]):
+        lines.append(f"(pipefusion reuses stale K/V: it ranks above exact layouts only when {STALE_MARGIN:.0%} faster)")
     try:
         lines.append(f"best runnable: {plan.best.layout.label()}")
     except ValueError as error:
