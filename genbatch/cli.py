@@ -20,6 +20,14 @@ def main() -> None:
     gen plan --model M --gpus G       rank parallel layouts by estimated speed
     gen bench --out OUT               nightly throughput run with a report
     """
+    _quiet_libraries()
+
+
+def _quiet_libraries() -> None:
+    """transformers warns at import about optional image backends the pipelines never use here."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.set_verbosity_error()
 from genbatch.manifests.cli import validate_command; main.add_command(validate_command)  # noqa: E402, E702
 from genbatch.runner.cli import run_command, status_command; main.add_command(run_command); main.add_command(status_command)  # noqa: E402, E702, I001
 from genbatch.slurm.cli import submit_command; main.add_command(submit_command)  # noqa: E402, E702

@@ -117,9 +117,10 @@ class JobExecutor:
         pipe = self.pipelines.get(spec)
         device = self.ctx.device
         timer = JobTimer(device)
+        self.ctx.ledger.take()  # bytes of earlier work (hand-out, loading) are not this job's steps
         generator = torch.Generator("cpu").manual_seed(job.seed)
 
-        with torch.inference_mode():
+        with torch.no_grad():  # not inference_mode: FSDP2's DTensors need ordinary tensors
             with timer.stage("text_encode"):
                 conditioning = family.encode(pipe, job, device)
             trajectory = family.trajectory(pipe, job, generator, device)

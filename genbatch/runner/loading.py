@@ -1,8 +1,7 @@
 """Loading a model: a built-in preset, or a diffusers pipeline directory through `from_pretrained` (offline).
 
 Weights go to this rank's device in the run's dtype; the VAE of video models stays in fp32 (as the Wan
-reference code runs it). Loaded pipelines are kept per model name for the life of the process, so a
-manifest that mixes models loads each once.
+reference code runs it). `PipelineCache` keeps the pipelines a process has loaded, by model name.
 """
 
 from __future__ import annotations
@@ -31,37 +30,88 @@ def _quiet_loading() -> None:
     transformers_logging.disable_progress_bar()
 
 
-def load_pipeline(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
-    """Build or load the pipeline for `spec`, placed on `device` in `dtype` (VAE of video models in fp32)."""
+def _meta_component(path: str, component: str, dtype: torch.dtype):
+    """A pipeline directory's component built from its config on the meta device (no weights read)."""
+    import importlib
+    import json
+    import os
+
+    with open(os.path.join(path, "model_index.json"), encoding="utf-8") as handle:
+        library, class_name = json.load(handle)[component]
+    cls = getattr(importlib.import_module(library), class_name)
+    with torch.device("meta"):
+        if library == "transformers":
+            from transformers import AutoConfig
+
+            module = cls(AutoConfig.from_pretrained(path, subfolder=component, local_files_only=True))
+        else:
+            module = cls.from_config(cls.load_config(path, subfolder=component, local_files_only=True))
+    return module.to(dtype).eval()
+
+
+def _cast(pipe, dtype: torch.dtype) -> None:
+    """Cast a pipeline built in memory to `dtype`, keeping each model's `_keep_in_fp32_modules` in fp32
+    (what `from_pretrained(torch_dtype=...)` does for pipelines loaded from a directory)."""
+    for module in pipe.components.values():
+        if not isinstance(module, torch.nn.Module):
+            continue
+        torch.nn.Module.to(module, dtype=dtype)
+        keep = getattr(module, "_keep_in_fp32_modules", None) or []
+        for name, child in module.named_modules():
+            if name and any(part in name for part in keep):  # diffusers matches names by substring
+                torch.nn.Module.to(child, dtype=torch.float32)
+
+
+def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...]):
+    """The pipeline with the components named in `meta` built on the meta device (shapes, no weights)."""
     _quiet_loading()
     if spec.name in PRESETS:
-        pipe = build_preset(spec.name)
-        pipe.to(dtype=dtype)
-    else:
-        from diffusers import DiffusionPipeline
+        pipe = build_preset(spec.name, meta=meta)
+        _cast(pipe, dtype)
+        return pipe
+    import json
+    import os
 
-        pipe = DiffusionPipeline.from_pretrained(spec.name, torch_dtype=dtype, local_files_only=True)
+    from diffusers import DiffusionPipeline
+
+    with open(os.path.join(spec.name, "model_index.json"), encoding="utf-8") as handle:
+        present = [name for name in meta if isinstance(json.load(handle).get(name), list)]
+    skeletons = {name: _meta_component(spec.name, name, dtype) for name in present}
+    return DiffusionPipeline.from_pretrained(spec.name, torch_dtype=dtype, local_files_only=True, **skeletons)
+
+
+def finish_placement(pipe, spec: ModelSpec, device: torch.device, skip: tuple[str, ...] = ()):
+    """Move the pipeline's modules (except `skip`) to `device`; the VAE of video models stays fp32."""
+    for name, module in pipe.components.items():
+        if isinstance(module, torch.nn.Module) and name not in skip:
+            torch.nn.Module.to(module, device)
     if spec.is_video:
-        pipe.vae.to(torch.float32)
-    pipe.to(device)
+        torch.nn.Module.to(pipe.vae, dtype=torch.float32)
     pipe.set_progress_bar_config(disable=True)
     return pipe
+
+
+def load_pipeline(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
+    """Build or load the pipeline for `spec`, placed on `device` in `dtype` (VAE of video models in fp32)."""
+    return finish_placement(load_skeleton(spec, dtype, meta=()), spec, device)
 
 
 @dataclass(slots=True)
 class PipelineCache:
     """Pipelines by model name; `get` loads on first use and applies `prepare` (parallelisation) once."""
 
-    device: torch.device
-    dtype: torch.dtype
-    prepare: object = None
-    """Called as prepare(pipe, spec) after loading (e.g. `genbatch.parallel.apply`), or None."""
+    load: object
+    """Called as load(spec) -> pipeline, parallelised for this rank's group."""
+    keep: int = 1
+    """Pipelines kept loaded; the least recently used goes when a new model is needed (jobs are ordered by
+    model, so a group switches models rarely)."""
     loaded: dict[str, object] = field(default_factory=dict)
 
     def get(self, spec: ModelSpec):
-        if spec.name not in self.loaded:
-            pipe = load_pipeline(spec, self.device, self.dtype)
-            if self.prepare is not None:
-                self.prepare(pipe, spec)
-            self.loaded[spec.name] = pipe
+        if spec.name in self.loaded:
+            self.loaded[spec.name] = self.loaded.pop(spec.name)  # most recently used last
+        else:
+            while len(self.loaded) >= self.keep:
+                self.loaded.pop(next(iter(self.loaded)))
+            self.loaded[spec.name] = self.load(spec)
         return self.loaded[spec.name]

@@ -7,31 +7,40 @@ seed always gives the same weights, so two processes that build a preset hold id
 
 from __future__ import annotations
 
+import contextlib
 import string
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 
 from genbatch.runner import preset_configs as configs
 
-PRESETS: dict[str, Callable[[], object]] = {}
+PRESETS: dict[str, Callable[..., object]] = {}
 
 
 def _preset(name: str):
-    def register(builder: Callable[[], object]) -> Callable[[], object]:
+    def register(builder: Callable[..., object]) -> Callable[..., object]:
         PRESETS[name] = builder
         return builder
 
     return register
 
 
-def build_preset(name: str):
-    """Build the named preset pipeline on the CPU in fp32."""
+def build_preset(name: str, meta: Collection[str] = ()):
+    """Build the named preset pipeline on the CPU in fp32.
+
+    Components named in `meta` (e.g. "transformer") are built on the meta device: their shapes without
+    their weights, for ranks that will receive only a shard of them.
+    """
     try:
         builder = PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)} or pass a pipeline directory") from None
-    return builder()
+    return builder(frozenset(meta))
+
+
+def _placed(component: str, meta: frozenset[str]):
+    return torch.device("meta") if component in meta else contextlib.nullcontext()
 
 
 def character_tokenizer(model_max_length: int):
@@ -72,16 +81,18 @@ def _t5_config(vocab_size: int):
 
 
 @_preset("tiny-wan")
-def tiny_wan():
+def tiny_wan(meta: frozenset[str] = frozenset()):
     """Wan 2.1 text-to-video (a CFG model): WanTransformer3DModel, AutoencoderKLWan, UMT5, UniPC flow scheduler."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     tokenizer = character_tokenizer(model_max_length=512)
     torch.manual_seed(0)
-    text_encoder = UMT5EncoderModel(UMT5Config(**_t5_config(len(tokenizer)))).eval()
+    with _placed("text_encoder", meta):
+        text_encoder = UMT5EncoderModel(UMT5Config(**_t5_config(len(tokenizer)))).eval()
     torch.manual_seed(1)
-    transformer = WanTransformer3DModel(**configs.TINY_WAN_TRANSFORMER).eval()
+    with _placed("transformer", meta):
+        transformer = WanTransformer3DModel(**configs.TINY_WAN_TRANSFORMER).eval()
     torch.manual_seed(2)
     vae = AutoencoderKLWan(**configs.TINY_WAN_VAE).eval()
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
@@ -89,7 +100,7 @@ def tiny_wan():
 
 
 @_preset("tiny-flux")
-def tiny_flux():
+def tiny_flux(meta: frozenset[str] = frozenset()):
     """FLUX.1 text-to-image, guidance-distilled: FluxTransformer2DModel, AutoencoderKL, CLIP + T5, flow Euler."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
@@ -97,24 +108,27 @@ def tiny_flux():
     clip_tokenizer = character_tokenizer(model_max_length=77)
     t5_tokenizer = character_tokenizer(model_max_length=512)
     torch.manual_seed(0)
-    clip = CLIPTextModel(
-        CLIPTextConfig(
-            vocab_size=len(clip_tokenizer),
-            hidden_size=32,
-            intermediate_size=37,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            max_position_embeddings=77,
-            projection_dim=32,
-            pad_token_id=0,
-            bos_token_id=1,
-            eos_token_id=1,
-        )
-    ).eval()
+    with _placed("text_encoder", meta):
+        clip = CLIPTextModel(
+            CLIPTextConfig(
+                vocab_size=len(clip_tokenizer),
+                hidden_size=32,
+                intermediate_size=37,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                max_position_embeddings=77,
+                projection_dim=32,
+                pad_token_id=0,
+                bos_token_id=1,
+                eos_token_id=1,
+            )
+        ).eval()
     torch.manual_seed(1)
-    t5 = T5EncoderModel(T5Config(**_t5_config(len(t5_tokenizer)))).eval()
+    with _placed("text_encoder_2", meta):
+        t5 = T5EncoderModel(T5Config(**_t5_config(len(t5_tokenizer)))).eval()
     torch.manual_seed(2)
-    transformer = FluxTransformer2DModel(**configs.TINY_FLUX_TRANSFORMER).eval()
+    with _placed("transformer", meta):
+        transformer = FluxTransformer2DModel(**configs.TINY_FLUX_TRANSFORMER).eval()
     torch.manual_seed(3)
     vae = AutoencoderKL(**configs.TINY_FLUX_VAE).eval()
     scheduler = FlowMatchEulerDiscreteScheduler(

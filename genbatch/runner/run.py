@@ -13,7 +13,6 @@ import os
 import socket
 import sys
 import time
-import uuid
 from dataclasses import dataclass, field
 
 import torch
@@ -91,28 +90,40 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
     }
 
 
+def _summary(store) -> dict:
+    """Jobs by status in the consolidated results table."""
+    statuses = store.read_results().column("status").to_pylist()
+    return {status: statuses.count(status) for status in ("done", "failed", "rejected")}
+
+
 def run(options: RunOptions) -> int:
     """Run the manifest; returns the process exit status (see `exit_codes`)."""
-    from genbatch.io import BackgroundWriter, RunStore
+    from genbatch.io import BackgroundWriter, RunStore, new_attempt_id
 
     world = start_world(options)
     try:
-        return _run(options, world, RunStore(options.out, storage_options=options.storage_options), BackgroundWriter)
+        run_id = world.shared_value(new_attempt_id)
+        store = RunStore(options.out, storage_options=options.storage_options, rank=world.ctx.rank, attempt=run_id)
+        return _run(options, world, store, run_id, BackgroundWriter)
     finally:
         world.close()
 
 
-def _run(options: RunOptions, world: World, store, writer_cls) -> int:
+def _rejection_record(rejection) -> dict:
+    return {**rejection.extra, "id": rejection.job_id, "row": rejection.row, "model": rejection.model,
+            "column": rejection.column, "reason": rejection.reason}
+
+
+def _run(options: RunOptions, world: World, store, run_id: str, writer_cls) -> int:
     ctx = world.ctx
     started = time.time()
     manifest = world.load_manifest(options)
     if isinstance(manifest, int):
         return manifest  # a usage error, already reported by rank 0
     jobs, rejected, extra_columns = manifest
-    run_id = world.shared_value(lambda: time.strftime("%Y%m%d-%H%M%S-") + uuid.uuid4().hex[:6])
     if ctx.rank == 0:
         store.abort_stale_uploads()
-        store.write_rejected(rejected)
+        store.write_rejected([_rejection_record(rejection) for rejection in rejected])
         store.write_run_info(_run_info(options, world, run_id, started))
     selected = jobs if options.share is None else select_share(jobs, *options.share)
     pending = world.shared_value(lambda: [j for j in hand_out_order(selected) if j.id not in store.done_ids()])
@@ -160,7 +171,8 @@ def _run(options: RunOptions, world: World, store, writer_cls) -> int:
     world.wait_for_all_ranks(run_id, coordination)
     if ctx.rank != 0:
         return exit_codes.OK
-    summary = store.write_results(extra_columns)
+    store.write_results(extra_columns)
+    summary = _summary(store)
     info = _run_info(options, world, run_id, started)
     info["ended"] = time.time()
     info["summary"] = summary

@@ -17,7 +17,7 @@ from genbatch.jobs.models import resolve_model
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
 from genbatch.runner import exit_codes
-from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype
+from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype, load_pipeline
 
 
 class UsageError(ValueError):
@@ -89,16 +89,9 @@ class World:
         from genbatch.runner.execute import JobExecutor
         from genbatch.runner.signals import StopRequest
 
-        prepare = None
-        if self.ctx.dims.sp > 1 or self.ctx.dims.fsdp:
-            from genbatch.parallel.apply import parallelize_pipeline
-
-            def prepare(pipe, spec):
-                parallelize_pipeline(pipe, spec, self.ctx)
-
         return JobExecutor(
             ctx=self.ctx,
-            pipelines=PipelineCache(device=self.ctx.device, dtype=self.dtype, prepare=prepare),
+            pipelines=PipelineCache(load=self.load_pipeline),
             store=store,
             writer=writer,
             exchange=branch_exchange(self.ctx),
@@ -107,6 +100,16 @@ class World:
             checkpoints=options.checkpoints,
             run_id=run_id,
         )
+
+    def load_pipeline(self, spec):
+        """Load `spec` and parallelise it for this rank's job group."""
+        from genbatch.parallel.apply import load_parallel_pipeline, parallelize_pipeline
+
+        if self.ctx.dims.fsdp and self.ctx.group.size > 1:
+            return load_parallel_pipeline(spec, self.ctx, self.dtype)
+        pipe = load_pipeline(spec, self.ctx.device, self.dtype)
+        parallelize_pipeline(pipe, spec, self.ctx)
+        return pipe
 
     def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
         """Rank 0 waits (without a collective, whose timeout is short) until every rank has finished."""

@@ -1,0 +1,59 @@
+"""Parallelising a pipeline for a job group, in a fixed order (model code stays upstream, untouched):
+
+    1. sequence parallel   split/gather hooks and the attention swap on each transformer (ring x ulysses)
+    2. FSDP2               fully_shard per block, then the root, on transformers and text encoders,
+                           filled from the group leader's weights (built on the meta device elsewhere)
+
+CFG parallel lives in the denoise loop (`genbatch.parallel.cfg`) and patch-parallel VAE decode in the
+decode step (`genbatch.parallel.vae`): they need no change to the modules.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genbatch.jobs.models import ModelSpec
+from genbatch.parallel import fsdp
+from genbatch.parallel.context import ParallelContext
+from genbatch.parallel.sequence import SequenceGroup, SequenceParallel
+
+TRANSFORMERS = ("transformer", "transformer_2")
+"""Pipeline components that run the denoising forward (sequence parallel applies to them)."""
+SHARDED = ("transformer", "transformer_2", "text_encoder", "text_encoder_2")
+"""Pipeline components whose weights FSDP shards (the VAE is small and replicated)."""
+
+
+def _components(pipe, names) -> list[tuple[str, torch.nn.Module]]:
+    return [(name, getattr(pipe, name)) for name in names if getattr(pipe, name, None) is not None]
+
+
+def sequence_group(ctx: ParallelContext) -> SequenceGroup:
+    return SequenceGroup(ulysses=ctx.ulysses, ring=ctx.ring, sp=ctx.sp)
+
+
+def apply_sequence_parallel(pipe, ctx: ParallelContext) -> list[SequenceParallel]:
+    if ctx.dims.sp == 1:
+        return []
+    group = sequence_group(ctx)
+    return [SequenceParallel(model, group) for _, model in _components(pipe, TRANSFORMERS)]
+
+
+def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
+    """Step 1 on a pipeline loaded whole on every rank (no FSDP)."""
+    apply_sequence_parallel(pipe, ctx)
+
+
+def load_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype):
+    """Steps 1 and 2 for `--fsdp`: shard components built on the meta device and fill them from the leader."""
+    from genbatch.runner.loading import finish_placement, load_pipeline, load_skeleton
+
+    leader = ctx.group.rank == 0
+    skeleton = load_skeleton(spec, dtype, meta=SHARDED)
+    full = load_pipeline(spec, torch.device("cpu"), dtype) if leader else None
+    apply_sequence_parallel(skeleton, ctx)
+    for name, module in _components(skeleton, SHARDED):
+        fsdp.shard(module, ctx.group_mesh, ctx.ledger)
+        state = fsdp.full_state(getattr(full, name)) if leader else None
+        fsdp.load_shards(module, state, ctx.group, ctx.group_mesh, ctx.device)
+    del full
+    return finish_placement(skeleton, spec, ctx.device, skip=SHARDED)

@@ -1,0 +1,99 @@
+"""FSDP2 weight sharding for inference: per block, then the root, over the job group.
+
+Each rank keeps 1/p of every sharded module's weights; a module's forward all-gathers its weights and
+frees them after (`reshard_after_forward=True`), so per-rank parameter memory is about 1/p plus one block.
+Loading never materialises the full model on every rank: ranks build the module on the meta device, shard
+it, allocate only their shards, and the group leader, which alone reads the full weights (on the CPU),
+sends each tensor to the group, every rank keeping its own slice.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+
+from genbatch.parallel.comm import Comm, CommLedger
+
+# Where the repeated blocks of the modules genbatch shards live (the FSDP units below the root).
+BLOCK_LISTS = (
+    "blocks",  # Wan
+    "transformer_blocks",  # FLUX, SD3 (double-stream / joint blocks)
+    "single_transformer_blocks",  # FLUX single-stream blocks
+    "encoder.block",  # T5 / UMT5 encoders
+    "text_model.encoder.layers",  # CLIP text encoders
+)
+
+
+def _block_lists(module: torch.nn.Module) -> list[torch.nn.ModuleList]:
+    found = []
+    for path in BLOCK_LISTS:
+        current = module
+        for part in path.split("."):
+            current = getattr(current, part, None)
+            if current is None:
+                break
+        if isinstance(current, torch.nn.ModuleList):
+            found.append(current)
+    return found
+
+
+def _local_bytes(params) -> int:
+    total = 0
+    for param in params:
+        local = param.to_local() if isinstance(param, DTensor) else param
+        total += local.numel() * local.element_size()
+    return total
+
+
+def shard(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
+    """fully_shard every block, then the root, over `mesh` (1-D: the job group); count the all-gathers.
+
+    The ledger gets, per forward of each unit, the bytes this rank sends in the unit's all-gather: its
+    shard once to each of the p-1 others (seed 000: FSDP inference, one all-gather of the weights).
+    """
+    peers = mesh.size() - 1
+    units = [block for blocks in _block_lists(module) for block in blocks]
+    for block in units:
+        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+    fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    in_blocks = {id(param) for block in units for param in block.parameters()}
+    root_params = [param for param in module.parameters() if id(param) not in in_blocks]
+    for unit, params in [(block, list(block.parameters())) for block in units] + [(module, root_params)]:
+        nbytes = _local_bytes(params) * peers
+
+        def count(mod, args, nbytes=nbytes):
+            ledger.add("fsdp_all_gather", nbytes)
+
+        unit.register_forward_pre_hook(count)
+
+
+def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device) -> None:
+    """Fill a sharded, meta-built module: the leader (full_state given) sends every tensor, each rank keeps
+    its slice. Buffers (persistent or not) are sent whole: every rank needs all of them."""
+    module.to_empty(device=device)
+    leader = group.rank == 0
+    for name, param in module.named_parameters():
+        source = full_state[name].to(device=device, dtype=param.dtype) if leader else None
+        if source is None:
+            source = torch.empty(param.shape, dtype=param.dtype, device=device)
+        # distribute_tensor sends mesh rank 0's tensor; each rank keeps its Shard(0) slice
+        group.ledger.add("broadcast", source.numel() * source.element_size() * (group.size - 1) if leader else 0)
+        sharded = distribute_tensor(source, mesh, [Shard(0)])
+        param.to_local().copy_(sharded.to_local())
+    for name, buffer in module.named_buffers():
+        if leader:
+            buffer.copy_(full_state[name].to(device=device, dtype=buffer.dtype))
+        group.broadcast(buffer, src_group_rank=0)
+
+
+def full_state(module: torch.nn.Module) -> dict:
+    """Parameters and every buffer (non-persistent ones too) of a fully materialised module, by name."""
+    state = {name: param.detach() for name, param in module.named_parameters()}
+    state.update({name: buffer.detach() for name, buffer in module.named_buffers()})
+    return state
+
+
+def parameter_bytes(module: torch.nn.Module) -> int:
+    """Bytes of parameters this rank holds (its shards under FSDP)."""
+    return _local_bytes(module.parameters())
