@@ -49,7 +49,9 @@ class FsspecObjects:
         self.fs = fs
         self.policy = policy
         self.url_of = url_of
-        self._put_kwargs = {"chunksize": _SINGLE_PUT_LIMIT} if "s3" in _protocols(fs) else {}
+        s3 = "s3" in _protocols(fs)
+        self._put_kwargs = {"chunksize": _SINGLE_PUT_LIMIT} if s3 else {}
+        self._get_kwargs = {"max_concurrency": 1} if s3 else {}  # one GET, no HEAD for the size first
 
     def _call(self, op: str, path: str, fn, *args, passthrough=(), **kwargs):
         return call_with_retries(
@@ -81,7 +83,8 @@ class FsspecObjects:
 
     def read(self, path: str) -> bytes | None:
         try:
-            return self._call("read", path, self.fs.cat_file, path, passthrough=(FileNotFoundError,))
+            return self._call("read", path, self.fs.cat_file, path, passthrough=(FileNotFoundError,),
+                              **self._get_kwargs)
         except FileNotFoundError:
             return None
 
@@ -89,7 +92,7 @@ class FsspecObjects:
         """Read many small objects concurrently (s3fs batches them); missing ones are left out."""
         if not paths:
             return {}
-        found = self._call("read", paths[0], self.fs.cat, list(paths), on_error="return")
+        found = self._call("read", paths[0], self.fs.cat, list(paths), on_error="return", **self._get_kwargs)
         out: dict[str, bytes] = {}
         for path in paths:
             value = found.get(path, found.get(self.fs._strip_protocol(path)))

@@ -19,7 +19,6 @@ from fsspec.implementations.local import LocalFileSystem
 # s3fs and botocore retry inside each call; the store retries whole operations itself (retry.py), so the
 # inner layers are turned off unless the user asks for them: one policy decides how long a write may take.
 _S3_DEFAULTS: dict[str, Any] = {
-    "retries": 1,
     "use_listings_cache": False,  # other ranks write markers: every listing must ask the server
     "skip_instance_cache": True,  # the endpoint may come from env vars, which fsspec's cache key ignores
 }
@@ -94,6 +93,8 @@ def open_filesystem(url: str, storage_options: dict[str, Any] | None = None):
     if protocol in ("s3", "s3a"):
         options = _with_s3_defaults(options)
     fs, path = fsspec.core.url_to_fs(url, **options)
+    if protocol in ("s3", "s3a"):
+        fs.retries = 1  # s3fs's own retry loop (a class attribute; this instance is ours: skip_instance_cache)
     path = path.rstrip("/") or path
     if isinstance(fs, LocalFileSystem):
         path = os.path.abspath(path)
