@@ -111,12 +111,14 @@ class JobExecutor:
         )
         self.writer.submit(self.store.save_checkpoint, job.id, checkpoint.to_bytes())
 
-    def run(self, job: JobSpec) -> JobResult:
+    def generate(self, job: JobSpec, timer: JobTimer) -> np.ndarray | None:
+        """Encode, denoise (resuming from a checkpoint), decode: [0, 1] frames on the leader, None elsewhere.
+
+        Raises JobInterrupted when the run is asked to stop (after checkpointing the job)."""
         spec = resolve_model(job.model)
         family = family_of(spec.family)
         pipe = self.pipelines.get(spec)
         device = self.ctx.device
-        timer = JobTimer(device)
         self.ctx.ledger.take()  # bytes of earlier work (hand-out, loading) are not this job's steps
         generator = torch.Generator("cpu").manual_seed(job.seed)
 
@@ -161,13 +163,17 @@ class JobExecutor:
             stage_memory = self.decoder.last_peak_bytes
             if stage_memory is not None:
                 timer.intervals[-1].extra["peak_bytes"] = stage_memory
+        return None if decoded is None else family.postprocess(pipe, decoded)
 
+    def run(self, job: JobSpec) -> JobResult:
+        """Generate the job and, on the leader, hand its media and done marker to the writer."""
+        timer = JobTimer(self.ctx.device)
+        frames = self.generate(job, timer)
         record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank}
         if not self.ctx.is_leader:
             return JobResult(record=record, timings=timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank))
         with timer.stage("encode_media"):
-            frames = to_uint8(family.postprocess(pipe, decoded))
-            media, ext = self._encode(frames, job, spec.is_video)
+            media, ext = self._encode(to_uint8(frames), job, resolve_model(job.model).is_video)
         record["output_uri"] = self.store.output_uri(job.id, ext)
         seconds = timer.seconds_by_stage()
         record.update({f"{stage}_s": value for stage, value in seconds.items()})

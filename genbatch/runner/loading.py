@@ -77,7 +77,7 @@ def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...]):
     with open(os.path.join(spec.name, "model_index.json"), encoding="utf-8") as handle:
         present = [name for name in meta if isinstance(json.load(handle).get(name), list)]
     skeletons = {name: _meta_component(spec.name, name, dtype) for name in present}
-    return DiffusionPipeline.from_pretrained(spec.name, torch_dtype=dtype, local_files_only=True, **skeletons)
+    return DiffusionPipeline.from_pretrained(spec.name, dtype=dtype, local_files_only=True, **skeletons)
 
 
 def finish_placement(pipe, spec: ModelSpec, device: torch.device, skip: tuple[str, ...] = ()):

@@ -1,0 +1,107 @@
+"""`gen run` end to end in one process: outputs, results, timings, rejected rows, failures, resume, status."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from genbatch.io import decode_mp4, decode_png
+from tests.support.runs import run_cli as gen, write_manifest
+
+ROWS = [
+    {"id": "fox", "prompt": "a fox in snow", "model": "tiny-wan", "num_inference_steps": 3, "category": "animals"},
+    {"id": "owl", "prompt": "an owl at night", "model": "tiny-flux", "num_inference_steps": 2, "category": "birds"},
+    {"id": "bad-size", "prompt": "a tree", "model": "tiny-flux", "width": 60, "category": "plants"},
+    {"id": "", "prompt": "no id", "category": "none"},
+]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("run")
+    manifest = write_manifest(str(root / "m.parquet"), ROWS)
+    out = root / "out"
+    first = gen("run", manifest, "--out", str(out))
+    second = gen("run", manifest, "--out", str(out))
+    return manifest, out, first, second
+
+
+def test_outputs_results_and_rejections(finished_run):
+    manifest, out, first, _ = finished_run
+    assert first.returncode == 0, first.stderr
+    video = decode_mp4((out / "outputs" / "fox.mp4").read_bytes())
+    assert video.shape == (9, 48, 64, 3)  # the preset's default frames and size
+    image = decode_png((out / "outputs" / "owl.png").read_bytes())
+    assert image.shape == (64, 64, 3)
+    results = {row["id"]: row for row in pq.read_table(out / "results" / "results.parquet").to_pylist()}
+    assert results["fox"]["status"] == "done" and results["owl"]["status"] == "done"
+    assert results["fox"]["category"] == "animals"  # extra columns carried through
+    assert results["fox"]["output_uri"].endswith("outputs/fox.mp4")
+    assert results["fox"]["denoise_s"] > 0 and results["fox"]["vae_decode_s"] > 0
+    assert results["bad-size"]["status"] == "rejected"
+    rejected = pq.read_table(out / "rejected" / "rejected.parquet").to_pylist()
+    reasons = {(row["id"], row["column"]) for row in rejected}
+    assert ("bad-size", "width") in reasons and ("", "id") in reasons or (None, "id") in reasons
+
+
+def test_every_denoising_step_is_timed(finished_run):
+    _, out, _, _ = finished_run
+    timings = pq.read_table(out / "timings").to_pylist()
+    steps = {(row["job_id"], row["step"]) for row in timings if row["stage"] == "denoise_step"}
+    assert steps == {("fox", 0), ("fox", 1), ("fox", 2), ("owl", 0), ("owl", 1)}
+    stages = {row["stage"] for row in timings if row["job_id"] == "fox"}
+    assert {"text_encode", "denoise_step", "vae_decode", "encode_media", "write"} <= stages
+    assert all(row["seconds"] >= 0 and row["start"] > 1.7e9 for row in timings)
+
+
+def test_run_info(finished_run):
+    _, out, _, _ = finished_run
+    info = json.loads((out / "run.json").read_text())
+    assert info["versions"]["torch"] and info["host"] and info["ended"] >= info["started"]
+    assert info["summary"] == {"done": 2, "failed": 0, "rejected": 2}
+
+
+def test_rerun_skips_done_jobs(finished_run):
+    _, out, _, second = finished_run
+    assert second.returncode == 0, second.stderr
+    attempts = {row["run_id"] for row in pq.read_table(out / "timings").to_pylist()}
+    assert len(attempts) == 1  # the second attempt generated nothing
+    assert "2 skipped" in second.stderr
+
+
+def test_status(finished_run):
+    manifest, out, _, _ = finished_run
+    status = gen("status", str(out), "--json")
+    assert json.loads(status.stdout) == {"total": 4, "done": 2, "failed": 0, "rejected": 2, "pending": 0}
+
+
+def test_a_failing_job_is_recorded_and_the_run_goes_on(tmp_path):
+    rows = [
+        {"id": "explodes", "prompt": "x", "model": "tiny-wan", "guidance_scale": 1e38, "num_inference_steps": 2},
+        {"id": "fine", "prompt": "y", "model": "tiny-flux", "num_inference_steps": 2},
+    ]
+    manifest = write_manifest(str(tmp_path / "m.parquet"), rows)
+    result = gen("run", manifest, "--out", str(tmp_path / "out"))
+    assert result.returncode == 1, result.stderr
+    results = {row["id"]: row for row in pq.read_table(tmp_path / "out" / "results").to_pylist()}
+    assert results["explodes"]["status"] == "failed"
+    assert "NaN" in results["explodes"]["error"]
+    assert results["fine"]["status"] == "done"
+
+
+def test_file_level_manifest_errors_exit_2(tmp_path):
+    bad = tmp_path / "not.parquet"
+    bad.write_text("id,prompt\n1,a\n")
+    result = gen("run", str(bad), "--out", str(tmp_path / "out"))
+    assert result.returncode == 2
+    assert "Parquet" in result.stderr
+
+
+def test_bad_layout_exits_2(tmp_path):
+    manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS[:1])
+    result = gen("run", manifest, "--out", str(tmp_path / "out"), "--ulysses", "3")
+    assert result.returncode == 2
+    assert "ulysses" in result.stderr.lower()
