@@ -1,0 +1,195 @@
+"""`gen submit` + `gen run` on the local Slurm cluster, the issue's end-to-end checks:
+
+(a) a 2-node x 2-process job runs dp 2 x ulysses 2 on gloo; its outputs equal a one-process run's;
+(b) a 3-task array completes a manifest, every task its own share, all into one output;
+(c) a job on the low partition is preempted by a job on the high one: USR1, checkpoint, exit 75, requeue, and it
+    completes with outputs equal to an uninterrupted run's;
+(d) `scontrol requeue` in the middle of a run: same result.
+
+The one-process reference runs execute locally (no Slurm) while the cluster works. (a) and (b) run together,
+then (c) and (d) together: a driver submits both, waits until each has written a checkpoint (so it is in the
+middle of a job) and then preempts (c) and requeues (d).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from genbatch.io import RunStore, decode_mp4
+
+pytestmark = pytest.mark.slurm
+
+SHORT = ("--model", "tiny-wan", "--steps", "4")
+"""Options of the short runs (a) and (b)."""
+LONG = ("--model", "tiny-wan", "--steps", "24", "--checkpoint-every", "2")
+"""Options of the interrupted runs (c) and (d): long enough to be stopped in the middle of a job."""
+FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
+
+
+def _manifest(path: Path, count: int, word: str) -> Path:
+    ids = [f"{word}-{index}" for index in range(count)]
+    pq.write_table(pa.table({"id": ids, "prompt": [f"a {word} number {index}" for index in range(count)]}), path)
+    return path
+
+
+@dataclass
+class Reference:
+    """A one-process `gen run` on this machine, started in the background."""
+
+    out: Path
+    process: subprocess.Popen
+
+    def wait(self) -> Path:
+        output, _ = self.process.communicate(timeout=600)
+        assert self.process.returncode == 0, output
+        return self.out
+
+
+def _reference(root: Path, manifest: Path, options: tuple[str, ...]) -> Reference:
+    out = root / f"reference-{manifest.stem}"
+    command = [sys.executable, "-m", "genbatch", "run", str(manifest), "--out", str(out), "-q", *options]
+    return Reference(out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+
+
+def _submit(cluster, root: Path, name: str, manifest: Path, *options: str) -> tuple[int, Path]:
+    """`gen submit` for real; returns the job id and the run's output directory."""
+    out = root / name
+    command = [sys.executable, "-m", "genbatch", "submit", str(manifest), "--out", str(out), "--job-name", name,
+               "--log-dir", str(root / "logs"), "--gpus-per-node", "0", "--backend", "gloo", "-q", *options]
+    result = subprocess.run(command, env=cluster.env, cwd=root, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    return int(result.stdout.strip()), out
+
+
+def _log(root: Path, name: str) -> str:
+    return "\n".join(f"--- {p.name}\n" + p.read_text(errors="replace")[-4000:]
+                     for p in sorted((root / "logs").glob(f"{name}-*")) if not p.name.endswith(".sbatch"))
+
+
+def _completed(cluster, root: Path, name: str, job_id: int, count: int = 1, restarts: str | None = None,
+               timeout_s: float = 300) -> list[dict]:
+    def done(records):
+        return (len(records) == count and all(r["JobState"] in FINAL for r in records)
+                and (restarts is None or all(r["Restarts"] == restarts for r in records)))
+
+    try:
+        records = cluster.wait_until(job_id, done, timeout_s)
+    except TimeoutError as error:
+        raise AssertionError(f"{error}\n{_log(root, name)}") from None
+    assert [(r["JobState"], r["ExitCode"]) for r in records] == [("COMPLETED", "0:0")] * count, _log(root, name)
+    return records
+
+
+def _assert_same_outputs(out: Path, reference: Path, exact: bool = True) -> None:
+    """Every job of the reference is done in `out`, with the same video (bytes, or frames within 1/255)."""
+    expected = RunStore(str(reference)).done_ids()
+    assert expected and RunStore(str(out)).done_ids() == expected
+    for job_id in sorted(expected):
+        ours, theirs = (Path(base, "outputs", f"{job_id}.mp4").read_bytes() for base in (out, reference))
+        if exact:
+            assert ours == theirs, f"{job_id}: output differs from the uninterrupted run's"
+        else:
+            diff = np.abs(decode_mp4(ours).astype(np.int16) - decode_mp4(theirs).astype(np.int16))
+            assert diff.max() <= 4 and diff.mean() <= 0.25, f"{job_id}: max {diff.max()}, mean {diff.mean():.3f}"
+
+
+def _resumed_jobs(out: Path) -> list[str]:
+    """Jobs that some run started after step 0: resumed from a checkpoint. (An interrupted run records the
+    timings of the jobs it finished only, so the steps before the checkpoint may not appear at all.)"""
+    first_step: dict[tuple[str, str], int] = {}
+    for row in RunStore(str(out)).read_timings().to_pylist():
+        if row["stage"] == "denoise_step":
+            key = (row["job_id"], row["run_id"])
+            first_step[key] = min(first_step.get(key, row["step"]), row["step"])
+    return sorted({job for (job, _), step in first_step.items() if step > 0})
+
+
+# -- (a) and (b) ----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def short_runs(slurm_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm-genbatch-short")
+    manifest = _manifest(root / "short.parquet", 3, "fox")
+    reference = _reference(root, manifest, SHORT)
+    layout = _submit(slurm_cluster, root, "dp2-ulysses2", manifest, "--nodes", "2", "--procs-per-node", "2",
+                     "--dp", "2", "--ulysses", "2", *SHORT)
+    array = _submit(slurm_cluster, root, "array3", manifest, "--nodes", "1", "--procs-per-node", "1", "--array", "3",
+                    *SHORT)
+    return root, reference, {"layout": layout, "array": array}
+
+
+def test_a_two_nodes_dp2_ulysses2_equal_one_process(slurm_cluster, short_runs):
+    root, reference, jobs = short_runs
+    job_id, out = jobs["layout"]
+    _completed(slurm_cluster, root, "dp2-ulysses2", job_id)
+    _assert_same_outputs(out, reference.wait(), exact=False)
+
+
+def test_b_array_of_three_completes_the_manifest(slurm_cluster, short_runs):
+    root, reference, jobs = short_runs
+    job_id, out = jobs["array"]
+    _completed(slurm_cluster, root, "array3", job_id, count=3)
+    _assert_same_outputs(out, reference.wait())  # one process per task: the same bytes
+    runs_per_job = {}
+    for row in RunStore(str(out)).read_timings().to_pylist():
+        runs_per_job.setdefault(row["job_id"], set()).add(row["run_id"])
+    assert all(len(runs) == 1 for runs in runs_per_job.values()), runs_per_job  # each job generated once
+    assert len(set().union(*runs_per_job.values())) == 3  # by three different tasks: one share each
+
+
+# -- (c) and (d) ----------------------------------------------------------------------------------------------
+
+
+def _wait_for_checkpoint(cluster, root: Path, name: str, out: Path, timeout_s: float = 300) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not list((out / "checkpoints").glob("*.ckpt")):
+        assert time.monotonic() < deadline, f"no checkpoint in {out} after {timeout_s} s\n{_log(root, name)}"
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def interrupted_runs(slurm_cluster, tmp_path_factory):
+    root = tmp_path_factory.mktemp("slurm-genbatch-interrupted")
+    manifest = _manifest(root / "long.parquet", 4, "owl")
+    reference = _reference(root, manifest, LONG)
+    on_node = ("--nodes", "1", "--procs-per-node", "2", "--partition", "low", "--extra-sbatch=--exclusive")
+    preempted = _submit(slurm_cluster, root, "preempted", manifest, *on_node, "--extra-sbatch=--nodelist=n1", *LONG)
+    requeued = _submit(slurm_cluster, root, "requeued", manifest, *on_node, "--extra-sbatch=--nodelist=n2", *LONG)
+    _wait_for_checkpoint(slurm_cluster, root, "preempted", preempted[1])
+    urgent = slurm_cluster.sbatch("--partition=high", "--nodelist=n1", "--exclusive", "--job-name=urgent",
+                                  f"--output={root}/logs/urgent-%j.out", f"--chdir={root}", "--wrap=sleep 1")
+    _wait_for_checkpoint(slurm_cluster, root, "requeued", requeued[1])
+    slurm_cluster.run("scontrol", "requeue", str(requeued[0]))
+    return root, reference, {"preempted": preempted, "requeued": requeued, "urgent": urgent}
+
+
+def test_c_preempted_job_checkpoints_requeues_and_completes(slurm_cluster, interrupted_runs):
+    root, reference, jobs = interrupted_runs
+    job_id, out = jobs["preempted"]
+    _completed(slurm_cluster, root, "preempted", job_id, restarts="1")
+    _completed(slurm_cluster, root, "urgent", jobs["urgent"])
+    log = _log(root, "preempted")
+    assert "SIGUSR1" in log and "workers exited with status 75" in log and "requeueing job" in log, log
+    _assert_same_outputs(out, reference.wait())
+    assert _resumed_jobs(out), "no job resumed from a checkpoint: the preemption came between jobs"
+    assert not list((out / "checkpoints").glob("*.ckpt"))  # finished jobs leave no checkpoint
+
+
+def test_d_scontrol_requeue_mid_run_gives_the_same_outputs(slurm_cluster, interrupted_runs):
+    root, reference, jobs = interrupted_runs
+    job_id, out = jobs["requeued"]
+    _completed(slurm_cluster, root, "requeued", job_id, restarts="1")
+    assert "(restart 1) starts" in _log(root, "requeued")
+    _assert_same_outputs(out, reference.wait())
+    assert _resumed_jobs(out), "no job resumed from a checkpoint after the requeue"
+    assert not list((out / "checkpoints").glob("*.ckpt"))
