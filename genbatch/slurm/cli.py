@@ -46,10 +46,12 @@ def _check_run_args(manifest: str, out: str, run_args: list[str]) -> None:
               help="Seconds before the time limit at which the run is told to checkpoint (SIGUSR1); 0: never.")
 @click.option("--requeue/--no-requeue", default=True, show_default=True,
               help="Requeue the job when genbatch checkpointed and exited 75 (preemption, time limit).")
-@click.option("--extra-sbatch", multiple=True, metavar="OPTION", help="Another sbatch option, e.g. --qos=low (repeatable).")
+@click.option("--extra-sbatch", multiple=True, metavar="OPTION",
+              help="Another sbatch option, e.g. --qos=low (repeatable).")
 @click.option("--job-name", default="genbatch", show_default=True, help="Slurm job name.")
 @click.option("--log-dir", default="slurm-logs", show_default=True, help="Directory for the job's stdout/stderr.")
-@click.option("--setup", multiple=True, metavar="LINE", help="Shell line run before the launch, e.g. 'module load cuda' (repeatable).")
+@click.option("--setup", multiple=True, metavar="LINE",
+              help="Shell line run before the launch, e.g. 'module load cuda' (repeatable).")
 @click.option("--python", "python", default=sys.executable, show_default=True,
               help="Python with genbatch installed, as the nodes see it.")
 @click.option("--dry-run", is_flag=True, help="Print the script instead of submitting it.")

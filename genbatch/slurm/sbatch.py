@@ -114,7 +114,7 @@ class _ScriptTemplate(string.Template):
     pattern = r"@(?:(?P<escaped>@)|\{(?P<braced>[a-z_][a-z0-9_]*)\}|(?P<named>(?!))|(?P<invalid>(?!)))"
 
 
-def _continued(words: list[str], indent: str = "    ", width: int = 100) -> str:
+def fold_command(words: list[str], indent: str = "    ", width: int = 110) -> str:
     """A long command line folded with backslashes, never between an option and its value."""
     groups: list[list[str]] = []
     for word in words:
@@ -143,8 +143,8 @@ def _about(spec: SbatchSpec) -> list[str]:
     lines = [when, "the trap below passes it to the job step, the workers finish the denoising step,",
              f"checkpoint and exit {REQUEUE}, {then}"]
     if spec.array:
-        lines.append(f"Each of the {spec.array} array tasks runs its own share of the manifest into the same output "
-                     "(gen run reads SLURM_ARRAY_TASK_ID).")
+        lines += [f"Each of the {spec.array} array tasks runs its own share of the manifest into the same output",
+                  "(gen run reads SLURM_ARRAY_TASK_ID)."]
     return lines
 
 
@@ -155,11 +155,11 @@ def render_sbatch(spec: SbatchSpec) -> str:
     launcher = [spec.python, "-m", "genbatch.slurm.launch", f"--nproc-per-node={spec.procs_per_node}", "--"]
     return _ScriptTemplate(template).substitute(
         header="\n".join(spec.header()),
-        command_line=shlex.join(spec.command),
+        command_line=fold_command(list(spec.command), indent="#       "),
         about="\n".join(f"# {line}" for line in about),
         requeue_on_75="1" if spec.requeue else "0",
         setup="".join(f"{line}\n" for line in spec.setup),
         launcher=shlex.join(launcher),
-        command=_continued(list(spec.command)),
+        command=fold_command(list(spec.command)),
         requeue_status=str(REQUEUE),
     )

@@ -19,7 +19,8 @@ PROGRAM = str(Path(__file__).parent / "programs" / "allreduce.py")
 
 
 def _records(directory: Path) -> list[dict]:
-    return sorted((json.loads(p.read_text()) for p in directory.glob("*.json")), key=lambda r: (r["restart_count"], r["rank"]))
+    records = (json.loads(path.read_text()) for path in directory.glob("*.json"))
+    return sorted(records, key=lambda r: (r["restart_count"], r["rank"]))
 
 
 def _submit(cluster, root: Path, name: str, *program_args: str, **spec_fields) -> tuple[int, Path]:

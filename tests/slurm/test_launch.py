@@ -67,7 +67,8 @@ def test_workers_run_and_statuses_come_back(tmp_path):
     assert ok.wait(timeout=120) == OK, ok.stdout.read()
     assert failing.wait(timeout=120) == 3, failing.stdout.read()
     records = _records(tmp_path / "ok")
-    assert [(r["rank"], r["world_size"], r["local_rank"], r["sum"]) for r in records] == [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
+    seen = [(r["rank"], r["world_size"], r["local_rank"], r["sum"]) for r in records]
+    assert seen == [(0, 2, 0, 3.0), (1, 2, 1, 3.0)]
 
 
 def _descendants(pid: int) -> list[int]:
@@ -86,7 +87,9 @@ def test_signal_reaches_workers_launcher_survives_and_75_comes_back(tmp_path):
     launcher = _start(tmp_path, "--wait-signal")
     deadline = time.monotonic() + 120
     while len(list(tmp_path.glob("*.ready"))) < 2:
-        assert launcher.poll() is None and time.monotonic() < deadline, launcher.stdout.read() if launcher.poll() else "timeout"
+        if launcher.poll() is not None or time.monotonic() > deadline:
+            launcher.kill()
+            pytest.fail(f"workers never got ready:\n{launcher.communicate()[0]}")
         time.sleep(0.1)
     for pid in [launcher.pid, *_descendants(launcher.pid)]:
         os.kill(pid, signal.SIGUSR1)

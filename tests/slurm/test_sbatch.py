@@ -133,7 +133,8 @@ def test_submit_makes_local_paths_absolute_and_keeps_urls(tmp_path, monkeypatch)
     result = _submit("m.parquet", "--out", "s3://bucket/run", "--nodes", "1", "--gpus-per-node", "4", "--python",
                      PY, "--dry-run")
     assert result.exit_code == 0, result.output
-    assert f"{PY} -m genbatch run {tmp_path}/m.parquet --out s3://bucket/run" in result.output
+    unfolded = " ".join(result.output.replace("\\\n", " ").split())  # the long command is folded with backslashes
+    assert f"{PY} -m genbatch run {tmp_path}/m.parquet --out s3://bucket/run" in unfolded
     assert "--nproc-per-node=4" in result.output and "#SBATCH --gpus-per-node=4" in result.output
     assert f"#SBATCH --output={tmp_path}/slurm-logs/%x-%j.out" in result.output
 
