@@ -1,9 +1,10 @@
 """Fixtures shared by every test folder.
 
-    s3_server  (session)  a real S3 API: moto_server always; also Ceph RGW when GENBATCH_TEST_CEPH_ENDPOINT
-                          is set (those instances carry the `ceph` mark). Tests using it run once per server.
-    s3_run     (function) a fresh bucket on that server: .url ("s3://<bucket>/run"), .storage_options,
-                          .env (for subprocesses), .endpoint
+    moto_endpoint (session)  a moto_server subprocess on loopback (started on first use, stopped at the end)
+    s3_server     (session)  a real S3 API: moto always; also Ceph RGW when GENBATCH_TEST_CEPH_ENDPOINT is
+                             set (those instances carry the `ceph` mark). Tests using it run once per server.
+    s3_run        (function) a fresh bucket on that server: .url ("s3://<bucket>/run"), .storage_options,
+                             .env (for subprocesses), .endpoint
 """
 
 from __future__ import annotations
@@ -14,18 +15,25 @@ import pytest
 
 from tests.support.s3 import MotoServer, S3Endpoint, ceph_endpoint
 
-_SERVERS = ["moto"] + ([pytest.param("ceph", marks=pytest.mark.ceph)] if ceph_endpoint() else [])
+S3_SERVERS = ["moto"] + ([pytest.param("ceph", marks=pytest.mark.ceph)] if ceph_endpoint() else [])
 
 
-@pytest.fixture(scope="session", params=_SERVERS)
-def s3_server(request):
+@pytest.fixture(scope="session")
+def moto_endpoint():
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("AWS_EC2_METADATA_DISABLED", "true")  # never ask a cloud metadata service in tests
-        if request.param == "ceph":
-            yield ceph_endpoint()
-            return
         with MotoServer() as server:
             yield server.endpoint
+
+
+def s3_endpoint_for(request, name: str) -> S3Endpoint:
+    """The endpoint of server `name` ("moto" or "ceph") for a fixture that parametrizes over servers."""
+    return request.getfixturevalue("moto_endpoint") if name == "moto" else ceph_endpoint()
+
+
+@pytest.fixture(scope="session", params=S3_SERVERS)
+def s3_server(request) -> S3Endpoint:
+    return s3_endpoint_for(request, request.param)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -44,9 +52,14 @@ class S3Run:
     """The server."""
 
 
+def fresh_s3_run(endpoint: S3Endpoint):
+    """Create a bucket on `endpoint`; yield its S3Run; delete the bucket after."""
+    bucket = endpoint.create_bucket()
+    yield S3Run(url=f"s3://{bucket}/run", bucket=bucket, storage_options=endpoint.storage_options(),
+                env=endpoint.env(), endpoint=endpoint)
+    endpoint.delete_bucket(bucket)
+
+
 @pytest.fixture
 def s3_run(s3_server: S3Endpoint):
-    bucket = s3_server.create_bucket()
-    yield S3Run(url=f"s3://{bucket}/run", bucket=bucket, storage_options=s3_server.storage_options(),
-                env=s3_server.env(), endpoint=s3_server)
-    s3_server.delete_bucket(bucket)
+    yield from fresh_s3_run(s3_server)

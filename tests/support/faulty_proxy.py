@@ -9,7 +9,7 @@ For each request, with probability `fault_rate` (and only where `applies(method,
     "drop_before"  close the connection without forwarding (the store did nothing, the client sees a reset)
     "drop_after"   forward, let the store apply the request, then close without answering (the client
                    cannot know it succeeded: the case that makes create-only retries interesting)
-Every request is logged as (method, path, outcome). Stdlib only: http.server + http.client.
+Every request is logged as (method, path with query, outcome). Stdlib only: http.server + http.client.
 """
 
 from __future__ import annotations
@@ -77,7 +77,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _relay(self) -> None:
         body = self._read_body()
-        outcome = self.server.decide(self.command, urllib.parse.urlsplit(self.path).path)
+        outcome = self.server.decide(self.command, self.path)
         if outcome == "503":
             self.send_response(503, "Slow Down")
             self.send_header("Content-Type", "application/xml")
