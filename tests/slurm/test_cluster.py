@@ -14,7 +14,7 @@ import pytest
 
 from genbatch.slurm.sbatch import SbatchSpec, render_sbatch
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 PROGRAM = str(Path(__file__).parent / "programs" / "allreduce.py")
 
 

@@ -8,7 +8,7 @@
 
 The one-process reference runs execute locally (no Slurm) while the cluster works. (a) and (b) run together,
 then (c) and (d) together: a driver submits both, waits until each has written a checkpoint (so it is in the
-middle of a job) and then preempts (c) and requeues (d).
+middle of a job) and then preempts (c) and requeues (d); both must then resume a job from its checkpoint.
 """
 
 from __future__ import annotations
@@ -26,12 +26,13 @@ import pytest
 
 from genbatch.io import RunStore, decode_mp4
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 SHORT = ("--model", "tiny-wan", "--steps", "4")
 """Options of the short runs (a) and (b)."""
-LONG = ("--model", "tiny-wan", "--steps", "24", "--checkpoint-every", "2")
-"""Options of the interrupted runs (c) and (d): long enough to be stopped in the middle of a job."""
+LONG = ("--model", "tiny-wan", "--steps", "32", "--frames", "17", "--checkpoint-every", "2")
+"""Options of the interrupted runs (c) and (d), one job per rank: after the first checkpoint (step 2) a job has
+30 steps left, several seconds even on an idle machine, while the signal arrives within about a second."""
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -160,7 +161,7 @@ def _wait_for_checkpoint(cluster, root: Path, name: str, out: Path, timeout_s: f
 @pytest.fixture(scope="module")
 def interrupted_runs(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm-genbatch-interrupted")
-    manifest = _manifest(root / "long.parquet", 4, "owl")
+    manifest = _manifest(root / "long.parquet", 2, "owl")
     reference = _reference(root, manifest, LONG)
     on_node = ("--nodes", "1", "--procs-per-node", "2", "--partition", "low", "--extra-sbatch=--exclusive")
     preempted = _submit(slurm_cluster, root, "preempted", manifest, *on_node, "--extra-sbatch=--nodelist=n1", *LONG)
