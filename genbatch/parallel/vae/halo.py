@@ -15,11 +15,25 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from genbatch.parallel.vae.context import TileGroup
 
 ConvFn = Callable[[torch.Tensor, int, int], torch.Tensor]
 """`conv(x, pad_h, pad_w)`: the layer's convolution of x with that zero padding on its last two dims."""
+
+
+def convolution(x, weight, bias, stride, padding, dilation, groups) -> torch.Tensor:
+    """`F.conv2d` / `F.conv3d` (by x's rank); fp32 on CPU goes to oneDNN directly.
+
+    torch only picks oneDNN on CPU when N*C*D*H > 20480 (width ignored), so a thin strip of a 3-D activation
+    drops to the reference kernel, several times slower than the whole frame was: tiles would cost more
+    than the image they are cut from.
+    """
+    if x.device.type == "cpu" and x.dtype == torch.float32 and torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled:
+        return torch.mkldnn_convolution(x, weight, bias, padding, stride, dilation, groups)
+    conv = F.conv3d if x.dim() == 5 else F.conv2d
+    return conv(x, weight, bias, stride, padding, dilation, groups)
 
 
 def _swap(group: TileGroup, first: torch.Tensor, last: torch.Tensor, before: int | None, after: int | None, shape):

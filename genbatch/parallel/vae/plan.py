@@ -26,7 +26,7 @@ from torch import nn
 
 from genbatch.parallel.vae.attention import image_attention, wan_attention
 from genbatch.parallel.vae.context import TileGroup
-from genbatch.parallel.vae.halo import halo_conv
+from genbatch.parallel.vae.halo import convolution, halo_conv
 from genbatch.parallel.vae.norms import group_norm
 
 Check = Callable[[nn.Module], str | None]
@@ -66,7 +66,7 @@ def _patch_conv2d(group: TileGroup, conv: nn.Conv2d):
         return None
 
     def run(x, pad_h, pad_w):
-        return F.conv2d(x, conv.weight, conv.bias, 1, (pad_h, pad_w), conv.dilation, conv.groups)
+        return convolution(x, conv.weight, conv.bias, (1, 1), (pad_h, pad_w), conv.dilation, conv.groups)
 
     return lambda x: halo_conv(group, x, run, ph, pw)
 
@@ -82,7 +82,7 @@ def _patch_causal_conv(group: TileGroup, conv: wan.WanCausalConv3d):
         return None
 
     def run(x, pad_h, pad_w):
-        return F.conv3d(x, conv.weight, conv.bias, conv.stride, (0, pad_h, pad_w), conv.dilation, conv.groups)
+        return convolution(x, conv.weight, conv.bias, conv.stride, (0, pad_h, pad_w), conv.dilation, conv.groups)
 
     def forward(x, cache_x=None):
         # time as in WanCausalConv3d.forward: cached frames first, zeros for what the cache does not cover

@@ -1,0 +1,158 @@
+"""Patch-parallel VAE decode on 2 and 4 gloo processes against a one-process `vae.decode`.
+
+Each world size is launched once (a launch costs seconds of imports) and runs every case; the tests then
+check each case's result, so a failure names its case. Every rank builds the same VAE from a seed, decodes
+the latent whole (the reference) and then in parallel; heights that do not divide by the group size, a
+short height (2-D tiles), a batch of two, real 32-group GroupNorm and a wider Wan VAE are all covered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tests.support.distributed import run_on_ranks
+
+TOLERANCE = 1e-4
+WORLD_SIZES = (2, 4)
+
+WIDE_WAN_VAE = dict(base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True])
+"""Wan 2.1's layout (channel multipliers 1-2-4-4, attention in the mid block) at 1/6 of its width."""
+
+WIDE_IMAGE_VAE = dict(
+    block_out_channels=[32, 64, 64, 64],
+    down_block_types=["DownEncoderBlock2D"] * 4,
+    up_block_types=["UpDecoderBlock2D"] * 4,
+    layers_per_block=1,
+    latent_channels=16,
+    norm_num_groups=32,
+)
+"""An SD3/Flux-style AutoencoderKL with real 32-group GroupNorm (2 channels per group) and quant convs."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Case:
+    name: str
+    """Test id."""
+    family: str
+    """'wan' (AutoencoderKLWan) or 'image' (AutoencoderKL)."""
+    config: str
+    """Which config: 'tiny' (the presets') or 'wide' (the larger ones above)."""
+    latent: tuple[int, ...]
+    """Latent shape: (b, c, t, h, w) for Wan, (b, c, h, w) for the image VAE."""
+    leader_only: bool = True
+    """Return the image on the leader only, or on every rank."""
+    tiling_on: bool = False
+    """Turn the VAE's own tiling on first, to check that the decode restores it."""
+
+
+CASES = [
+    Case(name="wan-tiny-h7", family="wan", config="tiny", latent=(1, 16, 3, 7, 6)),
+    Case(name="wan-tiny-h13-all-ranks", family="wan", config="tiny", latent=(1, 16, 2, 13, 4), leader_only=False),
+    Case(name="wan-tiny-h3-tiles", family="wan", config="tiny", latent=(1, 16, 2, 3, 6)),
+    Case(name="wan-tiny-h1-columns", family="wan", config="tiny", latent=(1, 16, 2, 1, 7)),
+    Case(name="wan-wide-h7", family="wan", config="wide", latent=(1, 16, 2, 7, 5)),
+    Case(name="image-tiny-h7", family="image", config="tiny", latent=(1, 16, 7, 6), tiling_on=True),
+    Case(name="image-tiny-h13-batch2-all-ranks", family="image", config="tiny", latent=(2, 16, 13, 5), leader_only=False),
+    Case(name="image-tiny-h3-tiles", family="image", config="tiny", latent=(1, 16, 3, 5)),
+    Case(name="image-wide-h13", family="image", config="wide", latent=(1, 16, 13, 6)),
+    Case(name="image-tiny-1x1-too-small", family="image", config="tiny", latent=(1, 16, 1, 1)),
+]
+
+
+@dataclass(kw_only=True, slots=True)
+class Outcome:
+    max_diff: float | None = None
+    """Max |parallel - reference| on the ranks that got an image (None: no rank got one)."""
+    shape_ok: bool = True
+    """Every returned image had the reference's shape."""
+    returned: list[bool] = field(default_factory=list)
+    """Whether each rank got an image."""
+    restored: bool = True
+    """No module kept a swapped forward, the tiling flag is back, and a plain decode after is bit-identical."""
+    sent: dict[str, int] = field(default_factory=dict)
+    """This rank's ledger after the decode."""
+
+
+def _build(case: Case):
+    from diffusers import AutoencoderKL, AutoencoderKLWan
+
+    from genbatch.runner.preset_configs import TINY_FLUX_VAE, TINY_WAN_VAE
+
+    torch.manual_seed(0)
+    if case.family == "wan":
+        vae = AutoencoderKLWan(**(TINY_WAN_VAE if case.config == "tiny" else WIDE_WAN_VAE))
+    else:
+        vae = AutoencoderKL(**(TINY_FLUX_VAE if case.config == "tiny" else WIDE_IMAGE_VAE))
+    return vae.eval()
+
+
+def run_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]:
+    from genbatch.parallel.comm import Comm, CommLedger
+    from genbatch.parallel.vae import parallel_decode
+
+    results = []
+    for case in cases:
+        vae = _build(case)
+        latents = torch.randn(case.latent, generator=torch.Generator().manual_seed(1))
+        with torch.no_grad():
+            reference = vae.decode(latents).sample
+        vae.use_tiling = case.tiling_on
+        comm = Comm(dist.group.WORLD, CommLedger())
+        image = parallel_decode(vae, latents, comm, leader_only=case.leader_only)
+        swapped = [name for name, module in vae.named_modules() if "forward" in module.__dict__]
+        tiling_after = vae.use_tiling
+        vae.use_tiling = False
+        with torch.no_grad():
+            again = vae.decode(latents).sample
+        results.append(
+            dict(
+                got=image is not None,
+                diff=None if image is None or image.shape != reference.shape else (image - reference).abs().max().item(),
+                shape_ok=image is None or image.shape == reference.shape,
+                restored=not swapped and tiling_after == case.tiling_on and torch.equal(again, reference),
+                sent=comm.ledger.take(),
+            )
+        )
+    return results
+
+
+@pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda p: f"p{p}")
+def outcomes(request) -> tuple[int, dict[str, list[dict]]]:
+    world_size = request.param
+    per_rank = run_on_ranks(run_cases, world_size, (CASES,), timeout_s=60)
+    return world_size, {case.name: [per_rank[r][i] for r in range(world_size)] for i, case in enumerate(CASES)}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_parallel_decode_equals_one_rank_decode(outcomes, case):
+    world_size, by_case = outcomes
+    ranks = by_case[case.name]
+    got = [r["got"] for r in ranks]
+    assert got == ([True] + [not case.leader_only] * (world_size - 1)), got
+    assert all(r["shape_ok"] for r in ranks)
+    diffs = [r["diff"] for r in ranks if r["got"]]
+    assert max(diffs) <= TOLERANCE, diffs
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_vae_is_restored_after_parallel_decode(outcomes, case):
+    _, by_case = outcomes
+    assert all(r["restored"] for r in by_case[case.name])
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_decode_traffic_is_counted(outcomes, case):
+    _, by_case = outcomes
+    for rank, result in enumerate(by_case[case.name]):
+        sent = result["sent"]
+        if case.name.endswith("too-small"):
+            assert sent == {}, "a latent too small to split is decoded whole, without traffic"
+            continue
+        # halos between neighbours (and the tiles to the leader) go point to point
+        assert sent.get("p2p", 0) > 0, (rank, sent)
+        # the mid-block attention gathers its input (and GroupNorm its statistics)
+        assert sent.get("all_gather", 0) > 0, (rank, sent)
