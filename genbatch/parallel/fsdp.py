@@ -68,6 +68,7 @@ def shard(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
         unit.register_forward_pre_hook(count)
 
 
+@torch.no_grad()
 def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device) -> None:
     """Fill a sharded, meta-built module: the leader (full_state given) sends every tensor, each rank keeps
     its slice. Buffers (persistent or not) are sent whole: every rank needs all of them."""

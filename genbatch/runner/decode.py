@@ -38,7 +38,9 @@ class Decoder:
                 self._warned.add(name)
                 warnings.warn(f"no patch-parallel decode for {name}; decoding on the group leader alone", stacklevel=2)
         with peak_memory(self.ctx.device) as peak:
-            if use_parallel:
+            if group.size == 1:
+                decoded = vae.decode(vae_input, return_dict=False)[0]  # exactly the pipeline's own decode
+            elif use_parallel:
                 decoded = parallel_decode(vae, vae_input, group, leader_only=True)
             elif self.ctx.is_leader:
                 decoded = decode_fallback(vae, vae_input)

@@ -115,6 +115,11 @@ class JobExecutor:
         """Encode, denoise (resuming from a checkpoint), decode: [0, 1] frames on the leader, None elsewhere.
 
         Raises JobInterrupted when the run is asked to stop (after checkpointing the job)."""
+        return self.decode(job, self.denoise(job, timer), timer)
+
+    def denoise(self, job: JobSpec, timer: JobTimer) -> torch.Tensor:
+        """Encode the prompt and denoise (from the job's checkpoint when there is one): the final latents,
+        identical on every rank of the group."""
         spec = resolve_model(job.model)
         family = family_of(spec.family)
         pipe = self.pipelines.get(spec)
@@ -158,8 +163,16 @@ class JobExecutor:
                     f"the latents of job {job.id} hold NaN/inf after {result.steps_done} steps; "
                     "try fp32 (--dtype fp32) or a lower guidance scale"
                 )
-            with timer.stage("vae_decode") as stage:
-                decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, result.latents))
+        return result.latents
+
+    def decode(self, job: JobSpec, latents: torch.Tensor, timer: JobTimer) -> np.ndarray | None:
+        """Final latents -> [0, 1] frames on the leader (decoded patch-parallel over the group), None elsewhere."""
+        spec = resolve_model(job.model)
+        family = family_of(spec.family)
+        pipe = self.pipelines.get(spec)
+        with torch.no_grad():
+            with timer.stage("vae_decode"):
+                decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, latents))
             stage_memory = self.decoder.last_peak_bytes
             if stage_memory is not None:
                 timer.intervals[-1].extra["peak_bytes"] = stage_memory
