@@ -9,6 +9,7 @@ AWS_ACCESS_KEY_ID, FSSPEC_S3_ENDPOINT_URL, ...); options given here win over the
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from typing import Any
@@ -76,10 +77,10 @@ def parse_storage_options(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
 
 
 def _with_s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
-    merged = {**_S3_DEFAULTS, **options}
+    merged = {**copy.deepcopy(_S3_DEFAULTS), **options}
     config = dict(merged.get("config_kwargs") or {})
     for key, value in _S3_CONFIG_DEFAULTS.items():
-        config.setdefault(key, value)
+        config.setdefault(key, copy.deepcopy(value))  # botocore edits this dict: never hand it ours
     merged["config_kwargs"] = config
     return merged
 

@@ -246,3 +246,24 @@ class RunStore:
     def remove_stale_temps(self, older_than_s: float = 3600.0) -> int:
         """Local only: delete temp files of killed writers (dead pids on this host, or older than this)."""
         return self.objects.remove_stale_temps(self.layout.root, older_than_s)
+
+    def remove_done_checkpoints(self) -> int:
+        """Delete checkpoints of jobs already done (a kill between commit and delete leaves one)."""
+        done = self.done_ids()
+        names = self.objects.list_names(self.layout.join("checkpoints"))
+        stale = [job_id for job_id in RunLayout.ids_from_names(names, ".ckpt") if job_id in done]
+        for job_id in stale:
+            self.delete_checkpoint(job_id)
+        return len(stale)
+
+    def recover(self, older_than_s: float = 3600.0) -> dict[str, int]:
+        """Clear what killed runs leave behind; call once at run start on one rank, before any writes.
+
+        Aborts open multipart uploads under the run (S3), removes temp files of dead writers (local) and
+        checkpoints of jobs that are done. `older_than_s` spares temp files of live writers on other hosts.
+        """
+        return {
+            "aborted_uploads": self.abort_stale_uploads(),
+            "removed_temps": self.remove_stale_temps(older_than_s),
+            "removed_checkpoints": self.remove_done_checkpoints(),
+        }

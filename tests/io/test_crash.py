@@ -21,7 +21,7 @@ from tests.conftest import fresh_s3_run
 from tests.io.crash_writer import job_ids, media_for
 
 REPO = Path(__file__).resolve().parents[2]
-JOBS, SIZE = 16, 3 * 2**20
+JOBS, SIZE = 12, 2 * 2**20
 
 
 def _check_invariants(store: RunStore) -> set[str]:
@@ -41,7 +41,7 @@ def _writer(url: str, options: dict) -> subprocess.Popen:
                             stdout=subprocess.PIPE, text=True)
 
 
-def _crash_until_done(url: str, options: dict, seed: int, max_kills: int = 8) -> tuple[int, int, int]:
+def _crash_until_done(url: str, options: dict, seed: int, max_kills: int = 6) -> tuple[int, int, int]:
     """Run the writer; kill it at a random moment after a random job has started (all its writes, the
     background upload included, are in flight around then); after `max_kills` kills let one run finish."""
     rng = random.Random(seed)
@@ -49,8 +49,7 @@ def _crash_until_done(url: str, options: dict, seed: int, max_kills: int = 8) ->
     while True:
         runs += 1
         store = RunStore(url, options)
-        temps += store.remove_stale_temps()  # what the runner does at start-up
-        store.abort_stale_uploads()
+        temps += store.recover()["removed_temps"]  # what the runner does at start-up
         remaining = JOBS - len(store.done_ids())
         proc = _writer(url, options)
         if kills < max_kills and remaining:
@@ -80,7 +79,7 @@ def test_sigkill_local(tmp_path):
     url = str(tmp_path / "run")
     runs, kills, _ = _crash_until_done(url, {}, seed=1)
     store = RunStore(url)
-    store.remove_stale_temps()
+    store.recover()
     _verify_final(store)
     leftovers = [p for p in Path(url).rglob("*") if p.is_file() and p.name.startswith(".")]
     assert leftovers == [], leftovers
@@ -90,9 +89,9 @@ def test_sigkill_local(tmp_path):
 @pytest.mark.slow
 def test_sigkill_s3(request):
     for run in fresh_s3_run(request.getfixturevalue("moto_endpoint")):
-        runs, kills, _ = _crash_until_done(run.url, run.storage_options, seed=2, max_kills=5)
+        runs, kills, _ = _crash_until_done(run.url, run.storage_options, seed=2, max_kills=4)
         store = RunStore(run.url, run.storage_options)
-        store.abort_stale_uploads()
+        store.recover()
         _verify_final(store)
         assert run.endpoint.filesystem().list_multipart_uploads(run.bucket) == []
         assert kills >= 3, f"{runs} runs, {kills} killed"

@@ -145,3 +145,13 @@ def test_bad_ids_and_extensions(run_target):
         store.output_uri("a", "../png")
     store.commit(".hidden", b"h", "png", {})
     assert store.done_ids() == {".hidden"}
+
+
+def test_recover_clears_checkpoints_of_done_jobs(run_target):
+    store = _store(run_target)
+    store.save_checkpoint("done-job", b"c1")
+    store.commit("done-job", b"m", "png", {})  # killed before delete_checkpoint
+    store.save_checkpoint("running-job", b"c2")
+    counts = _store(run_target).recover()
+    assert counts["removed_checkpoints"] == 1
+    assert store.load_checkpoint("done-job") is None and store.load_checkpoint("running-job") == b"c2"

@@ -42,6 +42,8 @@ class S3Endpoint:
     """Region name the clients sign for."""
     buckets: list[str] = field(default_factory=list)
     """Buckets created through this endpoint (for clean-up)."""
+    admin: object = None
+    """A cached s3fs filesystem for bucket set-up and checks (creating one costs ~0.3 s)."""
 
     def storage_options(self, endpoint_url: str | None = None) -> dict:
         """fsspec/s3fs options for this server (or for a proxy in front of it)."""
@@ -63,10 +65,16 @@ class S3Endpoint:
         }
 
     def filesystem(self, endpoint_url: str | None = None):
+        """An s3fs filesystem on this server (the cached one unless another endpoint_url is asked for)."""
         import s3fs
 
-        return s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
-                                 **self.storage_options(endpoint_url))
+        if endpoint_url is None and self.admin is not None:
+            return self.admin
+        fs = s3fs.S3FileSystem(skip_instance_cache=True, use_listings_cache=False,
+                               **self.storage_options(endpoint_url))
+        if endpoint_url is None:
+            self.admin = fs
+        return fs
 
     def create_bucket(self) -> str:
         bucket = f"gb-{uuid.uuid4().hex[:12]}"
