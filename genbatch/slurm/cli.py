@@ -68,6 +68,7 @@ def submit_command(ctx: click.Context, manifest: str, out: str, nodes: int, gpus
     now): layout (--dp --cfg --ring --ulysses --fsdp), --model, --steps, --backend gloo, --storage-option...
     Prints the job id (with --dry-run: the script). The job requeues itself when the run is preempted or
     reaches its time limit, and resumes where it stopped.
+
     \b
     Example:  gen submit prompts.parquet --out s3://bucket/run --nodes 2 --gpus-per-node 8 \\
                   --partition gpu --time 04:00:00 --ulysses 4 --cfg 2
