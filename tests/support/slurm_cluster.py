@@ -162,7 +162,7 @@ class SlurmCluster:
         for name, path in files.items():
             if path.exists():
                 cluster.pids[name] = int(path.read_text().strip())
-        cluster.nodes = tuple(sorted(name.removeprefix("slurmd-") for name in cluster.pids if name.startswith("slurmd-")))
+        cluster.nodes = tuple(sorted(n.removeprefix("slurmd-") for n in cluster.pids if n.startswith("slurmd-")))
         return cluster
 
     # -- set-up ---------------------------------------------------------------------------------------
