@@ -5,7 +5,7 @@
     OUT/failed/<id>.json          latest failure of a job (overwritten: reruns retry failed jobs)
     OUT/checkpoints/<id>.ckpt     step checkpoint of a running job, replaced whole, deleted when done
     OUT/rejected/rejected.parquet manifest rows rejected by validation
-    OUT/timings/<attempt>-r<rank>-<seq>.parquet   per-event timings, one part file per flush
+    OUT/timings/<attempt>-r<rank>-<store>-<seq>.parquet   per-event timings, one part file per flush
     OUT/results/results.parquet   one row per job, consolidated from the above
     OUT/run.json, OUT/attempts/<attempt>.json    run metadata (latest, and one per attempt)
 

@@ -71,6 +71,7 @@ class RunStore:
         self.objects = open_objects(self.fs, self.retry, self._url_of)
         self._timings: list[dict[str, Any]] = []
         self._timing_parts = 0
+        self._instance = uuid.uuid4().hex[:6]  # two stores of one rank and attempt still never collide
         self._lock = threading.Lock()
 
     def _url_of(self, path: str) -> str:
@@ -104,26 +105,25 @@ class RunStore:
         writes, the job simply is not done; a rerun overwrites the output and commits again.
         """
         started = time.perf_counter()
-        marker_path = self.layout.done(job_id)
-        existing = self._read_marker(marker_path)
-        if existing is not None:
-            return self._result(job_id, existing["output_uri"], True, 0, started)
-        output_path = self.layout.output(job_id, ext)
+        marker_path, output_path = self.layout.done(job_id), self.layout.output(job_id, ext)
         output_uri = self._url_of(output_path)
         media = bytes(media)
-        self.objects.write_whole(output_path, media)
         token = uuid.uuid4().hex
-        body = markers.done_marker(
+        body = markers.done_marker(  # built first: a record that is not JSON-able fails before any write
             record, output_uri=output_uri, output_bytes=len(media),
             output_sha256=hashlib.sha256(media).hexdigest(), token=token, attempt=self.attempt,
         )
+        existing = self._read_marker(marker_path)
+        if existing is not None:
+            return self._result(job_id, existing.get("output_uri", output_uri), True, 0, started)
+        self.objects.write_whole(output_path, media)
         if self.objects.create_only(marker_path, body):
             return self._result(job_id, output_uri, False, len(media), started)
         # The marker exists: either our own first try landed and only its answer was lost, or another
         # writer finished the job between our check and now (then our output bytes equal theirs).
         winner = self._read_marker(marker_path)
         ours = winner is not None and winner.get("token") == token
-        uri = output_uri if winner is None else winner["output_uri"]
+        uri = output_uri if winner is None else winner.get("output_uri", output_uri)
         return self._result(job_id, uri, not ours, len(media), started)
 
     @staticmethod
@@ -164,7 +164,8 @@ class RunStore:
                 return None
             seq = self._timing_parts
             self._timing_parts += 1
-        path = self.layout.join("timings", f"{self.attempt}-r{self.rank:05d}-{seq:06d}.parquet")
+        name = f"{self.attempt}-r{self.rank:05d}-{self._instance}-{seq:06d}.parquet"
+        path = self.layout.join("timings", name)
         try:
             self.objects.write_whole(path, tables.to_parquet_bytes(tables.timings_table(rows)))
         except BaseException:

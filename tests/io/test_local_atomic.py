@@ -19,13 +19,17 @@ def _files(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file())
 
 
+def _break(monkeypatch, name: str, error: OSError) -> None:
+    """Make os.<name> (as objects.py calls it) fail with `error`."""
+    def broken(*args):
+        raise error
+
+    monkeypatch.setattr(objects_module.os, name, broken)
+
+
 def test_failed_rename_leaves_nothing(tmp_path, monkeypatch):
     store = RunStore(str(tmp_path / "run"))
-
-    def broken_replace(src, dst):
-        raise OSError(28, "No space left on device")
-
-    monkeypatch.setattr(objects_module.os, "replace", broken_replace)
+    _break(monkeypatch, "replace", OSError(28, "No space left on device"))
     with pytest.raises(StorageError, match="write .*outputs/j.png"):
         store.commit("j", b"media", "png", {})
     assert _files(tmp_path) == [] and store.done_ids() == set()
@@ -33,11 +37,7 @@ def test_failed_rename_leaves_nothing(tmp_path, monkeypatch):
 
 def test_failed_marker_link_leaves_output_but_not_done(tmp_path, monkeypatch):
     store = RunStore(str(tmp_path / "run"))
-
-    def broken_link(src, dst):
-        raise OSError(5, "I/O error")
-
-    monkeypatch.setattr(objects_module.os, "link", broken_link)
+    _break(monkeypatch, "link", OSError(5, "I/O error"))
     with pytest.raises(StorageError, match="create .*done/j.json"):
         store.commit("j", b"media", "png", {})
     assert _files(tmp_path / "run") == ["outputs/j.png"]  # whole output, no marker: the rerun redoes it

@@ -155,3 +155,10 @@ def test_recover_clears_checkpoints_of_done_jobs(run_target):
     counts = _store(run_target).recover()
     assert counts["removed_checkpoints"] == 1
     assert store.load_checkpoint("done-job") is None and store.load_checkpoint("running-job") == b"c2"
+
+
+def test_record_that_is_not_json_fails_before_any_write(run_target):
+    store = _store(run_target)
+    with pytest.raises(TypeError, match="not JSON-able"):
+        store.commit("j", b"media", "png", {"bad": object()})
+    assert store.objects.list_names(store.layout.join("outputs")) == [] and store.done_ids() == set()
