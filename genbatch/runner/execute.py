@@ -124,7 +124,6 @@ class JobExecutor:
         family = family_of(spec.family)
         pipe = self.pipelines.get(spec)
         device = self.ctx.device
-        self.ctx.ledger.take()  # bytes of earlier work (hand-out, loading) are not this job's steps
         generator = torch.Generator("cpu").manual_seed(job.seed)
 
         with torch.no_grad():  # not inference_mode: FSDP2's DTensors need ordinary tensors
@@ -139,6 +138,7 @@ class JobExecutor:
                 restore_scheduler(pipe.scheduler, checkpoint.scheduler, device)
                 generator.set_state(checkpoint.rng["generator"])
 
+            self.ctx.ledger.take()  # bytes before the loop (loading, text encoding) are not the steps'
             last_save = {"step": start_step, "time": time.monotonic()}
 
             def after_step(steps_done: int, current) -> bool:
@@ -181,7 +181,11 @@ class JobExecutor:
     def run(self, job: JobSpec) -> JobResult:
         """Generate the job and, on the leader, hand its media and done marker to the writer."""
         timer = JobTimer(self.ctx.device)
-        frames = self.generate(job, timer)
+        try:
+            frames = self.generate(job, timer)
+        except JobInterrupted:
+            self.store.append_timings(timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank))
+            raise
         record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank}
         if not self.ctx.is_leader:
             return JobResult(record=record, timings=timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank))

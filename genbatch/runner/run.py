@@ -150,19 +150,19 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls) -> i
                 counts["failed"] += 1
                 record_failure(ctx, store, job, error, run_id)
             progress.job_finished(coordination, run_id, ctx)
-            if executor.stop.requested and executor.stop.agreed(ctx.group, ctx.device):
+            if executor.stop.agreed(ctx.group, ctx.device):  # a collective: every rank of the group asks
                 counts["interrupted"] = True
                 break
     except GroupFailure as failure:
         failure.record(store, run_id)
-        writer.flush()
-        store.flush_timings()
         return exit_codes.JOBS_FAILED
     finally:
-        executor.stop.restore()
+        # Uploads and timings are flushed while SIGTERM/SIGUSR1 still only set the stop flag: a second
+        # signal (torchrun's agent, a requeue) must not kill the process mid-flush.
         progress.close()
-    writer.flush()
-    store.flush_timings()
+        writer.flush()
+        store.flush_timings()
+        executor.stop.restore()
     if counts["interrupted"]:
         if ctx.rank == 0 and not options.quiet:
             print("genbatch: stopped by signal; state checkpointed. Rerun the same command to continue "

@@ -1,0 +1,90 @@
+"""Bytes each rank sends per denoising step, counted by the code itself, against seed 000's formulas (5%).
+
+Per step and rank, for N tokens of width d (= heads x head_dim), e bytes per value, L attention layers and
+F transformer forwards per step on this rank (2 with CFG unless CFG-parallel):
+    Ulysses  4 (p-1)/p^2 N d e  per layer          (all-to-all of q, k, v and the output)
+    Ring     2 (p-1)/p   N d e  per layer          (K and V around the ring)
+    CFG      one exchange of the prediction        (its bytes, once, to the other branch)
+    FSDP     one all-gather of the weights per forward: (p-1)/p of the transformer's parameter bytes
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from genbatch.jobs.models import resolve_model
+from genbatch.io import BackgroundWriter, RunStore
+from genbatch.runner.run import RunOptions
+from genbatch.runner.timing import JobTimer
+from genbatch.runner.world import start_world
+from tests.support.distributed import run_on_ranks
+from tests.support.runs import job
+
+STEPS = 2
+WAN = job("tiny-wan", width=64, height=48, num_inference_steps=STEPS, seed=3)  # 3 x 3 x 4 = 36 tokens
+SPEC = resolve_model("tiny-wan")
+N, D, E, LAYERS = SPEC.tokens(64, 48, 9), SPEC.hidden_size, 4, SPEC.num_layers
+LATENT_BYTES = 16 * 3 * 6 * 8 * E  # the noise prediction: 16 channels x 3 x 6 x 8
+
+
+def _step_bytes(rank, world_size, cfg, ring, ulysses, fsdp, out):
+    options = RunOptions(manifest="unused", out=out, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp)
+    world = start_world(options)
+    executor = world.executor(options, RunStore(out), BackgroundWriter(max_pending=1), run_id="bytes")
+    try:
+        timer = JobTimer(world.ctx.device)
+        executor.denoise(WAN, timer)
+        pipe = executor.pipelines.get(SPEC)
+        from genbatch.parallel.fsdp import parameter_bytes
+
+        shard = parameter_bytes(pipe.transformer)
+        rows = [row for row in timer.rows() if row["stage"] == "denoise_step"]
+        return [{k: v for k, v in row.items() if k.startswith("bytes_")} for row in rows], shard
+    finally:
+        executor.stop.restore()
+
+
+def _measure(cfg=1, ring=1, ulysses=1, fsdp=False, tmp_path=None):
+    world = cfg * ring * ulysses
+    return run_on_ranks(_step_bytes, world, args=(cfg, ring, ulysses, fsdp, str(tmp_path)), timeout_s=60)
+
+
+def _check(per_rank, kind, expected):
+    for rank, (steps, _) in enumerate(per_rank):
+        assert len(steps) == STEPS
+        for step, counts in enumerate(steps):
+            measured = counts.get(f"bytes_{kind}", 0)
+            assert abs(measured / expected - 1) <= 0.05, (
+                f"rank {rank} step {step}: {kind} sent {measured} bytes, formula {expected:.0f}"
+            )
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_ulysses_bytes(p, tmp_path):
+    forwards = 2  # cond and uncond on every rank
+    _check(_measure(ulysses=p, tmp_path=tmp_path), "all_to_all", forwards * LAYERS * 4 * (p - 1) / p**2 * N * D * E)
+
+
+def test_ring_bytes(tmp_path):
+    p, forwards = 2, 2
+    _check(_measure(ring=p, tmp_path=tmp_path), "p2p", forwards * LAYERS * 2 * (p - 1) / p * N * D * E)
+
+
+def test_usp_bytes(tmp_path):
+    u = r = 2
+    per_rank = _measure(ulysses=u, ring=r, tmp_path=tmp_path)
+    # Ulysses on its group over the ring row's N/R tokens; Ring on its group over h/U heads
+    _check(per_rank, "all_to_all", 2 * LAYERS * 4 * (u - 1) / u**2 * (N / r) * D * E)
+    _check(per_rank, "p2p", 2 * LAYERS * 2 * (r - 1) / r * N * (D / u) * E)
+
+
+def test_cfg_bytes_one_prediction_exchange(tmp_path):
+    _check(_measure(cfg=2, tmp_path=tmp_path), "all_gather", LATENT_BYTES)
+
+
+def test_fsdp_bytes_one_all_gather_of_the_weights(tmp_path):
+    p = 2
+    per_rank = _measure(ulysses=p, fsdp=True, tmp_path=tmp_path)
+    total = sum(shard for _, shard in per_rank)  # the transformer's parameter bytes, summed over shards
+    forwards = 2
+    _check(per_rank, "fsdp_all_gather", forwards * (p - 1) / p * total)
