@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from accelerate.hooks import ModelHook, add_hook_to_module
 from diffusers import AutoencoderKL, AutoencoderKLWan, AutoencoderTiny
 from diffusers.models.attention_processor import AttnProcessor
 
@@ -59,6 +60,9 @@ def test_unknown_layers_are_refused_with_the_module_named():
     vae = AutoencoderKL(**TINY_FLUX_VAE)
     vae.decoder.mid_block.attentions[0].set_processor(AttnProcessor())
     assert "decoder.mid_block.attentions.0" in unsupported_reason(vae)
+    offloaded = AutoencoderKL(**TINY_FLUX_VAE)
+    add_hook_to_module(offloaded.decoder.conv_in, ModelHook())
+    assert "decoder.conv_in" in unsupported_reason(offloaded)
 
 
 def test_decode_fallback_tiles_and_restores_the_flag():

@@ -178,6 +178,8 @@ def unsupported_reason(vae: nn.Module) -> str | None:
             if rule is None:
                 return f"{name} is a {type(module).__name__}, which tile-parallel decode does not know"
             reason = rule.check(module) if rule.check is not None else None
+            if reason is None and rule.patch is not None and hasattr(module, "_hf_hook"):
+                reason = "an accelerate hook (sequential CPU offload) wraps its forward; keep the VAE on the device"
             if reason is not None:
                 return f"{name} ({type(module).__name__}): {reason}"
     return None
