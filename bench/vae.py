@@ -1,6 +1,6 @@
 """Patch-parallel VAE decode side by side with a one-rank decode: seconds, peak memory per rank, ratios.
 
-    python bench/vae.py [--worlds 1 2 4] [--vae wan image]       # CPU: spawns gloo processes per world size
+    python bench/vae.py [--worlds 2 4] [--vae wan image]         # CPU: one rank, then gloo processes per world
     torchrun --nproc-per-node 4 bench/vae.py --device cuda       # GPUs: NCCL, that world size only
 
 For each VAE (a Wan 2.1-layout AutoencoderKLWan and an SD3/Flux-layout AutoencoderKL, random weights, a
