@@ -122,7 +122,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls) -> i
         return manifest  # a usage error, already reported by rank 0
     jobs, rejected, extra_columns = manifest
     if ctx.rank == 0:
-        store.abort_stale_uploads()
+        store.recover()  # open uploads, temp files of killed writers, checkpoints of done jobs
         store.write_rejected([_rejection_record(rejection) for rejection in rejected])
         store.write_run_info(_run_info(options, world, run_id, started))
     selected = jobs if options.share is None else select_share(jobs, *options.share)

@@ -1,0 +1,66 @@
+"""A rank that dies or hangs mid-job makes the others fail within the collective timeout, with an error that
+names the rank and the job; the job is recorded failed; nothing hangs."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from tests.support.runs import start_gen, write_manifest
+
+ROWS = [{"id": f"clip-{i}", "prompt": f"a boat on a lake {i}", "num_inference_steps": 40, "width": 80}
+        for i in range(3)]
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/children") as handle:
+            found += [int(child) for child in handle.read().split()]
+    return found + [grandchild for child in found for grandchild in _children(child)]
+
+
+def _worker(launcher: int, local_rank: int) -> int:
+    for pid in _children(launcher):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                env = dict(item.split(b"=", 1) for item in handle.read().split(b"\0") if b"=" in item)
+        except FileNotFoundError:
+            continue
+        if env.get(b"LOCAL_RANK") == str(local_rank).encode() and b"TORCHELASTIC_RUN_ID" in env:
+            return pid
+    raise AssertionError(f"no worker with LOCAL_RANK={local_rank} under {launcher}")
+
+
+@pytest.mark.parametrize("fault", ["dies", "hangs"])
+def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
+    manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS)
+    out = tmp_path / "out"
+    process = start_gen("run", manifest, "--out", str(out), "--nproc", "2", "--ulysses", "2",
+                        "--collective-timeout", "5", "-q")
+    deadline = time.monotonic() + 180
+    while not (out / "done").exists() and time.monotonic() < deadline and process.poll() is None:
+        time.sleep(0.1)
+    assert process.poll() is None, process.communicate()
+    victim = _worker(process.pid, 1)
+    started = time.monotonic()
+    os.kill(victim, signal.SIGKILL if fault == "dies" else signal.SIGSTOP)
+    try:
+        process.wait(timeout=90)
+    finally:
+        if fault == "hangs":
+            with contextlib.suppress(ProcessLookupError):  # the launcher may have ended it already
+                os.kill(victim, signal.SIGKILL)
+    assert time.monotonic() - started < 60, "the surviving rank did not give up within the timeout"
+    assert process.returncode == 1, process.communicate()
+    failed = [json.loads((out / "failed" / name).read_text()) for name in os.listdir(out / "failed")]
+    assert len(failed) == 1
+    error = json.dumps(failed[0])
+    job_id = [row["id"] for row in ROWS if row["id"] in error][0]
+    assert f"job {job_id}" in error and "rank" in error and "1" in error
+    assert not (out / "done" / f"{job_id}.json").exists()
