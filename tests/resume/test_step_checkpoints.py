@@ -1,0 +1,120 @@
+"""Step checkpoints in process, through `JobExecutor.denoise`: a job stopped by a real signal at a step
+boundary and resumed by a fresh executor (fresh pipeline, fresh scheduler) from its checkpoint ends with the
+latents of an uninterrupted run (max abs diff <= 1e-6), for both presets; tiny-wan's UniPC scheduler is
+multistep, so its history (model outputs, order warm-up, last sample) must survive every stop point.
+Checkpoints are due every k steps or once T seconds have passed, and go away when the job is committed."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+import torch
+
+from genbatch.runner.execute import CheckpointPolicy, JobInterrupted
+from genbatch.runner.timing import JobTimer
+from tests.resume.inprocess import SignalAfterStep, executor_on
+from tests.support.runs import job
+
+STEPS = 8
+JOBS = {
+    "tiny-wan": job("tiny-wan", id="wan", num_inference_steps=STEPS, seed=5, negative_prompt="blurry"),
+    "tiny-flux": job("tiny-flux", id="flux", num_inference_steps=STEPS, seed=6),
+}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Final latents of each job run straight through."""
+    out = str(tmp_path_factory.mktemp("uninterrupted"))
+    with executor_on(out) as harness:
+        return {name: harness.executor.denoise(spec, JobTimer(harness.device)) for name, spec in JOBS.items()}
+
+
+def _stop_after(out: str, spec, steps_done: int, signum=signal.SIGUSR1) -> list[int]:
+    """Run `spec` until a signal arrives during step `steps_done - 1`; return the steps the run timed."""
+    with executor_on(out) as harness:
+        timer = SignalAfterStep(harness.device, step=steps_done - 1, signum=signum)
+        with pytest.raises(JobInterrupted, match=f"after step {steps_done}"):
+            harness.executor.denoise(spec, timer)
+        harness.writer.flush()
+        assert harness.store.saved == {spec.id: [steps_done]}  # the stop checkpoint, nothing periodic
+        return timer.steps()
+
+
+def _resume(out: str, spec) -> tuple[torch.Tensor, list[int]]:
+    with executor_on(out) as harness:
+        timer = SignalAfterStep(harness.device)
+        latents = harness.executor.denoise(spec, timer)
+        return latents, timer.steps()
+
+
+@pytest.mark.parametrize(("preset", "stop_at"), [
+    ("tiny-wan", 1), ("tiny-wan", 2), ("tiny-wan", 5), ("tiny-wan", 7), ("tiny-flux", 3),
+])
+def test_resumed_latents_equal_an_uninterrupted_run(preset, stop_at, uninterrupted, tmp_path):
+    spec = JOBS[preset]
+    assert _stop_after(str(tmp_path), spec, stop_at) == list(range(stop_at))
+    latents, steps = _resume(str(tmp_path), spec)
+    assert steps == list(range(stop_at, STEPS))  # continued from the checkpoint, not from step 0
+    assert (latents - uninterrupted[preset]).abs().max().item() <= 1e-6
+
+
+def test_stopped_twice_by_sigterm_then_resumed(uninterrupted, tmp_path):
+    spec = JOBS["tiny-wan"]
+    _stop_after(str(tmp_path), spec, 2, signal.SIGTERM)
+    with executor_on(str(tmp_path)) as harness:  # resumes at 2, stopped again at 4
+        timer = SignalAfterStep(harness.device, step=3, signum=signal.SIGTERM)
+        with pytest.raises(JobInterrupted, match="after step 4"):
+            harness.executor.denoise(spec, timer)
+        assert timer.steps() == [2, 3]
+    latents, steps = _resume(str(tmp_path), spec)
+    assert steps == list(range(4, STEPS))
+    assert (latents - uninterrupted["tiny-wan"]).abs().max().item() <= 1e-6
+
+
+def test_a_changed_row_does_not_resume_a_stale_checkpoint(uninterrupted, tmp_path):
+    spec = JOBS["tiny-flux"]
+    _stop_after(str(tmp_path), spec, 3)
+    changed = job("tiny-flux", id=spec.id, num_inference_steps=STEPS, seed=spec.seed + 1)
+    _, steps = _resume(str(tmp_path), changed)
+    assert steps == list(range(STEPS))  # started over: the seed in the checkpoint's fingerprint differs
+
+
+@pytest.mark.parametrize(("every_steps", "expected"), [(3, [3, 6]), (1, [1, 2, 3, 4, 5, 6, 7]), (0, [])])
+def test_checkpoints_every_k_steps(every_steps, expected, tmp_path):
+    policy = CheckpointPolicy(every_steps=every_steps, every_seconds=0)
+    with executor_on(str(tmp_path), policy) as harness:
+        harness.executor.denoise(JOBS["tiny-flux"], JobTimer(harness.device))
+        harness.writer.flush()
+        assert harness.store.saved.get("flux", []) == expected  # none after the last step: the job is done
+
+
+def test_checkpoints_once_t_seconds_have_passed(tmp_path):
+    """Steps slowed to ~0.1 s, T = 0.25 s, no step rule: a checkpoint exactly at the boundaries where T has
+    passed since the last one (boundaries within 30 ms of T are left unjudged, for a loaded machine)."""
+    seconds, slack = 0.25, 0.03
+    policy = CheckpointPolicy(every_steps=0, every_seconds=seconds)
+    with executor_on(str(tmp_path), policy) as harness:
+        timer = SignalAfterStep(harness.device, step_sleep_s=0.1)
+        harness.executor.denoise(JOBS["tiny-flux"], timer)
+        harness.writer.flush()
+        saved = harness.store.saved.get("flux", [])
+    last = timer.intervals[[i.stage for i in timer.intervals].index("denoise_step")].start.clock
+    for steps_done, boundary in enumerate(timer.boundaries[:-1], start=1):
+        elapsed = boundary - last
+        if abs(elapsed - seconds) > slack:
+            assert (steps_done in saved) == (elapsed > seconds), (steps_done, elapsed, saved)
+        if steps_done in saved:
+            last = boundary
+    assert 2 <= len(saved) < STEPS - 1, saved  # by time: more than once, less than every step
+
+
+def test_a_committed_job_leaves_no_checkpoint(tmp_path):
+    with executor_on(str(tmp_path), CheckpointPolicy(every_steps=2, every_seconds=0)) as harness:
+        harness.executor.run(JOBS["tiny-flux"])
+        harness.writer.flush()
+        assert harness.store.saved == {"flux": [2, 4, 6]}
+        assert harness.store.done_ids() == {"flux"}
+        assert harness.store.load_checkpoint("flux") is None
+        assert harness.store.objects.list_names(harness.store.layout.join("checkpoints")) == []
