@@ -30,7 +30,8 @@ class CfgExchange:
         mine = mine.contiguous()
         gathered = mine.new_empty((self.comm.size, *mine.shape))
         # (b, ...) on each cfg rank -> (cfg, b, ...) on every cfg rank, in branch order
-        self.comm.all_gather_into(gathered.view(self.comm.size * mine.shape[0], *mine.shape[1:]), mine)
+        self.comm.all_gather_into(gathered.view(self.comm.size * mine.shape[0], *mine.shape[1:]), mine,
+                                  kind="cfg_exchange")
         return {name: gathered[index] for index, name in enumerate(names)}
 
 

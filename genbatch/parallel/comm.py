@@ -89,24 +89,27 @@ class Comm:
             async_op=async_op,
         )
 
-    def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor, async_op: bool = False):
-        """Equal-size all-gather into one tensor whose dim 0 is `size` times the input's."""
-        self.ledger.add("all_gather", _nbytes(tensor) * (self.size - 1))
+    def all_gather_into(self, output: torch.Tensor, tensor: torch.Tensor, async_op: bool = False,
+                        kind: str = "all_gather"):
+        """Equal-size all-gather into one tensor whose dim 0 is `size` times the input's.
+
+        `kind` names the ledger entry (e.g. "cfg_exchange"), so reports can tell what the bytes were for."""
+        self.ledger.add(kind, _nbytes(tensor) * (self.size - 1))
         return dist.all_gather_into_tensor(output, tensor.contiguous(), group=self.group, async_op=async_op)
 
-    def all_gather_uneven(self, tensor: torch.Tensor, rows: Sequence[int]) -> list[torch.Tensor]:
+    def all_gather_uneven(self, tensor: torch.Tensor, rows: Sequence[int], kind: str = "all_gather") -> list[torch.Tensor]:
         """All-gather tensors whose dim 0 differs by rank (`rows[r]` on rank r): pad, gather, trim."""
         longest = max(rows)
         padded = tensor.new_zeros((longest, *tensor.shape[1:]))
         padded[: tensor.shape[0]] = tensor
         gathered = tensor.new_empty((longest * self.size, *tensor.shape[1:]))
-        self.ledger.add("all_gather", _nbytes(tensor) * (self.size - 1))
+        self.ledger.add(kind, _nbytes(tensor) * (self.size - 1))
         dist.all_gather_into_tensor(gathered, padded, group=self.group)
         # (p * longest, ...) -> p pieces of (rows[r], ...)
         return [gathered[r * longest : r * longest + rows[r]] for r in range(self.size)]
 
-    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        self.ledger.add("all_reduce", 2 * (self.size - 1) * _nbytes(tensor) // self.size)
+    def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM, kind: str = "all_reduce") -> torch.Tensor:
+        self.ledger.add(kind, 2 * (self.size - 1) * _nbytes(tensor) // self.size)
         dist.all_reduce(tensor, op=op, group=self.group)
         return tensor
 

@@ -114,7 +114,7 @@ class SequenceParallel:
         total = self.state.stream_totals[self.plan.output_stream]
         lengths = SequenceLayout.split(total, self.group.size).lengths
         local = tensor.movedim(dim, 0).contiguous()  # (..., s_rank, ...) -> (s_rank, ...)
-        pieces = self.group.sp.all_gather_uneven(local, lengths)
+        pieces = self.group.sp.all_gather_uneven(local, lengths, kind="sp_gather")
         return torch.cat(pieces, dim=0).movedim(0, dim)  # p x (s_r, ...) -> (S, ...) -> (..., S, ...)
 
     def _hook_inputs(self, module: torch.nn.Module, specs: dict) -> None:

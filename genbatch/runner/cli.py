@@ -20,6 +20,8 @@ def _layout_options(command):
                      help="Ulysses degree (must divide the head count)."),
         click.option("--fsdp/--no-fsdp", default=False, show_default=True,
                      help="Shard transformer and text-encoder weights over each job group (FSDP2)."),
+        click.option("--layout", type=click.Choice(["manual", "auto"]), default="manual", show_default=True,
+                     help="auto: use `gen plan`'s best layout for the GPUs given (ignores the degrees above)."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -81,7 +83,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             overrides=overrides_from_options(options),
             storage_options=storage_options_from(storage_option),
             dp=options["dp"], cfg=options["cfg"], ring=options["ring"], ulysses=options["ulysses"],
-            fsdp=options["fsdp"], dtype=options["dtype"], backend=options["backend"],
+            fsdp=options["fsdp"], layout=options["layout"], dtype=options["dtype"], backend=options["backend"],
             collective_timeout=options["collective_timeout"], share=share_value,
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),

@@ -48,6 +48,8 @@ class RunOptions:
     ring: int = 1
     ulysses: int = 1
     fsdp: bool = False
+    layout: str = "manual"
+    """"auto": take `gen plan`'s best layout for these processes instead of the degrees above."""
     dtype: str | None = None
     """fp32 / bf16 / fp16 (None: bf16 on GPUs, fp32 on the CPU)."""
     backend: str | None = None

@@ -49,5 +49,5 @@ class StopRequest:
         if group.size == 1:
             return self.requested
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
-        group.all_reduce(flag, op=dist.ReduceOp.MAX)
+        group.all_reduce(flag, op=dist.ReduceOp.MAX, kind="control")
         return bool(flag.item())

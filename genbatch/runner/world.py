@@ -138,9 +138,15 @@ def start_world(options) -> World:
     elif dist.is_initialized():
         world_size = dist.get_world_size()
     try:
-        dims = ParallelDims.infer(
-            world_size, dp=options.dp, cfg=options.cfg, ring=options.ring, ulysses=options.ulysses, fsdp=options.fsdp
-        )
+        if options.layout == "auto":
+            from genbatch.runner.auto_layout import auto_dims
+
+            dims = auto_dims(options.model, world_size, device)
+        else:
+            dims = ParallelDims.infer(
+                world_size, dp=options.dp, cfg=options.cfg, ring=options.ring, ulysses=options.ulysses,
+                fsdp=options.fsdp,
+            )
         if dims.world_size != world_size:
             raise ValueError(
                 f"dp {dims.dp} x cfg {dims.cfg} x ring {dims.ring} x ulysses {dims.ulysses} = {dims.world_size}, "

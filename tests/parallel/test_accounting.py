@@ -5,6 +5,8 @@ F transformer forwards per step on this rank (2 with CFG unless CFG-parallel):
     Ulysses  4 (p-1)/p^2 N d e  per layer          (all-to-all of q, k, v and the output)
     Ring     2 (p-1)/p   N d e  per layer          (K and V around the ring)
     CFG      one exchange of the prediction        (its bytes, once, to the other branch)
+(The all-gather of the output sequence at the end of each sequence-parallel forward, `sp_gather`, is not in
+the seed's table and is counted apart.)
     FSDP     one all-gather of the weights per forward: (p-1)/p of the transformer's parameter bytes
 """
 
@@ -79,7 +81,7 @@ def test_usp_bytes(tmp_path):
 
 
 def test_cfg_bytes_one_prediction_exchange(tmp_path):
-    _check(_measure(cfg=2, tmp_path=tmp_path), "all_gather", LATENT_BYTES)
+    _check(_measure(cfg=2, tmp_path=tmp_path), "cfg_exchange", LATENT_BYTES)
 
 
 def test_fsdp_bytes_one_all_gather_of_the_weights(tmp_path):
