@@ -69,3 +69,28 @@ def test_seed_changes_the_output(tmp_path):
     first = _genbatch_frames("tiny-flux", job("tiny-flux", seed=1), tmp_path)
     second = _genbatch_frames("tiny-flux", job("tiny-flux", seed=2), tmp_path)
     assert not np.array_equal(first, second)
+
+
+@pytest.fixture(scope="module")
+def wan22_directory(tmp_path_factory):
+    """A Wan 2.2-style pipeline: two transformers switched at a boundary timestep, saved to a directory."""
+    from diffusers import WanPipeline, WanTransformer3DModel
+
+    from genbatch.runner import preset_configs
+
+    base = load_pipeline(resolve_model("tiny-wan"), torch.device("cpu"), torch.float32)
+    torch.manual_seed(5)
+    low_noise = WanTransformer3DModel(**preset_configs.TINY_WAN_TRANSFORMER).eval()
+    pipe = WanPipeline(
+        tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae, scheduler=base.scheduler,
+        transformer=base.transformer, transformer_2=low_noise, boundary_ratio=0.6,
+    )
+    path = tmp_path_factory.mktemp("wan22") / "model"
+    pipe.save_pretrained(path)
+    return str(path)
+
+
+def test_wan_2_2_two_experts_equal_the_diffusers_pipeline(wan22_directory, tmp_path):
+    spec_job = job("tiny-wan", model=wan22_directory, seed=99, num_inference_steps=6, negative_prompt="dull")
+    ours = _genbatch_frames(wan22_directory, spec_job, tmp_path)
+    np.testing.assert_array_equal(ours, _diffusers_frames(wan22_directory, spec_job))
