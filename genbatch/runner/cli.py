@@ -65,17 +65,21 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
         from genbatch.runner.launch import launch_local
 
         sys.exit(launch_local(nproc, [arg for arg in _args_without_nproc(sys.argv[1:])]))
+    from genbatch.io import StorageError
     from genbatch.jobs.schedule import parse_share
     from genbatch.runner.execute import CheckpointPolicy
     from genbatch.runner.run import RunOptions, run
     from genbatch.runner.world import UsageError
 
     try:
-        share_value = parse_share(share) if share else None
-        if share_value is None:
-            from genbatch.slurm.env import array_share
+        try:
+            share_value = parse_share(share) if share else None
+            if share_value is None:
+                from genbatch.slurm.env import array_share
 
-            share_value = array_share()
+                share_value = array_share()
+        except ValueError as error:
+            raise UsageError(str(error)) from None
         run_options = RunOptions(
             manifest=manifest,
             out=out,
@@ -90,7 +94,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             vae_parallel=options["vae_parallel"], quiet=options["quiet"],
         )
         status = run(run_options)
-    except UsageError as error:
+    except (UsageError, StorageError) as error:  # nothing could start: bad options, unreachable storage
         click.echo(f"genbatch: {error}", err=True)
         status = exit_codes.USAGE
     sys.exit(status)
@@ -119,7 +123,11 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
     from genbatch.runner.status import run_status
 
     options = storage_options_from(storage_option)
-    counts = run_status(out, manifest=manifest, storage_options=options)
+    try:
+        counts = run_status(out, manifest=manifest, storage_options=options)
+    except (FileNotFoundError, ValueError) as error:
+        click.echo(f"genbatch: {error}", err=True)
+        sys.exit(exit_codes.USAGE)
     if as_json:
         import json
 
