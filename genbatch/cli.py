@@ -32,3 +32,4 @@ from genbatch.manifests.cli import validate_command; main.add_command(validate_c
 from genbatch.runner.cli import run_command, status_command; main.add_command(run_command); main.add_command(status_command)  # noqa: E402, E702, I001
 from genbatch.slurm.cli import submit_command; main.add_command(submit_command)  # noqa: E402, E702
 from genbatch.parallel.planner.cli import plan_command; main.add_command(plan_command)  # noqa: E402, E702
+from genbatch.benchmark.cli import bench_command; main.add_command(bench_command)  # noqa: E402, E702

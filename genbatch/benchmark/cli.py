@@ -1,0 +1,46 @@
+"""`gen bench`: argument handling only."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from genbatch.benchmark.suites import SUITES
+
+
+@click.command("bench")
+@click.option("--suite", type=click.Choice(list(SUITES)), default="cpu", show_default=True,
+              help="tiny: tiny-wan, seconds (tests); cpu: an ~11M-parameter Wan on this machine, a few minutes; "
+              "gpu: the Wan 2.1 1.3B architecture (random weights, bf16) on the GPUs present.")
+@click.option("--out", required=True, help="Where the report goes: a new folder or fsspec URL (one per night).")
+@click.option("--baseline", metavar="URL", help="An earlier report's OUT to compare with (the previous night's).")
+@click.option("--threshold", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
+              help="A metric worse than the baseline by more than this fraction is a regression (exit 3).")
+@click.option("--layouts", metavar="NAMES",
+              help="Run these layouts instead of the suite's: comma-separated, e.g. single,dp2,ulysses2,cfg2-ulysses2.")
+@click.option("--model-cache", metavar="DIR", help="Where built benchmark models are kept (default ~/.cache/genbatch/bench).")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), help="Run dtype (default: bf16 on GPUs, fp32 on CPUs).")
+@click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
+              help="fsspec option for OUT and the baseline (repeatable).")
+@click.option("--overwrite", is_flag=True, help="Replace a report already in OUT.")
+def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
+                  model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool) -> None:
+    """Run a benchmark suite over parallel layouts and write a report to OUT.
+
+    Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
+
+    \b
+    Report:  OUT/report.md (seconds per step by layout and stage, jobs per hour, efficiency against one
+             rank, the comparison), OUT/timings.parquet (every timing row, with a layout column),
+             OUT/summary.json, OUT/plots/*.png, OUT/runs/<layout>/ (each whole run).
+    Exit:    0 all layouts ran and nothing regressed, 1 a layout failed, 2 usage error,
+             3 a regression beyond --threshold against --baseline.
+    \b
+    Nightly: gen bench --suite cpu --out runs/bench/$(date +%F) --baseline runs/bench/$(date -d yesterday +%F)
+    """
+    from genbatch.benchmark.nightly import BenchOptions, run_bench
+
+    options = BenchOptions(out=out, suite=suite, layouts=layouts, baseline=baseline, threshold=threshold,
+                           model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite)
+    sys.exit(run_bench(options))

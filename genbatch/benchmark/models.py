@@ -1,0 +1,156 @@
+"""The benchmark models: Wan 2.1 architectures with deterministic random weights, saved once to a cache
+directory and run from there with `--model DIR` (the loading path users take, and the one the plain
+diffusers pipeline takes in `versus`).
+
+    tiny-wan            the `tiny-wan` preset as it is (tests: milliseconds a step)
+    bench-wan           tiny-wan with a 4-layer, 8 x 48-head, ~11M-parameter transformer (about a second a
+                        step on a CPU at 33 frames, 256 px)
+    wan2.1-1.3b-random  Wan 2.1 T2V 1.3B: the real transformer and VAE configs; a UMT5 text encoder of the
+                        real width (4096) with 2 of its 24 layers (text encoding runs once a job and is timed
+                        apart from the steps); weights saved in bf16
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from genbatch.runner import preset_configs
+
+BENCH_WAN_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=8, attention_head_dim=48, in_channels=16, out_channels=16,
+    text_dim=32, freq_dim=256, ffn_dim=1536, num_layers=4, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", rope_max_seq_len=1024,
+)
+
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
+WAN21_1_3B_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024,
+)
+
+# umt5-xxl at its real width, 2 of its 24 layers.
+WAN21_TEXT_ENCODER = dict(
+    d_model=4096, d_kv=64, d_ff=10240, num_layers=2, num_heads=64, relative_attention_num_buckets=32,
+    relative_attention_max_distance=128, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
+    decoder_start_token_id=0,
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BenchModel:
+    """A model a suite runs, built from configs with fixed seeds."""
+
+    name: str
+    """What reports call it."""
+    description: str
+    """One line for reports: the architecture and its size."""
+    build: Callable[[], object]
+    """Builds the whole diffusers pipeline on the CPU (random weights, same every time)."""
+    recipe: dict = field(default_factory=dict)
+    """Everything `build` depends on; a change gives a new cache directory."""
+    save_dtype: str = "fp32"
+    """Dtype of the saved transformer and text encoder (`bf16` halves big models on disk)."""
+    num_heads: int = 0
+    """Attention heads of the transformer (the Ulysses degree must divide it)."""
+
+    def cache_key(self) -> str:
+        import diffusers
+
+        text = json.dumps({"recipe": self.recipe, "dtype": self.save_dtype, "diffusers": diffusers.__version__},
+                          sort_keys=True, default=str)
+        return f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
+
+
+def _tiny_wan():
+    from genbatch.runner.presets import build_preset
+
+    return build_preset("tiny-wan")
+
+
+def _bench_wan():
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    pipe = _tiny_wan()
+    torch.manual_seed(11)
+    pipe.transformer = WanTransformer3DModel(**BENCH_WAN_TRANSFORMER).eval()
+    return pipe
+
+
+def _wan21_1_3b():
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    from genbatch.runner.presets import character_tokenizer
+
+    tokenizer = character_tokenizer(model_max_length=512)
+    torch.manual_seed(0)
+    text_encoder = UMT5EncoderModel(UMT5Config(vocab_size=len(tokenizer), **WAN21_TEXT_ENCODER)).eval()
+    torch.manual_seed(1)
+    transformer = WanTransformer3DModel(**WAN21_1_3B_TRANSFORMER).eval()
+    torch.manual_seed(2)
+    vae = AutoencoderKLWan().eval()  # its defaults are the Wan 2.1 VAE
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
+                       transformer=transformer)
+
+
+_TINY_RECIPE = {"preset": "tiny-wan", "transformer": preset_configs.TINY_WAN_TRANSFORMER, "vae": preset_configs.TINY_WAN_VAE}
+
+MODELS: dict[str, BenchModel] = {
+    model.name: model
+    for model in (
+        BenchModel(name="tiny-wan", description="the tiny-wan preset: Wan 2.1 layout, 2 layers, 4 heads x 12",
+                   build=_tiny_wan, recipe=_TINY_RECIPE, num_heads=4),
+        BenchModel(name="bench-wan", description="Wan 2.1 layout, 4 layers, 8 heads x 48, ffn 1536, ~11M parameters",
+                   build=_bench_wan, recipe={**_TINY_RECIPE, "transformer": BENCH_WAN_TRANSFORMER},
+                   num_heads=8),
+        BenchModel(name="wan2.1-1.3b-random", build=_wan21_1_3b,
+                   description="Wan 2.1 T2V 1.3B architecture (30 layers, 12 heads x 128), random weights; "
+                   "UMT5 at width 4096 with 2 layers", save_dtype="bf16", num_heads=12,
+                   recipe={"transformer": WAN21_1_3B_TRANSFORMER, "text_encoder": WAN21_TEXT_ENCODER, "vae": "default"}),
+    )
+}
+
+
+def default_cache_dir() -> str:
+    """`$GENBATCH_CACHE/bench`, else `$XDG_CACHE_HOME/genbatch/bench`, else `~/.cache/genbatch/bench`."""
+    if os.environ.get("GENBATCH_CACHE"):
+        return os.path.join(os.environ["GENBATCH_CACHE"], "bench")
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "genbatch", "bench")
+
+
+def materialize(model: BenchModel, cache_dir: str | None = None) -> str:
+    """The model's pipeline directory, built and saved on first use; later calls return it at once."""
+    root = cache_dir or default_cache_dir()
+    path = os.path.join(root, model.cache_key())
+    if os.path.isfile(os.path.join(path, "model_index.json")):
+        return path
+    os.makedirs(root, exist_ok=True)
+    temp = f"{path}.tmp-{os.getpid()}"
+    shutil.rmtree(temp, ignore_errors=True)
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()  # "Writing model shards" would interleave with our progress
+    pipe = model.build()
+    if model.save_dtype == "bf16":
+        import torch
+
+        for name in ("transformer", "text_encoder"):
+            getattr(pipe, name).to(torch.bfloat16)
+    pipe.save_pretrained(temp)
+    try:
+        os.replace(temp, path)  # whole or not at all; a concurrent builder may have won the race
+    except OSError:
+        shutil.rmtree(temp, ignore_errors=True)
+        if not os.path.isfile(os.path.join(path, "model_index.json")):
+            raise
+    return path

@@ -1,0 +1,128 @@
+"""`gen bench`, end to end: build the suite's model, write its manifest, run every layout, write the report,
+compare with the baseline, and decide the exit status.
+
+    0  every layout ran, no regression beyond the threshold
+    1  a layout failed (its jobs failed or its processes died); the report says which and why
+    2  usage: unknown suite or layout, OUT already holds a report, unreadable baseline
+    3  a regression beyond the threshold against the baseline
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from genbatch.runner import exit_codes
+
+REGRESSION = 3
+"""Exit status when a metric got worse than the baseline by more than the threshold."""
+
+
+class BenchUsageError(ValueError):
+    """Options that cannot run; nothing was started (exit status 2)."""
+
+
+@dataclass(kw_only=True, slots=True)
+class BenchOptions:
+    out: str
+    """Where the report goes (a path or any fsspec URL)."""
+    suite: str = "cpu"
+    """`tiny`, `cpu` or `gpu` (see `genbatch.benchmark.suites`)."""
+    layouts: str | None = None
+    """Comma-separated layout names to run instead of the suite's (e.g. `single,dp2`)."""
+    baseline: str | None = None
+    """A previous report's folder to compare with."""
+    threshold: float = 0.05
+    """A metric worse than the baseline by more than this fraction is a regression."""
+    model_cache: str | None = None
+    """Where built benchmark models are kept (default: `genbatch.benchmark.models.default_cache_dir()`)."""
+    dtype: str | None = None
+    """fp32 / bf16 / fp16 for the runs (None: bf16 on GPUs, fp32 on CPUs)."""
+    storage_args: tuple[str, ...] = ()
+    """`KEY=VALUE` fsspec options for OUT and the baseline (passed on to `gen run`)."""
+    overwrite: bool = False
+    """Replace a report already in OUT (else OUT must not hold one)."""
+    say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+    """Where progress and the comparison are printed."""
+
+
+def _prepare(options: BenchOptions):
+    """Everything checked before anything runs: the suite, its layouts, OUT, the baseline."""
+    from genbatch.benchmark.compare import load_baseline
+    from genbatch.benchmark.layouts import parse_layouts
+    from genbatch.benchmark.suites import get_suite
+    from genbatch.io import parse_storage_options
+    from genbatch.io.options import open_filesystem
+
+    try:
+        if not 0 <= options.threshold < 1:
+            raise ValueError(f"--threshold {options.threshold} must be a fraction in [0, 1), e.g. 0.05 for 5%")
+        storage = parse_storage_options(list(options.storage_args))
+        suite = get_suite(options.suite)
+        layouts = parse_layouts(options.layouts) if options.layouts else suite.layouts_here()
+        baseline = load_baseline(options.baseline, storage) if options.baseline else None
+        fs, root, _ = open_filesystem(options.out, storage)
+    except (ValueError, FileNotFoundError) as error:
+        raise BenchUsageError(str(error)) from None
+    for name in ("report.md", "runs", "timings.parquet"):
+        if fs.exists(f"{root}/{name}"):
+            if not options.overwrite:
+                raise BenchUsageError(f"{options.out} already holds a report ({name}); pass a new --out "
+                                      "(e.g. one folder per night) or --overwrite to replace it")
+            fs.rm(f"{root}/{name}", recursive=True)
+    return suite, layouts, baseline, storage
+
+
+def run_bench(options: BenchOptions) -> int:
+    """Run the benchmark; returns the exit status (see the module docstring)."""
+    import pyarrow as pa
+
+    from genbatch.benchmark.compare import compare, comparison_lines
+    from genbatch.benchmark.execute import SuiteRunner
+    from genbatch.benchmark.metrics import report_metrics
+    from genbatch.benchmark.models import materialize
+    from genbatch.benchmark.report import machine_info, write_report
+    from genbatch.io.tables import concat, records_to_table, to_parquet_bytes
+
+    try:
+        suite, layouts, baseline, storage = _prepare(options)
+    except BenchUsageError as error:
+        options.say(f"gen bench: {error}")
+        return exit_codes.USAGE
+    say = options.say
+    say(f"gen bench: suite {suite.name}: model {suite.model.name}, {suite.jobs} jobs, layouts "
+        f"{', '.join(layout.name for layout in layouts)}")
+    say(f"gen bench: building or finding {suite.model.name} in the model cache ...")
+    model_dir = materialize(suite.model, options.model_cache)
+    from genbatch.io.options import open_filesystem
+
+    fs, root, url = open_filesystem(options.out, storage)
+    fs.makedirs(root, exist_ok=True)
+    fs.pipe_file(f"{root}/manifest.parquet", to_parquet_bytes(records_to_table(suite.manifest_rows())))
+    runner = SuiteRunner(suite=suite, manifest_url=f"{url}/manifest.parquet", model_dir=model_dir, out=url,
+                         storage_args=options.storage_args, storage_options=storage, dtype=options.dtype, say=say)
+    runs = runner.run_all(layouts)
+    timings = concat([run.timings for run in runs]) if runs else pa.table({})
+    metrics = report_metrics(timings)
+    for run in runs:
+        if run.layout.name in metrics:
+            metrics[run.layout.name].extra.update(wall_seconds=run.wall_seconds, status=run.status)
+    failures = {run.layout.name: run.log_tail for run in runs if run.status != 0 or run.layout.name not in metrics}
+    comparison = compare(metrics, baseline, threshold=options.threshold, baseline_url=options.baseline) if baseline else None
+    info = machine_info(suite=suite, model_dir=model_dir, dtype=options.dtype)
+    report_url = write_report(url, timings=timings, metrics=metrics, info=info, comparison=comparison,
+                              failures=failures, storage_options=storage)
+    for name, item in metrics.items():
+        say(f"gen bench: {name:16s} {item.seconds_per_step:8.4f} s/step  {item.jobs_per_hour:9.1f} jobs/hour"
+            + (f"  efficiency {item.efficiency:.0%}" if item.efficiency is not None else ""))
+    if comparison is not None:
+        for line in comparison_lines(comparison):
+            say(f"gen bench: {line}")
+    say(f"gen bench: report: {report_url}")
+    if failures:
+        say(f"gen bench: {len(failures)} layout(s) failed: {', '.join(failures)}")
+        return exit_codes.JOBS_FAILED
+    if comparison is not None and comparison.regressions:
+        return REGRESSION
+    return exit_codes.OK

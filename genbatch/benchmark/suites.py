@@ -1,0 +1,90 @@
+"""The benchmark suites: a model, a fixed manifest and the layouts to time it under.
+
+    tiny  tiny-wan, 2 short clips, single + ulysses2       (tests: seconds)
+    cpu   bench-wan, 2 clips of 33 frames at 256 px, 4 steps, single, dp2, ulysses2, ring2, cfg2
+          (2 processes each on this kind of 2-core machine: a few minutes)
+    gpu   Wan 2.1 1.3B architecture (random weights, bf16), 4 clips of 33 frames at 832x480, 10 steps,
+          on the GPUs present: single, then dp/ulysses/ring/cfg over all of them
+
+The manifest is written into the report folder, so a report says exactly what it measured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from genbatch.benchmark.layouts import Layout, multi_device_layouts
+from genbatch.benchmark.models import MODELS, BenchModel
+
+PROMPTS = (
+    "a lighthouse on a cliff at dusk, waves breaking below",
+    "a red fox running through fresh snow in a pine forest",
+    "a busy city street at night in the rain, neon reflections",
+    "a hot air balloon rising over a green valley at sunrise",
+    "a sailing boat crossing a calm bay under a cloudy sky",
+    "a cat sleeping on a windowsill in the afternoon sun",
+    "an old steam train crossing a stone bridge in autumn",
+    "fireworks over a harbour, reflected in the water",
+)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Suite:
+    """What one `gen bench --suite NAME` runs."""
+
+    name: str
+    """The suite's name on the command line."""
+    model: BenchModel
+    """The model every job runs."""
+    jobs: int
+    """Rows in the manifest (at least the largest dp degree, so every group gets work)."""
+    width: int
+    height: int
+    num_frames: int
+    num_inference_steps: int
+    guidance_scale: float = 5.0
+    """Above 1: every step runs a conditional and an unconditional branch (CFG parallel applies)."""
+    fps: int = 16
+    layouts: tuple[Layout, ...] = field(default_factory=tuple)
+    """The layouts timed, in order; empty: derived from the GPUs present (`layouts_here`)."""
+
+    def manifest_rows(self) -> list[dict]:
+        """The suite's manifest: `jobs` rows of the same geometry, distinct prompts and seeds."""
+        return [
+            {"id": f"{self.name}-{index:02d}", "prompt": PROMPTS[index % len(PROMPTS)], "seed": 1000 + index,
+             "width": self.width, "height": self.height, "num_frames": self.num_frames,
+             "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale, "fps": self.fps}
+            for index in range(self.jobs)
+        ]
+
+    def layouts_here(self) -> list[Layout]:
+        """The suite's layouts; for the GPU suite, the ones the visible GPUs allow."""
+        if self.layouts:
+            return list(self.layouts)
+        import torch
+
+        devices = torch.cuda.device_count()
+        if devices == 0:
+            raise ValueError(f"suite {self.name!r} runs on GPUs and none is visible; use --suite cpu on this machine")
+        return multi_device_layouts(devices, self.model.num_heads, uses_cfg=self.guidance_scale > 1)
+
+
+SUITES: dict[str, Suite] = {
+    suite.name: suite
+    for suite in (
+        Suite(name="tiny", model=MODELS["tiny-wan"], jobs=2, width=64, height=48, num_frames=9,
+              num_inference_steps=4, fps=8, layouts=(Layout(), Layout(ulysses=2))),
+        Suite(name="cpu", model=MODELS["bench-wan"], jobs=2, width=256, height=256, num_frames=33,
+              num_inference_steps=4,
+              layouts=(Layout(), Layout(dp=2), Layout(ulysses=2), Layout(ring=2), Layout(cfg=2))),
+        Suite(name="gpu", model=MODELS["wan2.1-1.3b-random"], jobs=4, width=832, height=480, num_frames=33,
+              num_inference_steps=10),
+    )
+}
+
+
+def get_suite(name: str) -> Suite:
+    try:
+        return SUITES[name]
+    except KeyError:
+        raise ValueError(f"unknown suite {name!r}; choose one of {', '.join(SUITES)}") from None

@@ -1,0 +1,228 @@
+"""genbatch against the plain diffusers pipeline, on one device, on the same work.
+
+    python -m genbatch.benchmark.versus --device cuda --out bench/results/gpu/versus     # bench/gpu.sh
+    python -m genbatch.benchmark.versus --device cpu --tiny --out /tmp/versus             # tests, any machine
+
+The work is the GPU suite's (Wan 2.1 1.3B architecture, random weights, bf16, 832x480, 33 frames, 10 steps;
+`--tiny`: the tiny suite's). The model is saved once to a directory (`genbatch.benchmark.models`); then
+  diffusers  `WanPipeline.from_pretrained(DIR, vae=<fp32 VAE>, torch_dtype=bf16)` and `pipe(...)` per job,
+             the way diffusers documents Wan 2.1 text-to-video
+  genbatch   `gen run` of the same rows (in process, one rank), which loads DIR the same way
+each in a fresh process. Both are measured by the same `StepClock` (seconds per step: median over jobs of
+the interval between consecutive steps' first transformer calls) and the same peak memory (CUDA: the
+largest allocated; CPU: the process's peak resident set). The ratio printed is genbatch / diffusers;
+issue 3's target is at most 1.00x.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+SIDES = ("diffusers", "genbatch")
+
+
+def _load_rows(manifest: str) -> list[dict]:
+    import pyarrow.parquet as pq
+
+    return pq.read_table(manifest).to_pylist()
+
+
+def _peak_bytes(device, clock) -> int:
+    if device.type == "cuda":
+        return max(clock.peak_samples)
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
+
+
+def _diffusers_side(model_dir: str, rows: list[dict], device, dtype) -> dict:
+    from diffusers import AutoencoderKLWan, WanPipeline
+
+    vae = AutoencoderKLWan.from_pretrained(model_dir, subfolder="vae", dtype=torch.float32)
+    pipe = WanPipeline.from_pretrained(model_dir, vae=vae, dtype=dtype).to(device)
+    pipe.set_progress_bar_config(disable=True)
+    job_seconds = []
+    for row in rows:
+        _sync(device)
+        started = time.perf_counter()
+        pipe(prompt=row["prompt"], negative_prompt=row.get("negative_prompt"), height=row["height"],
+             width=row["width"], num_frames=row["num_frames"], num_inference_steps=row["num_inference_steps"],
+             guidance_scale=row["guidance_scale"], generator=torch.Generator("cpu").manual_seed(row["seed"]),
+             output_type="np")
+        _sync(device)
+        job_seconds.append(time.perf_counter() - started)
+    return {"job_seconds": job_seconds}
+
+
+def _genbatch_side(model_dir: str, manifest: str, out: str, device, dtype) -> dict:
+    from genbatch.io import RunStore
+    from genbatch.runner.run import RunOptions, run
+
+    out = os.path.join(out, "run")
+    status = run(RunOptions(manifest=manifest, out=out, model=model_dir, quiet=True,
+                            dtype="bf16" if dtype == torch.bfloat16 else "fp32"))
+    if status != 0:
+        raise RuntimeError(f"gen run exited {status}; see {out}/results/")
+    rows = RunStore(out).read_timings().to_pylist()
+    steps = [row["seconds"] for row in rows if row["stage"] == "denoise_step"]
+    per_job: dict[str, float] = {}
+    for row in rows:
+        if row["stage"] in ("text_encode", "denoise_step", "vae_decode"):
+            per_job[row["job_id"]] = per_job.get(row["job_id"], 0.0) + row["seconds"]
+    return {"job_seconds": list(per_job.values()), "own_timer_seconds_per_step": statistics.median(steps)}
+
+
+def _quiet_libraries() -> None:
+    """Loading bars and optional-backend warnings of diffusers/transformers would bury the results."""
+    from diffusers.utils import logging as diffusers_logging
+    from transformers.utils import logging as transformers_logging
+
+    for logging in (diffusers_logging, transformers_logging):
+        logging.disable_progress_bar()
+        logging.set_verbosity_error()
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_name: str) -> dict:
+    """Run one side in this process and return its measurements."""
+    from diffusers import WanTransformer3DModel
+
+    from genbatch.benchmark.stepclock import StepClock
+
+    _quiet_libraries()
+    device = torch.device(device_name)
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    rows = _load_rows(manifest)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    with StepClock(device=device, module_class=WanTransformer3DModel) as clock:
+        if side == "diffusers":
+            result = _diffusers_side(model_dir, rows, device, dtype)
+        else:
+            result = _genbatch_side(model_dir, manifest, out, device, dtype)
+    periods = clock.step_periods(jobs=len(rows), steps=rows[0]["num_inference_steps"])
+    return {**result, "side": side, "step_periods": periods, "seconds_per_step": clock.per_step(periods),
+            "peak_bytes": _peak_bytes(device, clock)}
+
+
+def _run_side(side: str, *, model_dir: str, manifest: str, out: str, device: str) -> dict:
+    """One side in a fresh process (its own peak memory, nothing cached from the other side)."""
+    result_path = os.path.join(out, f"{side}.json")
+    command = [sys.executable, "-m", "genbatch.benchmark.versus", "--side", side, "--device", device,
+               "--model-dir", model_dir, "--manifest", manifest, "--out", out]
+    subprocess.run(command, check=True)
+    with open(result_path, encoding="utf-8") as handle:
+        return json.load(handle)
+
+
+def compare_sides(*, tiny: bool, device: str, out: str, jobs: int | None, rounds: int, model_cache: str | None,
+                  say=print) -> dict:
+    """Measure both sides (`rounds` times, alternating which goes first) and return the summary."""
+    from genbatch.benchmark.models import materialize
+    from genbatch.benchmark.suites import SUITES
+    from genbatch.io.tables import records_to_table, to_parquet_bytes
+
+    suite = SUITES["tiny" if tiny else "gpu"]
+    rows = suite.manifest_rows()[: jobs or None]
+    os.makedirs(out, exist_ok=True)
+    manifest = os.path.join(out, "manifest.parquet")
+    with open(manifest, "wb") as handle:
+        handle.write(to_parquet_bytes(records_to_table(rows)))
+    say(f"versus: building or finding {suite.model.name} in the model cache ...")
+    model_dir = materialize(suite.model, model_cache)
+    measured: dict[str, list[dict]] = {side: [] for side in SIDES}
+    for round_index in range(rounds):
+        order = SIDES if round_index % 2 == 0 else SIDES[::-1]
+        for side in order:
+            say(f"versus: round {round_index + 1}/{rounds}: {side}, {len(rows)} jobs on {device} ...")
+            side_out = os.path.join(out, f"{side}-{round_index}")
+            measured[side].append(_run_side(side, model_dir=model_dir, manifest=manifest, out=side_out, device=device))
+    summary = {"model": suite.model.name, "model_detail": suite.model.description, "device": _device_name(device),
+               "work": {key: rows[0][key] for key in ("width", "height", "num_frames", "num_inference_steps",
+                                                      "guidance_scale")},
+               "jobs": len(rows), "rounds": rounds, "dtype": "bf16" if device.startswith("cuda") else "fp32"}
+    for side, results in measured.items():
+        periods = [value for result in results for value in result["step_periods"]]
+        jobs_seconds = [value for result in results for value in result["job_seconds"]]
+        summary[side] = {"seconds_per_step": statistics.median(periods),
+                         "peak_bytes": max(result["peak_bytes"] for result in results),
+                         "seconds_per_job": sum(jobs_seconds) / len(jobs_seconds)}
+        if side == "genbatch":
+            summary[side]["own_timer_seconds_per_step"] = results[0]["own_timer_seconds_per_step"]
+    summary["ratios"] = {key: summary["genbatch"][key] / summary["diffusers"][key]
+                         for key in ("seconds_per_step", "peak_bytes", "seconds_per_job")}
+    return summary
+
+
+def _device_name(device: str) -> str:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.device(device))
+    return f"CPU ({os.cpu_count()} cores)"
+
+
+def summary_lines(summary: dict) -> list[str]:
+    """The side-by-side table and the ratios (genbatch / diffusers)."""
+    work = summary["work"]
+    gen, dif, ratio = summary["genbatch"], summary["diffusers"], summary["ratios"]
+    lines = [
+        f"genbatch vs diffusers WanPipeline.__call__: {summary['model_detail']}, {summary['dtype']}, "
+        f"{work['width']}x{work['height']}, {work['num_frames']} frames, {work['num_inference_steps']} steps, "
+        f"{summary['jobs']} jobs x {summary['rounds']} round(s), on {summary['device']}",
+        f"{'':28s} {'genbatch':>12s} {'diffusers':>12s} {'ratio':>8s}",
+        f"{'seconds per step':28s} {gen['seconds_per_step']:12.4f} {dif['seconds_per_step']:12.4f} "
+        f"{ratio['seconds_per_step']:7.3f}x",
+        f"{'peak memory GiB':28s} {gen['peak_bytes'] / 2**30:12.3f} {dif['peak_bytes'] / 2**30:12.3f} "
+        f"{ratio['peak_bytes']:7.3f}x",
+        f"{'seconds per job (enc+steps+dec)':28s} {gen['seconds_per_job']:12.3f} {dif['seconds_per_job']:12.3f} "
+        f"{ratio['seconds_per_job']:7.3f}x",
+        f"genbatch's own step timer: {gen['own_timer_seconds_per_step']:.4f} s/step. "
+        "Target (issue 3): genbatch at most 1.00x diffusers.",
+    ]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--tiny", action="store_true", help="the tiny suite's model and work (seconds on a CPU)")
+    parser.add_argument("--out", default="bench/results/versus", help="folder for the results (versus.json, .md)")
+    parser.add_argument("--jobs", type=int, help="use only the first N rows of the suite's manifest")
+    parser.add_argument("--rounds", type=int, default=1, help="measure each side this many times, alternating")
+    parser.add_argument("--model-cache", help="where the built model is kept (default ~/.cache/genbatch/bench)")
+    parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
+    parser.add_argument("--model-dir", help=argparse.SUPPRESS)
+    parser.add_argument("--manifest", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.side:
+        os.makedirs(args.out, exist_ok=True)
+        result = measure_side(args.side, model_dir=args.model_dir, manifest=args.manifest, out=args.out,
+                              device_name=args.device)
+        with open(os.path.join(args.out, f"{args.side}.json"), "w", encoding="utf-8") as handle:
+            json.dump(result, handle)
+        return 0
+    summary = compare_sides(tiny=args.tiny, device=args.device, out=args.out, jobs=args.jobs, rounds=args.rounds,
+                            model_cache=args.model_cache)
+    lines = summary_lines(summary)
+    print("\n".join(lines))
+    with open(os.path.join(args.out, "versus.json"), "w", encoding="utf-8") as handle:
+        json.dump(summary, handle, indent=1)
+    with open(os.path.join(args.out, "versus.md"), "w", encoding="utf-8") as handle:
+        handle.write("# genbatch vs diffusers\n\n```\n" + "\n".join(lines) + "\n```\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
