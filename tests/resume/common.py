@@ -1,0 +1,68 @@
+"""What the resume tests read back from a run (local or S3, through RunStore) and how they wait on one."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+from genbatch.io import RunStore, decode_mp4
+from genbatch.runner.checkpoint import DenoiseCheckpoint
+from tests.support.runs import run_cli
+
+
+def wait_until(condition, process, timeout_s: float = 120.0, what: str = "the run") -> None:
+    """Poll `condition()` until true; fail if `process` ends first or the time runs out."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if process.poll() is not None:
+            _, stderr = process.communicate()
+            raise AssertionError(f"{what} ended (exit {process.returncode}) before the test could act:\n{stderr}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what}: condition not met within {timeout_s} s")
+        time.sleep(0.02)
+
+
+def outputs(store: RunStore) -> dict[str, bytes]:
+    """Every output of the run by name: PNG bytes, or an MP4's decoded frames (encoder metadata aside)."""
+    folder = store.layout.join("outputs")
+    found = {}
+    for name in store.objects.list_names(folder):
+        data = store.objects.read(f"{folder}/{name}")
+        found[name] = decode_mp4(data).tobytes() if name.endswith(".mp4") else data
+    return found
+
+
+def checkpoint_steps(store: RunStore) -> dict[str, int]:
+    """steps_done of every checkpoint in the run, by job id."""
+    names = store.objects.list_names(store.layout.join("checkpoints"))
+    found = {}
+    for name in names:
+        job_id = name.removesuffix(".ckpt")
+        found[job_id] = DenoiseCheckpoint.from_bytes(store.load_checkpoint(job_id)).steps_done
+    return found
+
+
+def steps_by_attempt(store: RunStore) -> dict[str, dict[str, dict[int, list[int]]]]:
+    """{job id: {attempt (run_id): {rank: denoising step indices in the order timed}}} from the run's
+    timings (every rank of a job group times the steps it took part in)."""
+    found: dict = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
+    for row in sorted(store.read_timings().to_pylist(), key=lambda row: row["start"]):
+        if row["stage"] == "denoise_step":
+            found[row["job_id"]][row["run_id"]][row["rank"]].append(row["step"])
+    return {job: {attempt: dict(ranks) for attempt, ranks in by.items()} for job, by in found.items()}
+
+
+def encoded_by_attempt(store: RunStore) -> dict[str, set[str]]:
+    """{attempt: ids of the jobs whose media it encoded} (each job's media is encoded by its group leader)."""
+    found: dict[str, set[str]] = defaultdict(set)
+    for row in store.read_timings().to_pylist():
+        if row["stage"] == "encode_media":
+            found[row["run_id"]].add(row["job_id"])
+    return dict(found)
+
+
+def reference_outputs(manifest: str, out: str, *args: str) -> dict[str, bytes]:
+    """Run the manifest uninterrupted in this process; its outputs (see `outputs`)."""
+    result = run_cli("run", manifest, "--out", out, "-q", *args)
+    assert result.returncode == 0, result.stderr
+    return outputs(RunStore(out))
