@@ -2,9 +2,10 @@
 
     python -m genbatch.benchmark.versus --device cuda --out bench/results/gpu/versus     # bench/gpu.sh
     python -m genbatch.benchmark.versus --device cpu --tiny --out /tmp/versus             # tests, any machine
+    python -m genbatch.benchmark.versus --device cpu --suite cpu --out bench/results/cpu/versus
 
-The work is the GPU suite's (Wan 2.1 1.3B architecture, random weights, bf16, 832x480, 33 frames, 10 steps;
-`--tiny`: the tiny suite's). The model is saved once to a directory (`genbatch.benchmark.models`); then
+The work is a suite's manifest and model: by default the GPU suite's (Wan 2.1 1.3B architecture, random
+weights, bf16, 832x480, 33 frames, 10 steps); `--tiny` the tiny suite's, `--suite cpu` the CPU suite's. The model is saved once to a directory (`genbatch.benchmark.models`); then
   diffusers  `WanPipeline.from_pretrained(DIR, vae=<fp32 VAE>, torch_dtype=bf16)` and `pipe(...)` per job,
              the way diffusers documents Wan 2.1 text-to-video
   genbatch   `gen run` of the same rows (in process, one rank), which loads DIR the same way
@@ -128,14 +129,14 @@ def _run_side(side: str, *, model_dir: str, manifest: str, out: str, device: str
         return json.load(handle)
 
 
-def compare_sides(*, tiny: bool, device: str, out: str, jobs: int | None, rounds: int, model_cache: str | None,
+def compare_sides(*, suite_name: str, device: str, out: str, jobs: int | None, rounds: int, model_cache: str | None,
                   say=print) -> dict:
     """Measure both sides (`rounds` times, alternating which goes first) and return the summary."""
     from genbatch.benchmark.models import materialize
     from genbatch.benchmark.suites import SUITES
     from genbatch.io.tables import records_to_table, to_parquet_bytes
 
-    suite = SUITES["tiny" if tiny else "gpu"]
+    suite = SUITES[suite_name]
     rows = suite.manifest_rows()[: jobs or None]
     os.makedirs(out, exist_ok=True)
     manifest = os.path.join(out, "manifest.parquet")
@@ -197,7 +198,9 @@ def summary_lines(summary: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--tiny", action="store_true", help="the tiny suite's model and work (seconds on a CPU)")
+    parser.add_argument("--suite", choices=["tiny", "cpu", "gpu"], default="gpu",
+                        help="whose model and manifest to run (default gpu: Wan 2.1 1.3B architecture, 480p)")
+    parser.add_argument("--tiny", action="store_const", dest="suite", const="tiny", help="same as --suite tiny")
     parser.add_argument("--out", default="bench/results/versus", help="folder for the results (versus.json, .md)")
     parser.add_argument("--jobs", type=int, help="use only the first N rows of the suite's manifest")
     parser.add_argument("--rounds", type=int, default=1, help="measure each side this many times, alternating")
@@ -213,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, f"{args.side}.json"), "w", encoding="utf-8") as handle:
             json.dump(result, handle)
         return 0
-    summary = compare_sides(tiny=args.tiny, device=args.device, out=args.out, jobs=args.jobs, rounds=args.rounds,
+    summary = compare_sides(suite_name=args.suite, device=args.device, out=args.out, jobs=args.jobs, rounds=args.rounds,
                             model_cache=args.model_cache)
     lines = summary_lines(summary)
     print("\n".join(lines))

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# genbatch on one GPU, in under 10 minutes on an H200:
+#   1. `gen bench --suite gpu --layouts single`: the GPU suite (Wan 2.1 1.3B architecture, random weights, bf16,
+#      4 clips of 832x480, 33 frames, 10 steps) on one GPU, with its report (Markdown, Parquet, plots);
+#   2. genbatch against the plain diffusers pipeline (WanPipeline.__call__) on the same work, each in a fresh
+#      process, measured the same way: seconds per step and peak memory, ratios genbatch / diffusers printed
+#      (issue 3's target: at most 1.00x).
+# Results go to bench/results/gpu/<UTC time>/ (commit them).
+#
+#   bash bench/gpu.sh                        # a machine with one NVIDIA GPU and CUDA torch installed
+#   bash bench/gpu.sh --device cpu --tiny    # the same steps at tiny size on a CPU (the tests run this)
+#
+# Environment: PYTHON (default .venv/bin/python when present, else python3); GENBATCH_BENCH_RESULTS (default
+# bench/results/gpu); GENBATCH_BENCH_BASELINE (an earlier suite report to compare with, optional).
+# genbatch is installed from this checkout (pip install -e .) when the interpreter lacks it; pip keeps the
+# installed torch (the CUDA build) since it satisfies the requirement.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+device=cuda
+suite=gpu
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --device) device=$2; shift 2 ;;
+        --tiny) suite=tiny; shift ;;
+        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        *) echo "bench/gpu.sh: unknown argument $1 (use --device cuda|cpu, --tiny)" >&2; exit 2 ;;
+    esac
+done
+
+py=${PYTHON:-}
+if [ -z "$py" ]; then
+    if [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
+fi
+if ! "$py" -c "import importlib.metadata as m; m.version('genbatch')" >/dev/null 2>&1; then
+    echo "bench/gpu.sh: installing genbatch from this checkout into $py" >&2
+    "$py" -m pip install -q -e .
+fi
+if [ "$device" = cpu ]; then
+    export CUDA_VISIBLE_DEVICES=""   # gen run takes a GPU whenever one is visible
+elif ! "$py" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    echo "bench/gpu.sh: torch sees no CUDA GPU; install a CUDA build of torch, or pass --device cpu --tiny" >&2
+    exit 2
+fi
+
+results=${GENBATCH_BENCH_RESULTS:-bench/results/gpu}/$(date -u +%Y%m%dT%H%M%SZ)$([ "$suite" = tiny ] && echo -tiny || true)
+mkdir -p "$results"
+started=$SECONDS
+
+baseline=()
+if [ -n "${GENBATCH_BENCH_BASELINE:-}" ]; then baseline=(--baseline "$GENBATCH_BENCH_BASELINE"); fi
+echo "== 1/2 gen bench --suite $suite on one device -> $results/suite" >&2
+status=0
+"$py" -m genbatch bench --suite "$suite" --layouts single --out "$results/suite" "${baseline[@]}" || status=$?
+
+echo "== 2/2 genbatch vs diffusers on $device -> $results/versus" >&2
+"$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus"
+
+rm -rf "$results/suite/runs" "$results"/versus/*-[0-9]*/run/outputs   # the videos: not results
+echo "bench/gpu.sh: done in $((SECONDS - started)) s; results in $results (suite report: $results/suite/report.md)" >&2
+exit "$status"

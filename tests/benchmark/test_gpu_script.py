@@ -1,0 +1,35 @@
+"""bench/gpu.sh at tiny size on the CPU: every step the GPU run takes (install check, the suite report,
+genbatch vs diffusers in fresh processes, the ratios), so the script cannot rot between GPU runs."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+
+from genbatch.benchmark.suites import SUITES
+from tests.support.runs import REPO
+
+
+def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
+    env = {**os.environ, "GENBATCH_BENCH_RESULTS": str(tmp_path), "OMP_NUM_THREADS": "1",
+           "GENBATCH_CACHE": tiny_report.genbatch_cache}  # the tiny model the report's run built
+    result = subprocess.run(["bash", os.path.join(REPO, "bench", "gpu.sh"), "--device", "cpu", "--tiny"], env=env,
+                            capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr
+    (folder,) = os.listdir(tmp_path)
+    assert folder.endswith("-tiny")
+    results = tmp_path / folder
+    assert (results / "suite" / "report.md").is_file() and not (results / "suite" / "runs").exists()
+    summary = json.loads((results / "versus" / "versus.json").read_text())
+    suite = SUITES["tiny"]
+    assert summary["jobs"] == suite.jobs and summary["work"]["num_inference_steps"] == suite.num_inference_steps
+    for side in ("genbatch", "diffusers"):
+        side_result = json.loads((results / "versus" / f"{side}-0" / f"{side}.json").read_text())
+        assert len(side_result["step_periods"]) == suite.jobs * (suite.num_inference_steps - 1)
+        assert summary[side]["seconds_per_step"] > 0 and summary[side]["peak_bytes"] > 0
+    for key, ratio in summary["ratios"].items():
+        assert math.isfinite(ratio) and ratio > 0, key
+    assert "seconds per step" in result.stdout and "peak memory GiB" in result.stdout and "x" in result.stdout
+    assert (results / "versus" / "versus.md").read_text().count("genbatch") >= 2
