@@ -82,14 +82,12 @@ class ParallelDims:
             if getattr(self, axis) < 1:
                 raise ValueError(f"{axis}={getattr(self, axis)} must be at least 1")
         if self.world_size != world_size:
-            raise ValueError(
-                f"dp {self.dp} x cfg {self.cfg} x ring {self.ring} x ulysses {self.ulysses} = {self.world_size} "
-                f"ranks, but the world has {world_size}; e.g. use --dp {world_size // self.group_size or 1} "
-                f"with these degrees, or leave --dp out to let it take the rest"
+            fix = (
+                f"use --dp {world_size // self.group_size} with these degrees, or leave --dp out to let it take the rest"
                 if world_size % self.group_size == 0
-                else f"dp x cfg x ring x ulysses must equal the world size {world_size}, got {self.describe()}; "
-                f"try --ulysses {max(d for d in _divisors(world_size) if num_heads % d == 0)} and no other degrees"
+                else f"choose degrees whose product divides {world_size} (group sizes that fit: {_divisors(world_size)})"
             )
+            raise ValueError(f"{self.describe()} makes {self.world_size} ranks, but the world has {world_size}; {fix}")
         if num_heads % self.ulysses:
             fits = [d for d in _divisors(num_heads) if d <= max(world_size, 1) and world_size % d == 0]
             raise ValueError(

@@ -23,28 +23,37 @@ class Decoder:
     measure_memory: bool = True
     """Record the decode's peak memory on this rank (`last_peak_bytes`)."""
     last_peak_bytes: int | None = None
-    _warned: set = field(default_factory=set)
+    _fallback: set = field(default_factory=set)
+    """VAE classes without patch-parallel decode, decoded by the leader alone (tiled) after one warning."""
 
     def decode(self, pipe, vae_input: torch.Tensor) -> torch.Tensor | None:
         """Decoded pixels on the group leader; None on the other ranks."""
-        from genbatch.parallel.vae import decode_fallback, parallel_decode, peak_memory, supports_parallel_decode
+        from genbatch.parallel.vae import (
+            decode_fallback,
+            parallel_decode,
+            peak_memory,
+            supports_parallel_decode,
+            unsupported_reason,
+        )
 
         vae = pipe.vae
         group = self.ctx.group
-        use_parallel = self.parallel and group.size > 1 and supports_parallel_decode(vae)
-        if self.parallel and group.size > 1 and not use_parallel:
-            name = type(vae).__name__
-            if name not in self._warned:
-                self._warned.add(name)
-                warnings.warn(f"no patch-parallel decode for {name}; decoding on the group leader alone", stacklevel=2)
+        split = self.parallel and group.size > 1
+        name = type(vae).__name__
+        if split and not supports_parallel_decode(vae):
+            split = False
+            if name not in self._fallback:
+                self._fallback.add(name)
+                warnings.warn(f"no patch-parallel decode for {name} ({unsupported_reason(vae)}); the group leader "
+                              "decodes alone, tiled where the VAE supports tiling", stacklevel=2)
         with peak_memory(self.ctx.device) as peak:
-            if group.size == 1:
-                decoded = vae.decode(vae_input, return_dict=False)[0]  # exactly the pipeline's own decode
-            elif use_parallel:
+            if split:
                 decoded = parallel_decode(vae, vae_input, group, leader_only=True)
-            elif self.ctx.is_leader:
+            elif not self.ctx.is_leader:
+                decoded = None
+            elif name in self._fallback:
                 decoded = decode_fallback(vae, vae_input)
             else:
-                decoded = None
+                decoded = vae.decode(vae_input, return_dict=False)[0]  # exactly the pipeline's own decode
         self.last_peak_bytes = peak.bytes if self.measure_memory else None
         return decoded

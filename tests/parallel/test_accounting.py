@@ -90,3 +90,19 @@ def test_fsdp_bytes_one_all_gather_of_the_weights(tmp_path):
     total = sum(shard for _, shard in per_rank)  # the transformer's parameter bytes, summed over shards
     forwards = 2
     _check(per_rank, "fsdp_all_gather", forwards * (p - 1) / p * total)
+
+
+def test_fsdp_parameter_memory_falls_to_one_over_p(tmp_path):
+    per_rank = _measure(cfg=2, fsdp=True, tmp_path=tmp_path)
+    shards = [shard for _, shard in per_rank]
+    total = sum(shards)
+    unsharded = sum(p.numel() * 4 for p in _full_transformer().parameters())
+    assert total == unsharded  # the shards add up to the whole model, nothing duplicated
+    for shard in shards:
+        assert shard <= 1.05 * unsharded / len(shards)
+
+
+def _full_transformer():
+    from genbatch.runner.presets import build_preset
+
+    return build_preset("tiny-wan").transformer

@@ -1,0 +1,37 @@
+"""ParallelDims: validated once, errors that name the bad value and a layout that would work."""
+
+import pytest
+
+from genbatch.parallel.dims import ParallelDims
+
+
+def test_dp_takes_the_rest():
+    assert ParallelDims.infer(8, cfg=2, ulysses=2) == ParallelDims(dp=2, cfg=2, ulysses=2)
+    assert ParallelDims.infer(4) == ParallelDims(dp=4)
+    assert ParallelDims(dp=2, cfg=2, ring=1, ulysses=2).group_size == 4
+
+
+def test_degrees_that_do_not_divide_the_world():
+    with pytest.raises(ValueError, match=r"does not divide the world size 6.*\[1, 2, 3, 6\]"):
+        ParallelDims.infer(6, ulysses=4)
+
+
+def test_world_size_mismatch_names_a_fix():
+    with pytest.raises(ValueError, match="--dp 2"):
+        ParallelDims(dp=1, ulysses=2).validate(world_size=4, num_heads=8, uses_cfg=True)
+
+
+def test_ulysses_must_divide_the_heads():
+    with pytest.raises(ValueError, match=r"--ulysses 3 does not divide the model's 4 attention heads.*\[1, 2\]"):
+        ParallelDims(ulysses=3, dp=2).validate(world_size=6, num_heads=4, uses_cfg=True)
+
+
+def test_cfg_only_for_cfg_models():
+    with pytest.raises(ValueError, match="--cfg 2 needs a model that runs classifier-free guidance"):
+        ParallelDims(cfg=2).validate(world_size=2, num_heads=24, uses_cfg=False)
+    ParallelDims(cfg=2).validate(world_size=2, num_heads=40, uses_cfg=True)
+
+
+def test_non_positive_degrees():
+    with pytest.raises(ValueError, match="--ring 0 must be at least 1"):
+        ParallelDims.infer(4, ring=0)
