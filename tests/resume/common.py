@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 import time
 from collections import defaultdict
 
 from genbatch.io import RunStore, decode_mp4
+from genbatch.io.layout import encode_id
 from genbatch.runner.checkpoint import DenoiseCheckpoint
 from tests.support.runs import run_cli
 
@@ -66,3 +69,32 @@ def reference_outputs(manifest: str, out: str, *args: str) -> dict[str, bytes]:
     result = run_cli("run", manifest, "--out", out, "-q", *args)
     assert result.returncode == 0, result.stderr
     return outputs(RunStore(out))
+
+
+_RUN_FILES = re.compile(r"(timings/[^/.][^/]*\.parquet|results/results\.parquet|rejected/rejected\.parquet"
+                        r"|run\.json|attempts/[^/.][^/]*\.json)")
+
+
+def leftovers(store: RunStore, ids: set[str]) -> list[str]:
+    """What a finished run of `ids` must not hold: anything but one output and one done marker per job and
+    the run's tables (so: checkpoints, failure records, temp files, stray outputs), and done markers whose
+    output is missing or differs from the bytes they name."""
+    root = store.layout.root
+    names = {encode_id(job_id) for job_id in ids}
+    markers = {f"done/{name}.json" for name in names}
+    outputs_of: dict[str, list[str]] = defaultdict(list)
+    found = []
+    for path in store.fs.find(root):
+        relative = path[len(root) + 1:]
+        stem, _, ext = relative.removeprefix("outputs/").rpartition(".")
+        if relative.startswith("outputs/") and stem in names and ext in ("png", "mp4"):
+            outputs_of[stem].append(relative)
+        elif relative not in markers and not _RUN_FILES.fullmatch(relative):
+            found.append(relative)
+    found += [f"several outputs of one job: {paths}" for paths in outputs_of.values() if len(paths) > 1]
+    for job_id in store.done_ids():
+        record = store.read_done(job_id)
+        data = store.objects.read(root + record["output_uri"][len(store.url):])
+        if data is None or hashlib.sha256(data).hexdigest() != record["output_sha256"]:
+            found.append(f"done marker of {job_id} names an output that is missing or differs")
+    return sorted(found)
