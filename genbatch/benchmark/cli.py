@@ -19,8 +19,10 @@ from genbatch.benchmark.suites import SUITES
               help="A metric worse than the baseline by more than this fraction is a regression (exit 3).")
 @click.option("--layouts", metavar="NAMES",
               help="Run these layouts instead of the suite's: comma-separated, e.g. single,dp2,ulysses2,cfg2-ulysses2.")
-@click.option("--model-cache", metavar="DIR", help="Where built benchmark models are kept (default ~/.cache/genbatch/bench).")
-@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]), help="Run dtype (default: bf16 on GPUs, fp32 on CPUs).")
+@click.option("--model-cache", metavar="DIR",
+              help="Where built benchmark models are kept (default ~/.cache/genbatch/bench).")
+@click.option("--dtype", type=click.Choice(["fp32", "bf16", "fp16"]),
+              help="Run dtype (default: bf16 on GPUs, fp32 on CPUs).")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for OUT and the baseline (repeatable).")
 @click.option("--overwrite", is_flag=True, help="Replace a report already in OUT.")

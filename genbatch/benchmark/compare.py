@@ -116,7 +116,8 @@ def comparison_lines(comparison: Comparison) -> list[str]:
         flag = "REGRESSION" if change.regression else ("better" if change.better else "")
         lines.append(f"  {change.layout:16s} {change.metric:18s} {_number(change.baseline):>12s} -> "
                      f"{_number(change.current):>12s}  {format_change(change):>8s}  {flag}")
-    for label, names in (("not in the baseline", comparison.only_current), ("not run tonight", comparison.only_baseline)):
+    one_side = (("not in the baseline", comparison.only_current), ("not run tonight", comparison.only_baseline))
+    for label, names in one_side:
         if names:
             lines.append(f"  {label}: {', '.join(names)}")
     count = len(comparison.regressions)

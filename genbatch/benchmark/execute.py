@@ -16,8 +16,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from genbatch.benchmark.layouts import Layout
+from genbatch.benchmark.layouts import describe, layout_name, run_args
 from genbatch.benchmark.suites import Suite
+from genbatch.parallel.dims import ParallelDims
 
 HEARTBEAT_S = 30.0
 """Seconds between progress lines while a layout runs."""
@@ -27,7 +28,7 @@ HEARTBEAT_S = 30.0
 class LayoutRun:
     """One layout's `gen run`, finished."""
 
-    layout: Layout
+    layout: ParallelDims
     url: str
     """The run's folder (OUT/runs/<layout>)."""
     status: int
@@ -35,7 +36,7 @@ class LayoutRun:
     wall_seconds: float
     """From starting the command to its exit: process start, model load, jobs, results."""
     timings: pa.Table
-    """The run's timing rows plus `layout` and `world` columns."""
+    """The run's timing rows plus `layout` (its name) and `world` (its processes) columns."""
     log_tail: str
     """The end of the command's output (why it failed, when it did)."""
 
@@ -57,32 +58,32 @@ class SuiteRunner:
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     """Where progress lines go."""
 
-    def command(self, layout: Layout) -> list[str]:
+    def command(self, layout: ParallelDims) -> list[str]:
         command = [sys.executable, "-m", "genbatch", "run", self.manifest_url, "--out", self.run_url(layout),
-                   "--model", self.model_dir, "-q", *layout.run_args()]
+                   "--model", self.model_dir, "-q", *run_args(layout)]
         if self.dtype:
             command += ["--dtype", self.dtype]
         for option in self.storage_args:
             command += ["--storage-option", option]
         return command
 
-    def run_url(self, layout: Layout) -> str:
-        return f"{self.out.rstrip('/')}/runs/{layout.name}"
+    def run_url(self, layout: ParallelDims) -> str:
+        return f"{self.out.rstrip('/')}/runs/{layout_name(layout)}"
 
-    def run_all(self, layouts: list[Layout]) -> list[LayoutRun]:
+    def run_all(self, layouts: list[ParallelDims]) -> list[LayoutRun]:
         runs = []
         for index, layout in enumerate(layouts, 1):
-            self.say(f"gen bench: [{index}/{len(layouts)}] {layout.describe()}: {self.suite.jobs} jobs ...")
+            self.say(f"gen bench: [{index}/{len(layouts)}] {describe(layout)}: {self.suite.jobs} jobs ...")
             run = self.run_one(layout)
             runs.append(run)
             if run.status == 0:
-                self.say(f"gen bench: [{index}/{len(layouts)}] {layout.name} done in {run.wall_seconds:.1f} s")
+                self.say(f"gen bench: [{index}/{len(layouts)}] {layout_name(layout)} done in {run.wall_seconds:.1f} s")
             else:
-                self.say(f"gen bench: [{index}/{len(layouts)}] {layout.name} FAILED (exit {run.status}) after "
+                self.say(f"gen bench: [{index}/{len(layouts)}] {layout_name(layout)} FAILED (exit {run.status}) after "
                          f"{run.wall_seconds:.1f} s; its output ends:\n{run.log_tail}")
         return runs
 
-    def run_one(self, layout: Layout) -> LayoutRun:
+    def run_one(self, layout: ParallelDims) -> LayoutRun:
         from genbatch.io import RunStore
 
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -95,7 +96,7 @@ class SuiteRunner:
                     break
                 except subprocess.TimeoutExpired:
                     done = self._done_count(layout)
-                    self.say(f"gen bench:     {layout.name}: {done}/{self.suite.jobs} jobs done, "
+                    self.say(f"gen bench:     {layout_name(layout)}: {done}/{self.suite.jobs} jobs done, "
                              f"{time.perf_counter() - started:.0f} s")
             wall = time.perf_counter() - started
             log.seek(0)
@@ -104,7 +105,7 @@ class SuiteRunner:
         return LayoutRun(layout=layout, url=self.run_url(layout), status=status, wall_seconds=wall,
                          timings=_tagged(timings, layout), log_tail=tail)
 
-    def _done_count(self, layout: Layout) -> int:
+    def _done_count(self, layout: ParallelDims) -> int:
         from genbatch.io import RunStore
 
         try:
@@ -113,9 +114,9 @@ class SuiteRunner:
             return 0
 
 
-def _tagged(timings: pa.Table, layout: Layout) -> pa.Table:
+def _tagged(timings: pa.Table, layout: ParallelDims) -> pa.Table:
     """The run's timings with the layout's name and process count on every row."""
     rows = timings.num_rows
-    return timings.append_column("layout", pa.array([layout.name] * rows, pa.string())).append_column(
-        "world", pa.array([layout.world] * rows, pa.int32())
+    return timings.append_column("layout", pa.array([layout_name(layout)] * rows, pa.string())).append_column(
+        "world", pa.array([layout.world_size] * rows, pa.int32())
     )

@@ -84,7 +84,8 @@ def _comparison(comparison: Comparison) -> list[str]:
         [[c.layout, c.metric, f"{c.baseline:.4g}", f"{c.current:.4g}", format_change(c),
           "REGRESSION" if c.regression else ("better" if c.better else "")] for c in comparison.changes],
     )
-    for label, names in (("Not in the baseline", comparison.only_current), ("Not run tonight", comparison.only_baseline)):
+    one_side = (("Not in the baseline", comparison.only_current), ("Not run tonight", comparison.only_baseline))
+    for label, names in one_side:
         if names:
             lines += [f"{label}: {', '.join(names)}.", ""]
     return lines

@@ -102,7 +102,8 @@ def _wan21_1_3b():
                        transformer=transformer)
 
 
-_TINY_RECIPE = {"preset": "tiny-wan", "transformer": preset_configs.TINY_WAN_TRANSFORMER, "vae": preset_configs.TINY_WAN_VAE}
+_TINY_RECIPE = {"preset": "tiny-wan", "transformer": preset_configs.TINY_WAN_TRANSFORMER,
+                "vae": preset_configs.TINY_WAN_VAE}
 
 MODELS: dict[str, BenchModel] = {
     model.name: model
@@ -115,7 +116,8 @@ MODELS: dict[str, BenchModel] = {
         BenchModel(name="wan2.1-1.3b-random", build=_wan21_1_3b,
                    description="Wan 2.1 T2V 1.3B architecture (30 layers, 12 heads x 128), random weights; "
                    "UMT5 at width 4096 with 2 layers", save_dtype="bf16", num_heads=12,
-                   recipe={"transformer": WAN21_1_3B_TRANSFORMER, "text_encoder": WAN21_TEXT_ENCODER, "vae": "default"}),
+                   recipe={"transformer": WAN21_1_3B_TRANSFORMER, "text_encoder": WAN21_TEXT_ENCODER,
+                           "vae": "default"}),
     )
 }
 

@@ -80,9 +80,11 @@ def run_bench(options: BenchOptions) -> int:
 
     from genbatch.benchmark.compare import compare, comparison_lines
     from genbatch.benchmark.execute import SuiteRunner
+    from genbatch.benchmark.layouts import layout_name
     from genbatch.benchmark.metrics import report_metrics
     from genbatch.benchmark.models import materialize
     from genbatch.benchmark.report import machine_info, write_report
+    from genbatch.io.options import open_filesystem
     from genbatch.io.tables import concat, records_to_table, to_parquet_bytes
 
     try:
@@ -92,11 +94,9 @@ def run_bench(options: BenchOptions) -> int:
         return exit_codes.USAGE
     say = options.say
     say(f"gen bench: suite {suite.name}: model {suite.model.name}, {suite.jobs} jobs, layouts "
-        f"{', '.join(layout.name for layout in layouts)}")
+        f"{', '.join(layout_name(layout) for layout in layouts)}")
     say(f"gen bench: building or finding {suite.model.name} in the model cache ...")
     model_dir = materialize(suite.model, options.model_cache)
-    from genbatch.io.options import open_filesystem
-
     fs, root, url = open_filesystem(options.out, storage)
     fs.makedirs(root, exist_ok=True)
     fs.pipe_file(f"{root}/manifest.parquet", to_parquet_bytes(records_to_table(suite.manifest_rows())))
@@ -105,11 +105,14 @@ def run_bench(options: BenchOptions) -> int:
     runs = runner.run_all(layouts)
     timings = concat([run.timings for run in runs]) if runs else pa.table({})
     metrics = report_metrics(timings)
-    for run in runs:
-        if run.layout.name in metrics:
-            metrics[run.layout.name].extra.update(wall_seconds=run.wall_seconds, status=run.status)
-    failures = {run.layout.name: run.log_tail for run in runs if run.status != 0 or run.layout.name not in metrics}
-    comparison = compare(metrics, baseline, threshold=options.threshold, baseline_url=options.baseline) if baseline else None
+    names = {layout_name(run.layout): run for run in runs}
+    for name, run in names.items():
+        if name in metrics:
+            metrics[name].extra.update(wall_seconds=run.wall_seconds, status=run.status)
+    failures = {name: run.log_tail for name, run in names.items() if run.status != 0 or name not in metrics}
+    comparison = None
+    if baseline is not None:
+        comparison = compare(metrics, baseline, threshold=options.threshold, baseline_url=options.baseline)
     info = machine_info(suite=suite, model_dir=model_dir, dtype=options.dtype)
     report_url = write_report(url, timings=timings, metrics=metrics, info=info, comparison=comparison,
                               failures=failures, storage_options=storage)

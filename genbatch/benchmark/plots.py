@@ -30,6 +30,9 @@ def step_time_png(metrics: dict[str, LayoutMetrics], title: str) -> bytes:
     for name, item in metrics.items():
         steps = range(len(item.step_seconds))
         axes.plot(steps, item.step_seconds, marker="o", label=f"{name} ({item.world}p)")
+    from matplotlib.ticker import MaxNLocator
+
+    axes.xaxis.set_major_locator(MaxNLocator(integer=True))
     axes.set_xlabel("denoising step")
     axes.set_ylabel("seconds (slowest rank, median over jobs)")
     axes.set_title(title)
@@ -48,7 +51,7 @@ def stage_breakdown_png(metrics: dict[str, LayoutMetrics], title: str) -> bytes:
     for stage in STAGES:
         widths = [metrics[name].stage_seconds.get(stage, 0.0) for name in names]
         axes.barh(names, widths, left=left, label=stage)
-        left = [a + b for a, b in zip(left, widths)]
+        left = [a + b for a, b in zip(left, widths, strict=True)]
     axes.invert_yaxis()
     axes.set_xlabel("seconds per job")
     axes.set_title(title)

@@ -76,6 +76,10 @@ def write_report(out: str, *, timings: pa.Table, metrics: dict[str, LayoutMetric
     return f"{url}/report.md"
 
 
+def _finite(value: float) -> float | None:
+    return None if math.isinf(value) else value
+
+
 def _summary(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison | None, failures: dict) -> dict:
     summary = {**info, "layouts": {name: dataclasses.asdict(item) for name, item in metrics.items()},
                "failed_layouts": sorted(failures)}
@@ -84,7 +88,7 @@ def _summary(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparis
             "baseline": comparison.baseline_url,
             "threshold": comparison.threshold,
             "regressions": len(comparison.regressions),
-            "changes": [{**dataclasses.asdict(change), "relative": None if math.isinf(change.relative) else change.relative}
+            "changes": [{**dataclasses.asdict(change), "relative": _finite(change.relative)}
                         for change in comparison.changes],
         }
     return summary

@@ -78,7 +78,7 @@ class StepClock:
         periods = []
         for job in range(jobs):
             starts = [self.marks[(job * steps + step) * branches] for step in range(steps)]
-            for first, second in zip(starts, starts[1:]):
+            for first, second in zip(starts, starts[1:], strict=False):
                 if self.device.type == "cuda":
                     periods.append(first.elapsed_time(second) / 1000.0)
                 else:

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from genbatch.benchmark.layouts import Layout, multi_device_layouts
+from genbatch.benchmark.layouts import multi_device_layouts
 from genbatch.benchmark.models import MODELS, BenchModel
+from genbatch.parallel.dims import ParallelDims
 
 PROMPTS = (
     "a lighthouse on a cliff at dusk, waves breaking below",
@@ -45,7 +46,7 @@ class Suite:
     guidance_scale: float = 5.0
     """Above 1: every step runs a conditional and an unconditional branch (CFG parallel applies)."""
     fps: int = 16
-    layouts: tuple[Layout, ...] = field(default_factory=tuple)
+    layouts: tuple[ParallelDims, ...] = field(default_factory=tuple)
     """The layouts timed, in order; empty: derived from the GPUs present (`layouts_here`)."""
 
     def manifest_rows(self) -> list[dict]:
@@ -57,7 +58,7 @@ class Suite:
             for index in range(self.jobs)
         ]
 
-    def layouts_here(self) -> list[Layout]:
+    def layouts_here(self) -> list[ParallelDims]:
         """The suite's layouts; for the GPU suite, the ones the visible GPUs allow."""
         if self.layouts:
             return list(self.layouts)
@@ -73,10 +74,11 @@ SUITES: dict[str, Suite] = {
     suite.name: suite
     for suite in (
         Suite(name="tiny", model=MODELS["tiny-wan"], jobs=2, width=64, height=48, num_frames=9,
-              num_inference_steps=4, fps=8, layouts=(Layout(), Layout(ulysses=2))),
+              num_inference_steps=4, fps=8, layouts=(ParallelDims(), ParallelDims(ulysses=2))),
         Suite(name="cpu", model=MODELS["bench-wan"], jobs=2, width=256, height=256, num_frames=33,
               num_inference_steps=4,
-              layouts=(Layout(), Layout(dp=2), Layout(ulysses=2), Layout(ring=2), Layout(cfg=2))),
+              layouts=(ParallelDims(), ParallelDims(dp=2), ParallelDims(ulysses=2), ParallelDims(ring=2),
+                       ParallelDims(cfg=2))),
         Suite(name="gpu", model=MODELS["wan2.1-1.3b-random"], jobs=4, width=832, height=480, num_frames=33,
               num_inference_steps=10),
     )

@@ -5,8 +5,9 @@
     python -m genbatch.benchmark.versus --device cpu --suite cpu --out bench/results/cpu/versus
 
 The work is a suite's manifest and model: by default the GPU suite's (Wan 2.1 1.3B architecture, random
-weights, bf16, 832x480, 33 frames, 10 steps); `--tiny` the tiny suite's, `--suite cpu` the CPU suite's. The model is saved once to a directory (`genbatch.benchmark.models`); then
-  diffusers  `WanPipeline.from_pretrained(DIR, vae=<fp32 VAE>, torch_dtype=bf16)` and `pipe(...)` per job,
+weights, bf16, 832x480, 33 frames, 10 steps); `--tiny` the tiny suite's, `--suite cpu` the CPU suite's.
+The model is saved once to a directory (`genbatch.benchmark.models`); then
+  diffusers  `WanPipeline.from_pretrained(DIR, vae=<fp32 VAE>, dtype=bf16)` and `pipe(...)` per job,
              the way diffusers documents Wan 2.1 text-to-video
   genbatch   `gen run` of the same rows (in process, one rank), which loads DIR the same way
 each in a fresh process. Both are measured by the same `StepClock` (seconds per step: median over jobs of

@@ -36,7 +36,8 @@ def tiny_report(tmp_path_factory) -> TinyReport:
     root = tmp_path_factory.mktemp("bench")
     out, cache = str(root / "report"), str(root / "cache" / "bench")
     result = run_cli("bench", "--suite", "tiny", "--out", out, "--model-cache", cache)
-    return TinyReport(out=out, model_cache=cache, genbatch_cache=str(root / "cache"), exit_code=result.returncode, output=result.stdout + result.stderr)
+    return TinyReport(out=out, model_cache=cache, genbatch_cache=str(root / "cache"), exit_code=result.returncode,
+                      output=result.stdout + result.stderr)
 
 
 def scaled_copy(report: str, destination: str, factor: float, byte_factor: float = 1.0) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from genbatch.benchmark.nightly import REGRESSION
-from genbatch.runner.exit_codes import OK, USAGE
+from genbatch.runner.exit_codes import JOBS_FAILED, OK, USAGE
 from tests.benchmark.conftest import scaled_copy
 from tests.support.runs import run_cli
 
@@ -56,3 +56,18 @@ def test_exit_status_against_baselines(tiny_report, tmp_path):
                     "--baseline", slow, "--threshold", "0.05", "--model-cache", tiny_report.model_cache)
     assert again.returncode == OK, again.stderr
     assert "verdict: no regression" in again.stderr
+
+
+def test_a_failing_layout_is_reported_and_exits_1(tiny_report, tmp_path):
+    """ulysses3 cannot split tiny-wan's 4 heads: `gen run` refuses it; the report says so and why."""
+    out = str(tmp_path / "failed")
+    result = run_cli("bench", "--suite", "tiny", "--layouts", "ulysses3", "--out", out,
+                     "--model-cache", tiny_report.model_cache)
+    assert result.returncode == JOBS_FAILED, result.stderr
+    assert "ulysses3 FAILED (exit " in result.stderr
+    with open(os.path.join(out, "report.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    assert "## Failed layouts" in text and "### ulysses3" in text
+    tail = text.split("### ulysses3", 1)[1].split("```")[1]
+    assert tail.strip()  # the end of the run's output, to say why (normally: 3 does not divide 4 heads)
+    assert not os.path.exists(os.path.join(out, "plots"))

@@ -60,7 +60,7 @@ def test_markdown_reports_layouts_stages_and_plots(tiny_report):
     metrics = report_metrics(pq.read_table(os.path.join(tiny_report.out, "timings.parquet")))
     assert text.startswith("# genbatch benchmark: suite `tiny`")
     assert "2 jobs of 64x48, 9 frames, 4 steps" in text
-    table_rows = [line for line in text.splitlines() if line.startswith("| single |") or line.startswith("| ulysses2 |")]
+    table_rows = [line for line in text.splitlines() if line.startswith(("| single |", "| ulysses2 |"))]
     assert len(table_rows) == 6  # throughput, stages, communication
     throughput = next(line for line in table_rows if line.startswith("| single | 1 |"))
     assert f"{metrics['single'].seconds_per_step:.4f}" in throughput and "100%" in throughput

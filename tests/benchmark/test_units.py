@@ -7,22 +7,23 @@ import os
 import pytest
 import torch
 
-from genbatch.benchmark.layouts import Layout, multi_device_layouts, parse_layout, parse_layouts
+from genbatch.benchmark.layouts import layout_name, multi_device_layouts, parse_layout, parse_layouts, run_args
 from genbatch.benchmark.metrics import layout_metrics, report_metrics
 from genbatch.benchmark.models import MODELS, WAN21_1_3B_TRANSFORMER, materialize
 from genbatch.benchmark.stepclock import StepClock
 from genbatch.benchmark.suites import SUITES, get_suite
+from genbatch.parallel.dims import ParallelDims
 
 
 def test_layout_names_round_trip_and_flags():
-    for layout in (Layout(), Layout(dp=2), Layout(cfg=2, ulysses=2), Layout(ring=2, fsdp=True),
-                   Layout(dp=2, cfg=2, ring=2, ulysses=2, fsdp=True)):
-        assert parse_layout(layout.name) == layout
-    assert Layout(cfg=2, ulysses=2).name == "cfg2-ulysses2" and Layout().name == "single"
-    assert Layout(ulysses=2).run_args() == ["--dp", "1", "--cfg", "1", "--ring", "1", "--ulysses", "2", "--no-fsdp",
-                                            "--nproc", "2"]
-    assert "--nproc" not in Layout(fsdp=True).run_args()
-    assert parse_layouts("single, dp2,single") == [Layout(), Layout(dp=2)]
+    for layout in (ParallelDims(), ParallelDims(dp=2), ParallelDims(cfg=2, ulysses=2), ParallelDims(ring=2, fsdp=True),
+                   ParallelDims(dp=2, cfg=2, ring=2, ulysses=2, fsdp=True)):
+        assert parse_layout(layout_name(layout)) == layout
+    assert layout_name(ParallelDims(cfg=2, ulysses=2)) == "cfg2-ulysses2" and layout_name(ParallelDims()) == "single"
+    assert run_args(ParallelDims(ulysses=2)) == ["--dp", "1", "--cfg", "1", "--ring", "1", "--ulysses", "2",
+                                                 "--no-fsdp", "--nproc", "2"]
+    assert "--nproc" not in run_args(ParallelDims(fsdp=True))
+    assert parse_layouts("single, dp2,single") == [ParallelDims(), ParallelDims(dp=2)]
     for bad in ("dp0", "ulysses", "tp2", "dp2-dp2"):
         with pytest.raises(ValueError, match="e.g. single, dp2"):
             parse_layout(bad)
@@ -31,12 +32,12 @@ def test_layout_names_round_trip_and_flags():
 
 
 def test_multi_device_layouts_use_every_device_legally():
-    assert multi_device_layouts(1, 12, uses_cfg=True) == [Layout()]
-    names = [layout.name for layout in multi_device_layouts(8, 12, uses_cfg=True)]
+    assert multi_device_layouts(1, 12, uses_cfg=True) == [ParallelDims()]
+    names = [layout_name(layout) for layout in multi_device_layouts(8, 12, uses_cfg=True)]
     assert names == ["single", "dp8", "ring8", "cfg2-ulysses4"]  # no ulysses8: 8 does not divide 12 heads
-    names = [layout.name for layout in multi_device_layouts(4, 12, uses_cfg=True)]
+    names = [layout_name(layout) for layout in multi_device_layouts(4, 12, uses_cfg=True)]
     assert names == ["single", "dp4", "ulysses4", "ring4", "cfg2-ulysses2"]
-    assert all(layout.world in (1, 4) for layout in multi_device_layouts(4, 12, uses_cfg=False))
+    assert all(layout.world_size in (1, 4) for layout in multi_device_layouts(4, 12, uses_cfg=False))
 
 
 def _row(job, rank, stage, step, start, seconds, **extra):
