@@ -1,0 +1,48 @@
+"""The crash harness (harness.py) for a few trials, on the local store and on moto_server; `bench/crash.py
+--trials 20` runs the full count and prints the numbers."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.conftest import fresh_s3_run
+from tests.resume.harness import Target, crash_trials, uninterrupted_outputs, write_crash_manifest
+
+
+@pytest.fixture(scope="module")
+def crash_manifest(tmp_path_factory):
+    root = tmp_path_factory.mktemp("crash")
+    manifest = write_crash_manifest(str(root / "m.parquet"))
+    return manifest, uninterrupted_outputs(manifest, str(root / "reference"))
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_local(crash_manifest, tmp_path):
+    manifest, reference = crash_manifest
+    report = crash_trials(lambda index: Target(url=str(tmp_path / f"trial{index}")), manifest=manifest,
+                          reference=reference, trials=1, rng=random.Random(11), max_kills=1)
+    print(report.line("local"))
+    assert report.violations == []
+    assert report.kills == 1 and report.attempts == 2
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_moments_s3(crash_manifest, moto_endpoint):
+    manifest, reference = crash_manifest
+    runs = []
+
+    def new_target(index: int) -> Target:
+        run = next(fresh_s3_run(moto_endpoint))
+        runs.append(run)
+        return Target(url=run.url, storage_options=run.storage_options, env=run.env,
+                      open_uploads=lambda: run.endpoint.filesystem().list_multipart_uploads(run.bucket))
+
+    report = crash_trials(new_target, manifest=manifest, reference=reference, trials=1,
+                          rng=random.Random(12), max_kills=1)
+    print(report.line("s3"))
+    for run in runs:
+        run.endpoint.delete_bucket(run.bucket)
+    assert report.violations == []
+    assert report.kills == 1 and report.attempts == 2
