@@ -90,20 +90,28 @@ class SuiteRunner:
         with tempfile.TemporaryFile("w+") as log:
             started = time.perf_counter()
             process = subprocess.Popen(self.command(layout), stdout=log, stderr=subprocess.STDOUT, env=env, text=True)
-            while True:
-                try:
-                    status = process.wait(timeout=HEARTBEAT_S)
-                    break
-                except subprocess.TimeoutExpired:
-                    done = self._done_count(layout)
-                    self.say(f"gen bench:     {layout_name(layout)}: {done}/{self.suite.jobs} jobs done, "
-                             f"{time.perf_counter() - started:.0f} s")
+            try:
+                status = self._wait(process, layout, started)
+            except BaseException:  # interrupted: the run must not outlive the benchmark
+                process.terminate()  # torchrun's agent forwards it to the workers
+                process.wait(timeout=60)
+                raise
             wall = time.perf_counter() - started
             log.seek(0)
             tail = log.read()[-3000:]
         timings = RunStore(self.run_url(layout), storage_options=self.storage_options).read_timings()
         return LayoutRun(layout=layout, url=self.run_url(layout), status=status, wall_seconds=wall,
                          timings=_tagged(timings, layout), log_tail=tail)
+
+    def _wait(self, process: subprocess.Popen, layout: ParallelDims, started: float) -> int:
+        """The run's exit status; a progress line every HEARTBEAT_S seconds until then."""
+        while True:
+            try:
+                return process.wait(timeout=HEARTBEAT_S)
+            except subprocess.TimeoutExpired:
+                done = self._done_count(layout)
+                self.say(f"gen bench:     {layout_name(layout)}: {done}/{self.suite.jobs} jobs done, "
+                         f"{time.perf_counter() - started:.0f} s")
 
     def _done_count(self, layout: ParallelDims) -> int:
         from genbatch.io import RunStore
