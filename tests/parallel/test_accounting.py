@@ -16,6 +16,7 @@ import pytest
 
 from genbatch.jobs.models import resolve_model
 from genbatch.io import BackgroundWriter, RunStore
+from genbatch.runner.presets import build_preset
 from genbatch.runner.run import RunOptions
 from genbatch.runner.timing import JobTimer
 from genbatch.runner.world import start_world
@@ -29,26 +30,44 @@ N, D, E, LAYERS = SPEC.tokens(64, 48, 9), SPEC.hidden_size, 4, SPEC.num_layers
 LATENT_BYTES = 16 * 3 * 6 * 8 * E  # the noise prediction: 16 channels x 3 x 6 x 8
 
 
-def _step_bytes(rank, world_size, cfg, ring, ulysses, fsdp, out):
+def _step_bytes(cfg, ring, ulysses, fsdp, out):
     options = RunOptions(manifest="unused", out=out, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp)
     world = start_world(options)
     executor = world.executor(options, RunStore(out), BackgroundWriter(max_pending=1), run_id="bytes")
     try:
         timer = JobTimer(world.ctx.device)
         executor.denoise(WAN, timer)
-        pipe = executor.pipelines.get(SPEC)
         from genbatch.parallel.fsdp import parameter_bytes
 
-        shard = parameter_bytes(pipe.transformer)
+        shard = parameter_bytes(executor.pipelines.get(SPEC).transformer)
         rows = [row for row in timer.rows() if row["stage"] == "denoise_step"]
         return [{k: v for k, v in row.items() if k.startswith("bytes_")} for row in rows], shard
     finally:
         executor.stop.restore()
 
 
-def _measure(cfg=1, ring=1, ulysses=1, fsdp=False, tmp_path=None):
-    world = cfg * ring * ulysses
-    return run_on_ranks(_step_bytes, world, args=(cfg, ring, ulysses, fsdp, str(tmp_path)), timeout_s=60)
+# (cfg, ring, ulysses, fsdp) measured on two and on four ranks (dp takes the rest), one launch per world size
+LAYOUTS = {
+    2: [(1, 1, 2, False), (1, 2, 1, False), (2, 1, 1, False), (1, 1, 2, True), (2, 1, 1, True)],
+    4: [(1, 1, 4, False), (1, 2, 2, False)],
+}
+
+
+def _all_layouts(rank, world_size, out):
+    return {layout: _step_bytes(*layout, out=f"{out}/{index}") for index, layout in enumerate(LAYOUTS[world_size])}
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """{(cfg, ring, ulysses, fsdp): [per rank: (step byte counts, transformer shard bytes)]}"""
+    results = {}
+    for world_size in LAYOUTS:
+        out = str(tmp_path_factory.mktemp(f"bytes{world_size}"))
+        per_rank = run_on_ranks(_all_layouts, world_size, args=(out,), timeout_s=60)
+        for layout in LAYOUTS[world_size]:
+            group = layout[0] * layout[1] * layout[2]
+            results[layout] = [ranks[layout] for ranks in per_rank][:group]  # the first job group
+    return results
 
 
 def _check(per_rank, kind, expected):
@@ -62,47 +81,39 @@ def _check(per_rank, kind, expected):
 
 
 @pytest.mark.parametrize("p", [2, 4])
-def test_ulysses_bytes(p, tmp_path):
+def test_ulysses_bytes(p, measured):
     forwards = 2  # cond and uncond on every rank
-    _check(_measure(ulysses=p, tmp_path=tmp_path), "all_to_all", forwards * LAYERS * 4 * (p - 1) / p**2 * N * D * E)
+    _check(measured[(1, 1, p, False)], "all_to_all", forwards * LAYERS * 4 * (p - 1) / p**2 * N * D * E)
 
 
-def test_ring_bytes(tmp_path):
+def test_ring_bytes(measured):
     p, forwards = 2, 2
-    _check(_measure(ring=p, tmp_path=tmp_path), "p2p", forwards * LAYERS * 2 * (p - 1) / p * N * D * E)
+    _check(measured[(1, p, 1, False)], "p2p", forwards * LAYERS * 2 * (p - 1) / p * N * D * E)
 
 
-def test_usp_bytes(tmp_path):
+def test_usp_bytes(measured):
     u = r = 2
-    per_rank = _measure(ulysses=u, ring=r, tmp_path=tmp_path)
+    per_rank = measured[(1, r, u, False)]
     # Ulysses on its group over the ring row's N/R tokens; Ring on its group over h/U heads
     _check(per_rank, "all_to_all", 2 * LAYERS * 4 * (u - 1) / u**2 * (N / r) * D * E)
     _check(per_rank, "p2p", 2 * LAYERS * 2 * (r - 1) / r * N * (D / u) * E)
 
 
-def test_cfg_bytes_one_prediction_exchange(tmp_path):
-    _check(_measure(cfg=2, tmp_path=tmp_path), "cfg_exchange", LATENT_BYTES)
+def test_cfg_bytes_one_prediction_exchange(measured):
+    _check(measured[(2, 1, 1, False)], "cfg_exchange", LATENT_BYTES)
 
 
-def test_fsdp_bytes_one_all_gather_of_the_weights(tmp_path):
+def test_fsdp_bytes_one_all_gather_of_the_weights(measured):
     p = 2
-    per_rank = _measure(ulysses=p, fsdp=True, tmp_path=tmp_path)
+    per_rank = measured[(1, 1, p, True)]
     total = sum(shard for _, shard in per_rank)  # the transformer's parameter bytes, summed over shards
     forwards = 2
     _check(per_rank, "fsdp_all_gather", forwards * (p - 1) / p * total)
 
 
-def test_fsdp_parameter_memory_falls_to_one_over_p(tmp_path):
-    per_rank = _measure(cfg=2, fsdp=True, tmp_path=tmp_path)
-    shards = [shard for _, shard in per_rank]
-    total = sum(shards)
-    unsharded = sum(p.numel() * 4 for p in _full_transformer().parameters())
-    assert total == unsharded  # the shards add up to the whole model, nothing duplicated
+def test_fsdp_parameter_memory_falls_to_one_over_p(measured):
+    shards = [shard for _, shard in measured[(2, 1, 1, True)]]
+    unsharded = sum(p.numel() * 4 for p in build_preset("tiny-wan").transformer.parameters())
+    assert sum(shards) == unsharded  # the shards add up to the whole model, nothing duplicated
     for shard in shards:
         assert shard <= 1.05 * unsharded / len(shards)
-
-
-def _full_transformer():
-    from genbatch.runner.presets import build_preset
-
-    return build_preset("tiny-wan").transformer
