@@ -80,7 +80,7 @@ class CrashReport:
     attempts: int = 0
     """gen run starts, killed ones included."""
     resumed_from_checkpoint: int = 0
-    """Jobs that a final attempt continued from a step checkpoint (not from step 0)."""
+    """Jobs continued from a step checkpoint (not step 0) by an attempt that lived to write its timings."""
     violations: list[str] = field(default_factory=list)
 
     def line(self, label: str) -> str:
@@ -163,7 +163,7 @@ class _Trial:
             time.sleep(self.rng.uniform(0.0, 4.0))
             return _kill_all(process)
         pending = len(IDS) - done_before
-        wanted = self.rng.randrange(pending // 2 if first else pending)
+        wanted = self.rng.randrange(max(1, pending // 2 if first else pending))
         if wanted == 0:  # once rank 0 has written this attempt's run info: loading, the first jobs
             attempts = len(_attempts(self.store))
             self._wait(process, lambda: len(_attempts(self.store)) > attempts)
@@ -197,7 +197,7 @@ class _Trial:
         if self.store.failed_ids():
             self.violation(f"jobs failed: {sorted(self.store.failed_ids())}")
 
-    def check_final(self, done_before_last: set[str]) -> None:
+    def check_final(self, done_before_last: set[str], attempts_before: set[str]) -> None:
         done = self.store.done_ids()
         if done != IDS:
             self.violation(f"not done after exit 0: {sorted(IDS - done)}")
@@ -208,12 +208,12 @@ class _Trial:
         results = self.store.read_results().to_pylist()
         if sorted(row["id"] for row in results) != sorted(IDS) or {row["status"] for row in results} != {"done"}:
             self.violation("results table is not one done row per job")
-        encoded = encoded_by_attempt(self.store)
-        last = max(encoded, default=None)
-        if last is not None and encoded[last] != IDS - done_before_last:
-            self.violation(f"last attempt generated {sorted(encoded[last])}, pending were {sorted(IDS - done_before_last)}")
-        for attempts in steps_by_attempt(self.store).values():
-            if last in attempts and min(min(steps) for steps in attempts[last].values()) > 0:
+        (last,) = _attempts(self.store) - attempts_before  # the attempt that exited 0
+        generated = encoded_by_attempt(self.store).get(last, set())
+        if generated != IDS - done_before_last:
+            self.violation(f"last attempt generated {sorted(generated)}, pending were {sorted(IDS - done_before_last)}")
+        for attempts in steps_by_attempt(self.store).values():  # killed attempts leave no timings
+            if any(min(min(steps) for steps in ranks.values()) > 0 for ranks in attempts.values()):
                 self.report.resumed_from_checkpoint += 1
 
     def run(self, kills: int) -> None:
@@ -235,7 +235,7 @@ class _Trial:
                     with open(log) as handle:
                         self.violation(f"exit {process.returncode}: {handle.read()[-2000:]}")
                     return
-                self.check_final(done_before)
+                self.check_final(done_before, attempts_before)
                 return
 
 
