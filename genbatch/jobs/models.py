@@ -103,6 +103,7 @@ def _preset_specs() -> dict[str, ModelSpec]:
 
     wan = cfg.TINY_WAN_TRANSFORMER
     flux = cfg.TINY_FLUX_TRANSFORMER
+    sd3 = cfg.TINY_SD3_TRANSFORMER
     return {
         "tiny-wan": ModelSpec(
             name="tiny-wan",
@@ -133,6 +134,21 @@ def _preset_specs() -> dict[str, ModelSpec]:
             head_dim=flux["attention_head_dim"],
             text_tokens=512,
             defaults=dict(cfg.PRESET_DEFAULTS["tiny-flux"]),
+        ),
+        "tiny-sd3": ModelSpec(
+            name="tiny-sd3",
+            family="sd3",
+            is_video=False,
+            uses_cfg=True,
+            size_multiple=16,
+            frame_multiple=1,
+            vae_spatial=8,
+            patch_size=(sd3["patch_size"],) * 2,
+            num_layers=sd3["num_layers"],
+            num_heads=sd3["num_attention_heads"],
+            head_dim=sd3["attention_head_dim"],
+            text_tokens=333,
+            defaults=dict(cfg.PRESET_DEFAULTS["tiny-sd3"]),
         ),
     }
 

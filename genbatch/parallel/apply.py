@@ -19,7 +19,7 @@ from genbatch.parallel.sequence import SequenceGroup, SequenceParallel
 
 TRANSFORMERS = ("transformer", "transformer_2")
 """Pipeline components that run the denoising forward (sequence parallel applies to them)."""
-SHARDED = ("transformer", "transformer_2", "text_encoder", "text_encoder_2")
+SHARDED = ("transformer", "transformer_2", "text_encoder", "text_encoder_2", "text_encoder_3")
 """Pipeline components whose weights FSDP shards (the VAE is small and replicated)."""
 
 

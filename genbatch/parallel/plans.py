@@ -1,53 +1,71 @@
 """Per-model sequence-parallel facts, as data.
 
 Where a transformer is split and gathered comes from the model's own `_cp_plan` (diffusers' declarative
-table: `ContextParallelInput` / `ContextParallelOutput` by module name); what genbatch adds per class is
-which attention modules attend over the split sequence, and which split inputs, in which order, make up
-that sequence. A model class missing here runs without sequence parallelism (an error names the fix).
+table: `ContextParallelInput` / `ContextParallelOutput` by module name), or from genbatch's table below for
+models diffusers has no plan for (SD3). What genbatch adds per class is which attention modules attend over
+the split sequence, and which split streams make up each one's sequence. A split stream is named by the
+input it splits (`"hidden_states"`), or by `"<module>:<output index>"` when a module's output is split. A
+class missing here runs without sequence parallelism (an error names the fix).
 """
 
 from __future__ import annotations
 
 import fnmatch
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SequencePlan:
-    attention: tuple[str, ...]
-    """Glob patterns of attention modules whose attention runs over the split sequence (self or joint
+    attention: dict[str, tuple[str, ...]]
+    """Glob pattern of attention modules -> the split streams their attention runs over (self or joint
     attention). Cross-attention to replicated text needs no communication and is not listed."""
-    streams: tuple[str, ...]
-    """The split inputs (names in the `_cp_plan`) whose tokens those modules attend over, in the order the
-    attention processor concatenates them (joint attention: text stream first, as diffusers does)."""
     output_stream: str = "hidden_states"
     """The stream the plan's gather points bring back to full length."""
+    cp_plan: dict = field(default_factory=dict)
+    """Split/gather points for a model without its own `_cp_plan` (same format as diffusers')."""
 
-    def attention_modules(self, model) -> list[tuple[str, object]]:
-        return [
-            (name, module)
-            for name, module in model.named_modules()
-            if any(fnmatch.fnmatchcase(name, pattern) for pattern in self.attention)
-        ]
+    def attention_modules(self, model) -> list[tuple[str, object, tuple[str, ...]]]:
+        """(name, module, streams) of every attention module the plan routes."""
+        found = []
+        for name, module in model.named_modules():
+            for pattern, streams in self.attention.items():
+                if fnmatch.fnmatchcase(name, pattern):
+                    found.append((name, module, streams))
+                    break
+        return found
 
+
+_JOINT = ("encoder_hidden_states", "hidden_states")
+_SD3_STREAMS = ("pos_embed:0", "context_embedder:0")
 
 SEQUENCE_PLANS: dict[str, SequencePlan] = {
     # Wan 2.1/2.2: self-attention `attn1` over video tokens; `attn2` cross-attends to replicated text.
-    "WanTransformer3DModel": SequencePlan(attention=("blocks.*.attn1",), streams=("hidden_states",)),
-    # FLUX.1: joint attention over [text, image] in the double-stream blocks, and over the concatenated
-    # stream in the single-stream blocks; both streams are split.
+    "WanTransformer3DModel": SequencePlan(attention={"blocks.*.attn1": ("hidden_states",)}),
+    # FLUX.1: joint attention over [text, image] in the double- and single-stream blocks; both streams split.
     "FluxTransformer2DModel": SequencePlan(
-        attention=("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"),
-        streams=("encoder_hidden_states", "hidden_states"),
+        attention={"transformer_blocks.*.attn": _JOINT, "single_transformer_blocks.*.attn": _JOINT},
+    ),
+    # SD3/3.5: image tokens split after patch embedding, text after its projection; joint attention over
+    # both, and SD3.5's extra self-attention `attn2` over the image tokens alone.
+    "SD3Transformer2DModel": SequencePlan(
+        attention={"transformer_blocks.*.attn": _SD3_STREAMS, "transformer_blocks.*.attn2": ("pos_embed:0",)},
+        output_stream="pos_embed:0",
+        cp_plan={
+            "pos_embed": {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},
+            "context_embedder": {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+        },
     ),
 }
 
 
 def sequence_plan(model) -> tuple[SequencePlan, dict]:
-    """(genbatch's plan, the model's `_cp_plan`) for a transformer; ValueError naming the fix otherwise."""
+    """(genbatch's plan, the split/gather table) for a transformer; ValueError naming the fix otherwise."""
     name = type(model).__name__
     plan = SEQUENCE_PLANS.get(name)
-    cp_plan = getattr(model, "_cp_plan", None)
+    cp_plan = (plan.cp_plan if plan is not None else None) or getattr(model, "_cp_plan", None)
     if plan is None or not cp_plan:
         raise ValueError(
             f"{name} has no sequence-parallel plan; run it with --ulysses 1 --ring 1 (use --dp, and --cfg for "

@@ -61,16 +61,17 @@ class _ForwardState:
 class _AttentionSwap(TorchFunctionMode):
     """Routes `F.scaled_dot_product_attention` to the sequence-parallel attention while active."""
 
-    def __init__(self, sp: "SequenceParallel"):
+    def __init__(self, sp: "SequenceParallel", streams: tuple[str, ...]):
         super().__init__()
         self.sp = sp
+        self.streams = streams
         self.calls = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention:
             self.calls += 1
-            return self.sp.attend(*args, **kwargs)
+            return self.sp.attend(self.streams, *args, **kwargs)
         return func(*args, **kwargs)
 
 
@@ -86,14 +87,14 @@ class SequenceParallel:
         for name, spec in cp_plan.items():
             module = modules[name]
             if isinstance(spec, dict):
-                self._hook_inputs(module, spec)
+                self._hook_inputs(name, module, spec)
             else:
                 self._hook_gather(module, spec)
         attention = self.plan.attention_modules(model)
         if not attention:
             raise ValueError(f"no attention module of {type(model).__name__} matches {self.plan.attention}")
-        for name, module in attention:
-            self._hook_attention(name, module)
+        for name, module, streams in attention:
+            self._hook_attention(name, module, streams)
 
     def remove(self) -> None:
         for handle in self.handles:
@@ -102,10 +103,9 @@ class SequenceParallel:
 
     # -- splitting and gathering ---------------------------------------------------------------------
 
-    def _split(self, tensor: torch.Tensor, dim: int, stream: str | None) -> torch.Tensor:
+    def _split(self, tensor: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
         total = tensor.shape[dim]
-        if stream is not None:
-            self.state.stream_totals[stream] = total
+        self.state.stream_totals[stream] = total
         layout = SequenceLayout.split(total, self.group.size)
         # (..., S, ...) -> (..., s_rank, ...) along `dim`
         return layout.shard(tensor, self.group.rank, dim).contiguous()
@@ -117,15 +117,14 @@ class SequenceParallel:
         pieces = self.group.sp.all_gather_uneven(local, lengths, kind="sp_gather")
         return torch.cat(pieces, dim=0).movedim(0, dim)  # p x (s_r, ...) -> (S, ...) -> (..., S, ...)
 
-    def _hook_inputs(self, module: torch.nn.Module, specs: dict) -> None:
+    def _hook_inputs(self, module_name: str, module: torch.nn.Module, specs: dict) -> None:
         params = list(inspect.signature(module.forward).parameters)
         output_specs = {key: spec for key, spec in specs.items() if spec.split_output}
         input_specs = {key: spec for key, spec in specs.items() if not spec.split_output}
 
-        def split_value(key, value, spec):
+        def split_value(stream, value, spec):
             if not isinstance(value, torch.Tensor) or (spec.expected_dims and value.ndim != spec.expected_dims):
                 return value
-            stream = key if key in self.plan.streams else None
             return self._split(value, spec.split_dim, stream)
 
         if input_specs:
@@ -147,7 +146,7 @@ class SequenceParallel:
             def post_hook(mod, args, output):
                 items = list(output) if isinstance(output, (tuple, list)) else [output]
                 for index, spec in output_specs.items():
-                    items[index] = split_value(None, items[index], spec)
+                    items[index] = split_value(f"{module_name}:{index}", items[index], spec)
                 return type(output)(items) if isinstance(output, (tuple, list)) else items[0]
 
             self.handles.append(module.register_forward_hook(post_hook))
@@ -162,11 +161,11 @@ class SequenceParallel:
 
     # -- attention -----------------------------------------------------------------------------------
 
-    def _layout(self) -> SequenceLayout:
-        """Per-rank token counts of the attention sequence: the sum of each stream's slice sizes."""
+    def _layout(self, streams: tuple[str, ...]) -> SequenceLayout:
+        """Per-rank token counts of an attention's sequence: the sum of its streams' slice sizes."""
         size = self.group.size
         lengths = [0] * size
-        for stream in self.plan.streams:
+        for stream in streams:
             total = self.state.stream_totals.get(stream)
             if total is None:
                 raise RuntimeError(f"attention ran before the '{stream}' input was split; check the plan")
@@ -174,7 +173,8 @@ class SequenceParallel:
                 lengths[rank] += length
         return SequenceLayout(tuple(lengths))
 
-    def attend(self, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    def attend(self, streams, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+               enable_gqa=False):
         if attn_mask is not None or is_causal or dropout_p or enable_gqa:
             raise NotImplementedError(
                 "sequence-parallel attention takes plain attention (no mask, causal flag, dropout or GQA); "
@@ -182,12 +182,12 @@ class SequenceParallel:
             )
         # SDPA layout (b, h, s, d) -> diffusers layout (b, s, h, d), and back
         out = self.group.attention(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), self._layout(), scale
+            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), self._layout(streams), scale
         )
         return out.transpose(1, 2)
 
-    def _hook_attention(self, name: str, module: torch.nn.Module) -> None:
-        swap = _AttentionSwap(self)
+    def _hook_attention(self, name: str, module: torch.nn.Module, streams: tuple[str, ...]) -> None:
+        swap = _AttentionSwap(self, streams)
 
         def enter(mod, args, kwargs):
             swap.calls = 0

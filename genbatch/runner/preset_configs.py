@@ -50,4 +50,20 @@ TINY_FLUX_VAE = dict(
 PRESET_DEFAULTS: dict[str, dict[str, float | int]] = {
     "tiny-wan": {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "fps": 8},
     "tiny-flux": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 3.5},
+    "tiny-sd3": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 7.0},
 }
+
+TINY_SD3_TRANSFORMER = dict(
+    sample_size=32,
+    patch_size=2,
+    in_channels=16,
+    num_layers=2,
+    attention_head_dim=8,
+    num_attention_heads=4,
+    caption_projection_dim=32,
+    joint_attention_dim=32,
+    pooled_projection_dim=64,
+    out_channels=16,
+)
+
+TINY_SD3_VAE = {**TINY_FLUX_VAE, "shift_factor": 0.0609, "scaling_factor": 1.5305}

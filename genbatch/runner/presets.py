@@ -80,6 +80,23 @@ def _t5_config(vocab_size: int):
     )
 
 
+def _clip_config(vocab_size: int):
+    from transformers import CLIPTextConfig
+
+    return CLIPTextConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=37,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        max_position_embeddings=77,
+        projection_dim=32,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=1,
+    )
+
+
 @_preset("tiny-wan")
 def tiny_wan(meta: frozenset[str] = frozenset()):
     """Wan 2.1 text-to-video (a CFG model): WanTransformer3DModel, AutoencoderKLWan, UMT5, UniPC flow scheduler."""
@@ -103,26 +120,13 @@ def tiny_wan(meta: frozenset[str] = frozenset()):
 def tiny_flux(meta: frozenset[str] = frozenset()):
     """FLUX.1 text-to-image, guidance-distilled: FluxTransformer2DModel, AutoencoderKL, CLIP + T5, flow Euler."""
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+    from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
     clip_tokenizer = character_tokenizer(model_max_length=77)
     t5_tokenizer = character_tokenizer(model_max_length=512)
     torch.manual_seed(0)
     with _placed("text_encoder", meta):
-        clip = CLIPTextModel(
-            CLIPTextConfig(
-                vocab_size=len(clip_tokenizer),
-                hidden_size=32,
-                intermediate_size=37,
-                num_hidden_layers=2,
-                num_attention_heads=4,
-                max_position_embeddings=77,
-                projection_dim=32,
-                pad_token_id=0,
-                bos_token_id=1,
-                eos_token_id=1,
-            )
-        ).eval()
+        clip = CLIPTextModel(_clip_config(len(clip_tokenizer))).eval()
     torch.manual_seed(1)
     with _placed("text_encoder_2", meta):
         t5 = T5EncoderModel(T5Config(**_t5_config(len(t5_tokenizer)))).eval()
@@ -146,5 +150,39 @@ def tiny_flux(meta: frozenset[str] = frozenset()):
         tokenizer=clip_tokenizer,
         text_encoder_2=t5,
         tokenizer_2=t5_tokenizer,
+        transformer=transformer,
+    )
+
+
+@_preset("tiny-sd3")
+def tiny_sd3(meta: frozenset[str] = frozenset()):
+    """Stable Diffusion 3 (a CFG model): SD3Transformer2DModel (joint attention), two CLIPs + T5, flow Euler."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    tokenizers = [character_tokenizer(model_max_length=77) for _ in range(2)]
+    t5_tokenizer = character_tokenizer(model_max_length=256)
+    encoders = []
+    for index, (name, tokenizer) in enumerate(zip(("text_encoder", "text_encoder_2"), tokenizers)):
+        torch.manual_seed(10 + index)
+        with _placed(name, meta):
+            encoders.append(CLIPTextModelWithProjection(_clip_config(len(tokenizer))).eval())
+    torch.manual_seed(12)
+    with _placed("text_encoder_3", meta):
+        t5 = T5EncoderModel(T5Config(**_t5_config(len(t5_tokenizer)))).eval()
+    torch.manual_seed(13)
+    with _placed("transformer", meta):
+        transformer = SD3Transformer2DModel(**configs.TINY_SD3_TRANSFORMER).eval()
+    torch.manual_seed(14)
+    vae = AutoencoderKL(**configs.TINY_SD3_VAE).eval()
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae,
+        text_encoder=encoders[0],
+        tokenizer=tokenizers[0],
+        text_encoder_2=encoders[1],
+        tokenizer_2=tokenizers[1],
+        text_encoder_3=t5,
+        tokenizer_3=t5_tokenizer,
         transformer=transformer,
     )

@@ -2,9 +2,10 @@
 
 from genbatch.runner.families.base import COND, UNCOND, Conditioning, Family, Trajectory, to_uint8
 from genbatch.runner.families.flux import FluxFamily
+from genbatch.runner.families.sd3 import SD3Family
 from genbatch.runner.families.wan import WanFamily
 
-FAMILIES: dict[str, Family] = {"wan": WanFamily(), "flux": FluxFamily()}
+FAMILIES: dict[str, Family] = {"wan": WanFamily(), "flux": FluxFamily(), "sd3": SD3Family()}
 
 
 def family_of(name: str) -> Family:
