@@ -10,7 +10,7 @@ from collections import defaultdict
 from genbatch.io import RunStore, decode_mp4
 from genbatch.io.layout import encode_id
 from genbatch.runner.checkpoint import DenoiseCheckpoint
-from tests.support.runs import run_cli
+from tests.support.runs import run_cli, write_manifest
 
 
 def wait_until(condition, process, timeout_s: float = 120.0, what: str = "the run") -> None:
@@ -62,6 +62,13 @@ def encoded_by_attempt(store: RunStore) -> dict[str, set[str]]:
         if row["stage"] == "encode_media":
             found[row["run_id"]].add(row["job_id"])
     return dict(found)
+
+
+def manifest_and_reference(tmp_path_factory, rows: list[dict]) -> tuple[str, dict[str, bytes]]:
+    """A local manifest of `rows` and the outputs of its uninterrupted run in this process."""
+    root = tmp_path_factory.mktemp("uninterrupted")
+    manifest = write_manifest(str(root / "m.parquet"), rows)
+    return manifest, reference_outputs(manifest, str(root / "reference"))
 
 
 def reference_outputs(manifest: str, out: str, *args: str) -> dict[str, bytes]:

@@ -8,9 +8,9 @@ is complete, and checked after every attempt and at the end:
                          output equal to the uninterrupted run's, one results row per job; no checkpoints,
                          temp files, stray objects, orphaned markers or open multipart uploads
 
-A kill lands during start-up (sometimes), or once rank 0 has started the attempt, or after a random number of
-the attempt's jobs are done, plus a random fraction of a job (mid-denoise, mid-decode, mid-upload, between a commit and its checkpoint's
-deletion). Checkpoints every 2 steps, so killed jobs usually resume from one.
+A kill lands during start-up (sometimes), or once rank 0 has started the attempt, or after a random number
+of the attempt's jobs are done, plus a random fraction of a job (mid-denoise, mid-decode, mid-upload, between
+a commit and its checkpoint's deletion). Checkpoints every 2 steps, so killed jobs usually resume from one.
 
     report = crash_trials(new_target, trials=20, reference=..., rng=random.Random(0))
 
@@ -209,9 +209,9 @@ class _Trial:
         if sorted(row["id"] for row in results) != sorted(IDS) or {row["status"] for row in results} != {"done"}:
             self.violation("results table is not one done row per job")
         (last,) = _attempts(self.store) - attempts_before  # the attempt that exited 0
-        generated = encoded_by_attempt(self.store).get(last, set())
-        if generated != IDS - done_before_last:
-            self.violation(f"last attempt generated {sorted(generated)}, pending were {sorted(IDS - done_before_last)}")
+        generated, pending = encoded_by_attempt(self.store).get(last, set()), IDS - done_before_last
+        if generated != pending:
+            self.violation(f"last attempt generated {sorted(generated)}, pending were {sorted(pending)}")
         for attempts in steps_by_attempt(self.store).values():  # killed attempts leave no timings
             if any(min(min(steps) for steps in ranks.values()) > 0 for ranks in attempts.values()):
                 self.report.resumed_from_checkpoint += 1

@@ -11,11 +11,9 @@ import signal
 import pytest
 
 from genbatch.io import RunStore
-from tests.resume.common import (
-    encoded_by_attempt, leftovers, outputs, reference_outputs, wait_until,
-)
+from tests.resume.common import encoded_by_attempt, leftovers, manifest_and_reference, outputs, wait_until
 from tests.support.faulty_proxy import FaultyProxy
-from tests.support.runs import gen, run_cli, start_gen, write_manifest
+from tests.support.runs import gen, run_cli, start_gen
 
 ROWS = [
     {"id": f"clip-{index}", "prompt": f"a paper boat on a pond, take {index}",
@@ -26,19 +24,19 @@ IDS = {row["id"] for row in ROWS}
 
 
 @pytest.fixture(scope="module")
-def local_manifest(tmp_path_factory):
-    return write_manifest(str(tmp_path_factory.mktemp("manifest") / "m.parquet"), ROWS)
-
-
-@pytest.fixture(scope="module")
-def reference(local_manifest, tmp_path_factory):
-    return reference_outputs(local_manifest, str(tmp_path_factory.mktemp("reference")))
+def uninterrupted(tmp_path_factory):
+    return manifest_and_reference(tmp_path_factory, ROWS)
 
 
 @pytest.fixture
-def s3_manifest(s3_run, local_manifest) -> str:
+def reference(uninterrupted):
+    return uninterrupted[1]
+
+
+@pytest.fixture
+def s3_manifest(s3_run, uninterrupted) -> str:
     url = f"s3://{s3_run.bucket}/manifests/m.parquet"
-    s3_run.endpoint.filesystem().put_file(local_manifest, url)
+    s3_run.endpoint.filesystem().put_file(uninterrupted[0], url)
     return url
 
 

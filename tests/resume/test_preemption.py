@@ -12,8 +12,8 @@ import pytest
 from genbatch.io import RunStore
 from genbatch.runner import exit_codes
 from tests.conftest import fresh_s3_run
-from tests.resume.common import checkpoint_steps, outputs, reference_outputs, steps_by_attempt, wait_until
-from tests.support.runs import gen, start_gen, write_manifest
+from tests.resume.common import checkpoint_steps, manifest_and_reference, outputs, steps_by_attempt, wait_until
+from tests.support.runs import gen, start_gen
 
 LONG = 60  # steps of the long jobs: the signal lands well inside one
 FOX = {"prompt": "a fox running through snow", "model": "tiny-wan", "num_inference_steps": LONG, "seed": 17}
@@ -32,14 +32,9 @@ LAYOUTS = {  # name: (gen run arguments, jobs running when the signal comes, ran
 
 
 @pytest.fixture(scope="module")
-def manifest(tmp_path_factory):
-    return write_manifest(str(tmp_path_factory.mktemp("manifest") / "m.parquet"), ROWS)
-
-
-@pytest.fixture(scope="module")
-def reference(manifest, tmp_path_factory):
-    """Uninterrupted outputs in one process (dp only changes which rank runs a job, not its output)."""
-    return reference_outputs(manifest, str(tmp_path_factory.mktemp("reference")))
+def uninterrupted(tmp_path_factory):
+    """The manifest, and its outputs in one process (dp only changes which rank runs a job, not its output)."""
+    return manifest_and_reference(tmp_path_factory, ROWS)
 
 
 def _out_for(where: str, request, tmp_path) -> tuple[str, dict, dict]:
@@ -56,8 +51,8 @@ def _out_for(where: str, request, tmp_path) -> tuple[str, dict, dict]:
     ("dp2", signal.SIGTERM, "local"),
     ("ulysses2", signal.SIGUSR1, "local"),
 ], ids=["one-process-USR1-local", "one-process-TERM-s3", "dp2-TERM", "ulysses2-USR1"])
-def test_signal_checkpoints_exits_75_and_the_rerun_continues(layout, signum, where, manifest, reference,
-                                                             request, tmp_path):
+def test_signal_checkpoints_exits_75_and_the_rerun_continues(layout, signum, where, uninterrupted, request, tmp_path):
+    manifest, reference = uninterrupted
     args, running, group_size = LAYOUTS[layout]
     out, options, env = _out_for(where, request, tmp_path)
     store = RunStore(out, options)
@@ -70,7 +65,7 @@ def test_signal_checkpoints_exits_75_and_the_rerun_continues(layout, signum, whe
     assert process.returncode == exit_codes.REQUEUE, stderr
 
     stopped_at = checkpoint_steps(store)
-    assert set(stopped_at) == running, stopped_at  # every group checkpointed the job it was running
+    assert set(stopped_at) == running, (stopped_at, store.done_ids(), stderr[-3000:])  # each group's job
     assert all(5 <= step < LONG for step in stopped_at.values()), stopped_at
     assert store.done_ids() == {"warm-up"}  # finished before the signal, and its upload was flushed
     first_attempt = steps_by_attempt(store)
