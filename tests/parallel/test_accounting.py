@@ -15,13 +15,11 @@ from __future__ import annotations
 import pytest
 
 from genbatch.jobs.models import resolve_model
-from genbatch.io import BackgroundWriter, RunStore
+from genbatch.parallel.fsdp import parameter_bytes
 from genbatch.runner.presets import build_preset
-from genbatch.runner.run import RunOptions
 from genbatch.runner.timing import JobTimer
-from genbatch.runner.world import start_world
 from tests.support.distributed import run_on_ranks
-from tests.support.runs import job
+from tests.support.runs import job, job_executor
 
 STEPS = 2
 WAN = job("tiny-wan", width=64, height=48, num_inference_steps=STEPS, seed=3)  # 3 x 3 x 4 = 36 tokens
@@ -31,19 +29,12 @@ LATENT_BYTES = 16 * 3 * 6 * 8 * E  # the noise prediction: 16 channels x 3 x 6 x
 
 
 def _step_bytes(cfg, ring, ulysses, fsdp, out):
-    options = RunOptions(manifest="unused", out=out, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp)
-    world = start_world(options)
-    executor = world.executor(options, RunStore(out), BackgroundWriter(max_pending=1), run_id="bytes")
-    try:
+    with job_executor(out, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp) as (world, executor):
         timer = JobTimer(world.ctx.device)
         executor.denoise(WAN, timer)
-        from genbatch.parallel.fsdp import parameter_bytes
-
         shard = parameter_bytes(executor.pipelines.get(SPEC).transformer)
         rows = [row for row in timer.rows() if row["stage"] == "denoise_step"]
         return [{k: v for k, v in row.items() if k.startswith("bytes_")} for row in rows], shard
-    finally:
-        executor.stop.restore()
 
 
 # (cfg, ring, ulysses, fsdp) measured on two and on four ranks (dp takes the rest), one launch per world size

@@ -13,13 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from genbatch.io import BackgroundWriter, RunStore
 from genbatch.runner.families import to_uint8
-from genbatch.runner.run import RunOptions
 from genbatch.runner.timing import JobTimer
-from genbatch.runner.world import start_world
 from tests.support.distributed import run_on_ranks
-from tests.support.runs import job
+from tests.support.runs import job, job_executor
 
 WAN = job("tiny-wan", width=80, height=48, num_inference_steps=3, negative_prompt="blurry", seed=11)
 FLUX = job("tiny-flux", width=80, height=48, num_inference_steps=3, seed=12)
@@ -39,16 +36,10 @@ EIGHT_RANKS = [(WAN, 2, 2, 1, 2, False)]  # dp 2 x cfg 2 x ulysses 2
 
 
 def _run_job(spec_job, dp, cfg, ring, ulysses, fsdp, out):
-    options = RunOptions(manifest="unused", out=out, dp=dp, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp)
-    world = start_world(options)
-    executor = world.executor(options, RunStore(out), BackgroundWriter(max_pending=1), run_id="layout-test")
-    try:
+    with job_executor(out, dp=dp, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp) as (world, executor):
         timer = JobTimer(world.ctx.device)
         latents = executor.denoise(spec_job, timer)
-        frames = executor.decode(spec_job, latents, timer)
-        return latents, frames
-    finally:
-        executor.stop.restore()
+        return latents, executor.decode(spec_job, latents, timer)
 
 
 def _all_layouts(rank, world_size, layouts, out):

@@ -8,13 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from genbatch.io import BackgroundWriter, RunStore
 from genbatch.jobs.models import resolve_model
 from genbatch.runner.loading import load_pipeline
-from genbatch.runner.run import RunOptions
 from genbatch.runner.timing import JobTimer
-from genbatch.runner.world import start_world
-from tests.support.runs import job
+from tests.support.runs import job, job_executor
 
 
 @pytest.fixture(scope="module")
@@ -29,14 +26,8 @@ def saved_presets(tmp_path_factory):
 
 
 def _genbatch_frames(model: str, spec_job, tmp_path) -> np.ndarray:
-    options = RunOptions(manifest="unused", out=str(tmp_path / "out"), model=model)
-    world = start_world(options)
-    store = RunStore(options.out)
-    executor = world.executor(options, store, BackgroundWriter(max_pending=1), run_id="test")
-    try:
+    with job_executor(str(tmp_path / "out"), model=model) as (world, executor):
         return executor.generate(spec_job, JobTimer(world.ctx.device))
-    finally:
-        executor.stop.restore()
 
 
 def _diffusers_frames(model: str, spec_job) -> np.ndarray:

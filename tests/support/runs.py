@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -72,3 +73,20 @@ def run_cli(*args: str) -> CliResult:
 
     result = CliRunner().invoke(main, list(args), catch_exceptions=False)
     return CliResult(result.exit_code, result.stdout, result.stderr)
+
+
+@contextlib.contextmanager
+def job_executor(out: str, store=None, **layout):
+    """(world, JobExecutor) for this process's world (one process, or the gloo group already started), laid
+    out by `layout` (dp, cfg, ring, ulysses, fsdp, ...), writing to `out`; signal handlers restored after."""
+    from genbatch.io import BackgroundWriter, RunStore
+    from genbatch.runner.run import RunOptions
+    from genbatch.runner.world import start_world
+
+    options = RunOptions(manifest="unused", out=out, **layout)
+    world = start_world(options)
+    executor = world.executor(options, store or RunStore(out), BackgroundWriter(max_pending=1), run_id="test")
+    try:
+        yield world, executor
+    finally:
+        executor.stop.restore()
