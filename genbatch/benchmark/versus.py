@@ -13,8 +13,8 @@ The model is saved once to a directory (`genbatch.benchmark.models`); then
 each in a fresh process. Both are measured by the same `StepClock` (seconds per step: median over jobs of
 the interval between consecutive steps' first transformer calls) and the same peak memory (CUDA: the
 largest allocated; CPU: the process's peak resident set). With `--rounds N` the sides alternate
-(A B B A ...) and the lowest per-round median counts: other work on a shared machine only ever adds time. The ratio printed is genbatch / diffusers;
-issue 3's target is at most 1.00x.
+(A B B A ...) and the lowest per-round median counts: other work on a shared machine only ever adds time.
+The ratio printed is genbatch / diffusers; issue 3's target is at most 1.00x.
 """
 
 from __future__ import annotations
@@ -22,12 +22,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 
 import torch
+
+from genbatch.benchmark.suites import SUITES
 
 SIDES = ("diffusers", "genbatch")
 
@@ -121,38 +124,51 @@ def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_n
             "peak_bytes": _peak_bytes(device, clock)}
 
 
-def _run_side(side: str, *, model_dir: str, manifest: str, out: str, device: str) -> dict:
-    """One side in a fresh process (its own peak memory, nothing cached from the other side)."""
-    result_path = os.path.join(out, f"{side}.json")
+def _run_side(side: str, *, model_dir: str, manifest: str, out: str, device: str) -> None:
+    """One side in a fresh process (its own peak memory, nothing cached from the other side); it writes
+    OUT/<side>.json."""
     command = [sys.executable, "-m", "genbatch.benchmark.versus", "--side", side, "--device", device,
                "--model-dir", model_dir, "--manifest", manifest, "--out", out]
     subprocess.run(command, check=True)
-    with open(result_path, encoding="utf-8") as handle:
-        return json.load(handle)
 
 
 def compare_sides(*, suite_name: str, device: str, out: str, jobs: int | None, rounds: int, model_cache: str | None,
                   say=print) -> dict:
     """Measure both sides (`rounds` times, alternating which goes first) and return the summary."""
     from genbatch.benchmark.models import materialize
-    from genbatch.benchmark.suites import SUITES
     from genbatch.io.tables import records_to_table, to_parquet_bytes
 
     suite = SUITES[suite_name]
     rows = suite.manifest_rows()[: jobs or None]
     os.makedirs(out, exist_ok=True)
+    for name in os.listdir(out):  # sides of an earlier comparison in this folder would be counted
+        if name.split("-")[0] in SIDES:
+            shutil.rmtree(os.path.join(out, name))
     manifest = os.path.join(out, "manifest.parquet")
     with open(manifest, "wb") as handle:
         handle.write(to_parquet_bytes(records_to_table(rows)))
     say(f"versus: building or finding {suite.model.name} in the model cache ...")
     model_dir = materialize(suite.model, model_cache)
-    measured: dict[str, list[dict]] = {side: [] for side in SIDES}
     for round_index in range(rounds):
         order = SIDES if round_index % 2 == 0 else SIDES[::-1]
         for side in order:
             say(f"versus: round {round_index + 1}/{rounds}: {side}, {len(rows)} jobs on {device} ...")
             side_out = os.path.join(out, f"{side}-{round_index}")
-            measured[side].append(_run_side(side, model_dir=model_dir, manifest=manifest, out=side_out, device=device))
+            _run_side(side, model_dir=model_dir, manifest=manifest, out=side_out, device=device)
+    return summarize(suite, out, device)
+
+
+def summarize(suite, out: str, device: str) -> dict:
+    """The comparison from the sides' results in `out` (<side>-<round>/<side>.json)."""
+    rows = _load_rows(os.path.join(out, "manifest.parquet"))
+    measured: dict[str, list[dict]] = {}
+    for side in SIDES:
+        rounds = sorted(name for name in os.listdir(out) if name.startswith(f"{side}-"))
+        measured[side] = []
+        for name in rounds:
+            with open(os.path.join(out, name, f"{side}.json"), encoding="utf-8") as handle:
+                measured[side].append(json.load(handle))
+    rounds = len(measured["genbatch"])
     summary = {"model": suite.model.name, "model_detail": suite.model.description, "device": _device_name(device),
                "work": {key: rows[0][key] for key in ("width", "height", "num_frames", "num_inference_steps",
                                                       "guidance_scale")},
@@ -212,6 +228,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, help="use only the first N rows of the suite's manifest")
     parser.add_argument("--rounds", type=int, default=1, help="measure each side this many times, alternating")
     parser.add_argument("--model-cache", help="where the built model is kept (default ~/.cache/genbatch/bench)")
+    parser.add_argument("--reprint", action="store_true", help="measure nothing: summarize the results in --out again")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
@@ -223,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         with open(os.path.join(args.out, f"{args.side}.json"), "w", encoding="utf-8") as handle:
             json.dump(result, handle)
         return 0
-    summary = compare_sides(suite_name=args.suite, device=args.device, out=args.out, jobs=args.jobs, rounds=args.rounds,
-                            model_cache=args.model_cache)
+    if args.reprint:
+        summary = summarize(SUITES[args.suite], args.out, args.device)
+    else:
+        summary = compare_sides(suite_name=args.suite, device=args.device, out=args.out, jobs=args.jobs,
+                                rounds=args.rounds, model_cache=args.model_cache)
     lines = summary_lines(summary)
     print("\n".join(lines))
     with open(os.path.join(args.out, "versus.json"), "w", encoding="utf-8") as handle:
