@@ -52,7 +52,7 @@ def test_exit_status_against_baselines(tiny_report, tmp_path):
     assert "Not run tonight: ulysses2." in text  # --layouts single: the baseline's other layout is listed
 
     slow = scaled_copy(tiny_report.out, str(tmp_path / "slow"), factor=5.0)
-    again = run_cli("bench", "--suite", "tiny", "--layouts", "single", "--out", out, "--overwrite",
+    again = run_cli("bench", "--suite", "tiny", "--layouts", "single", "--out", str(tmp_path / "next"),
                     "--baseline", slow, "--threshold", "0.05", "--model-cache", tiny_report.model_cache)
     assert again.returncode == OK, again.stderr
     assert "verdict: no regression" in again.stderr
@@ -60,8 +60,10 @@ def test_exit_status_against_baselines(tiny_report, tmp_path):
 
 def test_a_failing_layout_is_reported_and_exits_1(tiny_report, tmp_path):
     """ulysses3 cannot split tiny-wan's 4 heads: `gen run` refuses it; the report says so and why."""
-    out = str(tmp_path / "failed")
-    result = run_cli("bench", "--suite", "tiny", "--layouts", "ulysses3", "--out", out,
+    out = tmp_path / "failed"
+    out.mkdir()
+    (out / "report.md").write_text("last night's report")  # --overwrite replaces it
+    result = run_cli("bench", "--suite", "tiny", "--layouts", "ulysses3", "--out", str(out), "--overwrite",
                      "--model-cache", tiny_report.model_cache)
     assert result.returncode == JOBS_FAILED, result.stderr
     assert "ulysses3 FAILED (exit " in result.stderr
