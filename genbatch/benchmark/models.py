@@ -147,7 +147,9 @@ def materialize(model: BenchModel, cache_dir: str | None = None) -> str:
         import torch
 
         for name in ("transformer", "text_encoder"):
-            getattr(pipe, name).to(torch.bfloat16)
+            # plain Module.to: only the stored copy is bf16; loading with dtype=... keeps the
+            # model's fp32 modules (norms, time embedder) in fp32 again, as for any published checkpoint
+            torch.nn.Module.to(getattr(pipe, name), torch.bfloat16)
     pipe.save_pretrained(temp)
     try:
         os.replace(temp, path)  # whole or not at all; a concurrent builder may have won the race
