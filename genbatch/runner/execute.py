@@ -139,6 +139,8 @@ class JobExecutor:
                 generator.set_state(checkpoint.rng["generator"])
 
             self.ctx.ledger.take()  # bytes before the loop (loading, text encoding) are not the steps'
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)  # step rows report this job's denoising peak
             last_save = {"step": start_step, "time": time.monotonic()}
 
             def after_step(steps_done: int, current) -> bool:
@@ -154,7 +156,7 @@ class JobExecutor:
             result = denoise(
                 family, pipe, trajectory, conditioning,
                 timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
-                after_step=after_step, step_extra=self._step_bytes,
+                after_step=after_step, step_extra=self._step_extra,
             )
             if result.stopped:
                 raise JobInterrupted(f"job {job.id} stopped after step {result.steps_done}")
@@ -217,5 +219,9 @@ class JobExecutor:
             return encode_mp4(frames, fps=job.fps), "mp4"
         return encode_png(frames), "png"
 
-    def _step_bytes(self) -> dict:
-        return {f"bytes_{kind}": count for kind, count in self.ctx.ledger.take().items()}
+    def _step_extra(self) -> dict:
+        """Per-step columns: bytes sent by collective kind; on GPUs, the job's peak memory so far."""
+        extra = {f"bytes_{kind}": count for kind, count in self.ctx.ledger.take().items()}
+        if self.ctx.device.type == "cuda":
+            extra["peak_bytes"] = torch.cuda.max_memory_allocated(self.ctx.device)  # a counter read, no sync
+        return extra
