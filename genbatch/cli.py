@@ -28,8 +28,18 @@ def _quiet_libraries() -> None:
     from transformers.utils import logging as transformers_logging
 
     transformers_logging.set_verbosity_error()
-from genbatch.manifests.cli import validate_command; main.add_command(validate_command)  # noqa: E402, E702
-from genbatch.runner.cli import run_command, status_command; main.add_command(run_command); main.add_command(status_command)  # noqa: E402, E702, I001
-from genbatch.slurm.cli import submit_command; main.add_command(submit_command)  # noqa: E402, E702
-from genbatch.parallel.planner.cli import plan_command; main.add_command(plan_command)  # noqa: E402, E702
-from genbatch.benchmark.cli import bench_command; main.add_command(bench_command)  # noqa: E402, E702
+
+
+def _register() -> None:
+    """Each subcommand's click command lives beside the code it drives."""
+    from genbatch.benchmark.cli import bench_command
+    from genbatch.manifests.cli import validate_command
+    from genbatch.parallel.planner.cli import plan_command
+    from genbatch.runner.cli import run_command, status_command
+    from genbatch.slurm.cli import submit_command
+
+    for command in (run_command, validate_command, status_command, submit_command, plan_command, bench_command):
+        main.add_command(command)
+
+
+_register()
