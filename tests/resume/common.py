@@ -41,7 +41,9 @@ def checkpoint_steps(store: RunStore) -> dict[str, int]:
     found = {}
     for name in names:
         job_id = name.removesuffix(".ckpt")
-        found[job_id] = DenoiseCheckpoint.from_bytes(store.load_checkpoint(job_id)).steps_done
+        payload = store.load_checkpoint(job_id)
+        if payload is not None:  # None: its job was committed since the listing
+            found[job_id] = DenoiseCheckpoint.from_bytes(payload).steps_done
     return found
 
 

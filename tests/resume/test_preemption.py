@@ -24,10 +24,10 @@ ROWS = [
     {"id": "twin-a", **FOX},  # long-a's twin, run whole by the rerun: the same-layout uninterrupted output
 ]
 IDS = {row["id"] for row in ROWS}
-LAYOUTS = {  # name: (gen run arguments, jobs running when the signal comes, ranks per job group)
-    "one-process": ((), {"long-a"}, 1),
-    "dp2": (("--nproc", "2"), {"long-a", "long-b"}, 1),
-    "ulysses2": (("--nproc", "2", "--ulysses", "2"), {"long-a"}, 2),
+LAYOUTS = {  # name: (gen run arguments, job groups, ranks per job group)
+    "one-process": ((), 1, 1),
+    "dp2": (("--nproc", "2"), 2, 1),
+    "ulysses2": (("--nproc", "2", "--ulysses", "2"), 1, 2),
 }
 
 
@@ -53,21 +53,26 @@ def _out_for(where: str, request, tmp_path) -> tuple[str, dict, dict]:
 ], ids=["one-process-USR1-local", "one-process-TERM-s3", "dp2-TERM", "ulysses2-USR1"])
 def test_signal_checkpoints_exits_75_and_the_rerun_continues(layout, signum, where, uninterrupted, request, tmp_path):
     manifest, reference = uninterrupted
-    args, running, group_size = LAYOUTS[layout]
+    args, groups, group_size = LAYOUTS[layout]
     out, options, env = _out_for(where, request, tmp_path)
     store = RunStore(out, options)
     command = ("run", manifest, "--out", out, "-q", "--checkpoint-every", "5", *args)
 
+    def every_group_early_in_a_job() -> bool:  # so the signal surely lands inside those jobs
+        return sum(step <= LONG - 25 for step in checkpoint_steps(store).values()) >= groups
+
     process = start_gen(*command, env=env)
-    wait_until(lambda: running <= set(checkpoint_steps(store)), process, what="the first attempt")
+    wait_until(every_group_early_in_a_job, process, what="the first attempt")
     process.send_signal(signum)
     _, stderr = process.communicate(timeout=120)
     assert process.returncode == exit_codes.REQUEUE, stderr
 
-    stopped_at = checkpoint_steps(store)
-    assert set(stopped_at) == running, (stopped_at, store.done_ids(), stderr[-3000:])  # each group's job
-    assert all(5 <= step < LONG for step in stopped_at.values()), stopped_at
-    assert store.done_ids() == {"warm-up"}  # finished before the signal, and its upload was flushed
+    stopped_at, done = checkpoint_steps(store), store.done_ids()
+    assert len(stopped_at) == groups, (stopped_at, done, stderr[-3000:])  # every group checkpointed its job
+    assert all(5 <= step < LONG for step in stopped_at.values()) and not done & set(stopped_at), stopped_at
+    assert "warm-up" in done and outputs(store)["warm-up.png"] == reference["warm-up.png"]  # upload flushed
+    if groups == 1:
+        assert set(stopped_at) == {"long-a"}  # so its twin, run whole by the rerun, is the reference below
     first_attempt = steps_by_attempt(store)
     for job_id, step in stopped_at.items():
         (ranks,) = first_attempt[job_id].values()
