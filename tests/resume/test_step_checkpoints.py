@@ -2,7 +2,8 @@
 boundary and resumed by a fresh executor (fresh pipeline, fresh scheduler) from its checkpoint ends with the
 latents of an uninterrupted run (max abs diff <= 1e-6), for both presets; tiny-wan's UniPC scheduler is
 multistep, so its history (model outputs, order warm-up, last sample) must survive every stop point.
-Checkpoints are due every k steps or once T seconds have passed, and go away when the job is committed."""
+Checkpoints are due every k steps or once T seconds have passed (`gen run --checkpoint-every/-seconds`), and
+go away when the job is committed."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import signal
 import pytest
 import torch
 
+from genbatch.io import RunStore
 from genbatch.runner.execute import CheckpointPolicy, JobInterrupted
 from genbatch.runner.timing import JobTimer
 from tests.resume.inprocess import SignalAfterStep, executor_on
-from tests.support.runs import job
+from tests.support.faulty_proxy import FaultyProxy
+from tests.support.runs import job, run_cli, write_manifest
 
 STEPS = 8
 JOBS = {
@@ -118,3 +121,24 @@ def test_a_committed_job_leaves_no_checkpoint(tmp_path):
         assert harness.store.done_ids() == {"flux"}
         assert harness.store.load_checkpoint("flux") is None
         assert harness.store.objects.list_names(harness.store.layout.join("checkpoints")) == []
+
+
+@pytest.mark.parametrize(("flags", "puts"), [
+    (("--checkpoint-every", "4", "--checkpoint-seconds", "0"), 2),  # after steps 4 and 8 of 10
+    (("--checkpoint-every", "0", "--checkpoint-seconds", "0.000001"), 9),  # after every step but the last
+    (("--checkpoint-every", "0", "--checkpoint-seconds", "0"), 0),
+])
+def test_gen_run_checkpoint_flags(flags, puts, s3_run, tmp_path):
+    """What `gen run` writes, counted by a (fault-free) proxy in front of the S3 server: one PUT per
+    checkpoint the flags call for, then one DELETE once the job is committed."""
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [
+        {"id": "owl", "prompt": "an owl", "model": "tiny-flux", "num_inference_steps": 10}])
+    with FaultyProxy(s3_run.endpoint.endpoint_url) as proxy:
+        options = [f"--storage-option={key}={value}" for key, value in
+                   s3_run.endpoint.storage_options(proxy.endpoint_url).items() if key != "client_kwargs"]
+        result = run_cli("run", manifest, "--out", s3_run.url, "-q", *flags, *options)
+        requests = [(method, path) for method, path, _ in proxy.log if "/checkpoints/" in path]
+    assert result.returncode == 0, result.stderr
+    assert requests.count(("PUT", f"/{s3_run.bucket}/run/checkpoints/owl.ckpt")) == puts
+    assert ("DELETE", f"/{s3_run.bucket}/run/checkpoints/owl.ckpt") in requests
+    assert RunStore(s3_run.url, s3_run.storage_options).done_ids() == {"owl"}
