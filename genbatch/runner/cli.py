@@ -42,9 +42,10 @@ def _layout_options(command):
 @click.option("--hand-out", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
               help="dynamic: a free group takes the next job; static: a fixed strided split.")
 @click.option("--checkpoint-every", type=click.IntRange(min=0), default=10, show_default=True,
-              help="Checkpoint a running job every N steps (0: never by steps).")
-@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=300, show_default=True,
-              help="...or when this many seconds have passed since its last checkpoint (0: never by time).")
+              help="Checkpoint a running job every N denoising steps (0: only when stopped by a signal).")
+@click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=0, show_default=True,
+              help="...but at most every T seconds per job (0: no limit); e.g. --checkpoint-every 1 "
+                   "--checkpoint-seconds 300 checkpoints every five minutes.")
 @click.option("--vae-parallel/--no-vae-parallel", default=True, show_default=True,
               help="Decode patch-parallel across each job group.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",

@@ -37,15 +37,17 @@ class NonFiniteLatents(RuntimeError):
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CheckpointPolicy:
+    """When a running job saves its denoising state: every `every_steps` steps, but not more often than
+    every `every_seconds` seconds (a cap on checkpoint I/O when steps are fast). A stop signal always
+    checkpoints, whatever the policy."""
+
     every_steps: int = 10
-    """Save the denoising state after this many steps since the last save (0: never by step count)."""
-    every_seconds: float = 300.0
-    """...or once this many seconds have passed since the last save (0: never by time)."""
+    """Steps between checkpoints (0: no periodic checkpoints)."""
+    every_seconds: float = 0.0
+    """The least time between two checkpoints of a job, counted from its start (0: no cap)."""
 
     def due(self, steps_since: int, seconds_since: float) -> bool:
-        by_steps = self.every_steps > 0 and steps_since >= self.every_steps
-        by_time = self.every_seconds > 0 and seconds_since >= self.every_seconds
-        return by_steps or by_time
+        return self.every_steps > 0 and steps_since >= self.every_steps and seconds_since >= self.every_seconds
 
 
 @dataclass(kw_only=True, slots=True)
