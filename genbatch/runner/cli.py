@@ -66,6 +66,9 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
         from genbatch.runner.launch import launch_local
 
         sys.exit(launch_local(nproc, [arg for arg in _args_without_nproc(sys.argv[1:])]))
+    from genbatch.runner.signals import StopRequest
+
+    stop = StopRequest().install()  # before the heavy imports: a signal during start-up still checkpoints
     from genbatch.io import StorageError
     from genbatch.jobs.schedule import parse_share
     from genbatch.runner.execute import CheckpointPolicy
@@ -94,10 +97,12 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
             vae_parallel=options["vae_parallel"], quiet=options["quiet"],
         )
-        status = run(run_options)
+        status = run(run_options, stop)
     except (UsageError, StorageError) as error:  # nothing could start: bad options, unreachable storage
         click.echo(f"genbatch: {error}", err=True)
         status = exit_codes.USAGE
+    finally:
+        stop.restore()
     sys.exit(status)
 
 

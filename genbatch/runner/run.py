@@ -98,17 +98,26 @@ def _summary(store) -> dict:
     return {status: statuses.count(status) for status in ("done", "failed", "rejected")}
 
 
-def run(options: RunOptions) -> int:
-    """Run the manifest; returns the process exit status (see `exit_codes`)."""
+def run(options: RunOptions, stop=None) -> int:
+    """Run the manifest; returns the process exit status (see `exit_codes`). `stop`: a StopRequest the caller
+    installed early (signals during start-up then count); one is installed here otherwise."""
     from genbatch.io import BackgroundWriter, RunStore, new_attempt_id
 
-    world = start_world(options)
+    from genbatch.runner.signals import StopRequest
+
+    owned = stop is None
+    stop = StopRequest().install() if owned else stop
+    world = None
     try:
+        world = start_world(options)
         run_id = world.shared_value(new_attempt_id)
         store = RunStore(options.out, storage_options=options.storage_options, rank=world.ctx.rank, attempt=run_id)
-        return _run(options, world, store, run_id, BackgroundWriter)
+        return _run(options, world, store, run_id, BackgroundWriter, stop)
     finally:
-        world.close()
+        if world is not None:
+            world.close()
+        if owned:
+            stop.restore()
 
 
 def _rejection_record(rejection) -> dict:
@@ -116,7 +125,7 @@ def _rejection_record(rejection) -> dict:
             "column": rejection.column, "reason": rejection.reason}
 
 
-def _run(options: RunOptions, world: World, store, run_id: str, writer_cls) -> int:
+def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop) -> int:
     ctx = world.ctx
     started = time.time()
     manifest = world.load_manifest(options)
@@ -131,7 +140,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls) -> i
     pending = world.shared_value(lambda: [j for j in hand_out_order(selected) if j.id not in store.done_ids()])
 
     writer = writer_cls(max_pending=options.max_pending_writes)
-    executor = world.executor(options, store, writer, run_id)
+    executor = world.executor(options, store, writer, run_id, stop)
     progress = RunProgress(total=len(selected), already_done=len(selected) - len(pending),
                            enabled=ctx.rank == 0 and not options.quiet)
     counts = {"done": 0, "failed": 0, "interrupted": False}
@@ -139,6 +148,9 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls) -> i
     try:
         for job in HandOut(jobs=pending, ctx=ctx, store=coordination, key=f"genbatch/{run_id}/next",
                            dynamic=options.dynamic_hand_out):
+            if executor.stop.agreed(ctx.group, ctx.device):  # a collective: every rank of the group asks
+                counts["interrupted"] = True
+                break
             try:
                 result = executor.run(job)
                 counts["done"] += 1
@@ -152,19 +164,15 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls) -> i
                 counts["failed"] += 1
                 record_failure(ctx, store, job, error, run_id)
             progress.job_finished(coordination, run_id, ctx)
-            if executor.stop.agreed(ctx.group, ctx.device):  # a collective: every rank of the group asks
-                counts["interrupted"] = True
-                break
     except GroupFailure as failure:
         failure.record(store, run_id)
         return exit_codes.JOBS_FAILED
     finally:
-        # Uploads and timings are flushed while SIGTERM/SIGUSR1 still only set the stop flag: a second
-        # signal (torchrun's agent, a requeue) must not kill the process mid-flush.
+        # Uploads and timings are flushed while SIGTERM/SIGUSR1 still only set the stop flag (the handlers
+        # stay until `run` returns): a second signal (torchrun's agent, a requeue) cannot kill a flush.
         progress.close()
         writer.flush()
         store.flush_timings()
-        executor.stop.restore()
     if counts["interrupted"]:
         if ctx.rank == 0 and not options.quiet:
             print("genbatch: stopped by signal; state checkpointed. Rerun the same command to continue "

@@ -3,18 +3,14 @@
 The handler only sets a flag. At each step boundary the ranks of a job group agree on it (one tiny
 all-reduce, so every rank stops after the same step), the group checkpoints, and the process exits with
 `exit_codes.REQUEUE`. Slurm sends USR1 before a time limit or preemption (`--signal=B:USR1@grace`) and
-torchrun forwards SIGTERM to its workers.
+torchrun forwards SIGTERM to its workers. `gen run` installs the handler before its heavy imports, so a
+signal that arrives while it starts up is kept too. (This module imports nothing heavy for that reason.)
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-
-import torch
-import torch.distributed as dist
-
-from genbatch.parallel.comm import Comm
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 
@@ -44,10 +40,14 @@ class StopRequest:
             signal.signal(signum, handler)
         self._previous.clear()
 
-    def agreed(self, group: Comm, device: torch.device) -> bool:
-        """True on every rank of `group` when any of them was signalled (all stop after the same step)."""
+    def agreed(self, group, device) -> bool:
+        """True on every rank of `group` (a `Comm`) when any of them was signalled (all stop after the same
+        step)."""
         if group.size == 1:
             return self.requested
+        import torch
+        import torch.distributed as dist
+
         flag = torch.tensor([1 if self.requested else 0], dtype=torch.int32, device=device)
         group.all_reduce(flag, op=dist.ReduceOp.MAX, kind="control")
         return bool(flag.item())

@@ -83,7 +83,8 @@ class World:
             except ValueError as error:
                 raise UsageError(f"layout {self.ctx.dims.describe()} does not fit model {name}: {error}") from None
 
-    def executor(self, options, store, writer, run_id: str):
+    def executor(self, options, store, writer, run_id: str, stop=None):
+        """The job executor of this rank; `stop` is the run's installed StopRequest (a new one if None)."""
         from genbatch.parallel.cfg import branch_exchange
         from genbatch.runner.decode import Decoder
         from genbatch.runner.execute import JobExecutor
@@ -96,7 +97,7 @@ class World:
             writer=writer,
             exchange=branch_exchange(self.ctx),
             decoder=Decoder(ctx=self.ctx, parallel=options.vae_parallel),
-            stop=StopRequest().install(),
+            stop=stop if stop is not None else StopRequest().install(),
             checkpoints=options.checkpoints,
             run_id=run_id,
         )
