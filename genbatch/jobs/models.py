@@ -98,58 +98,67 @@ class ModelSpec:
         return problems
 
 
+def _spec_from_configs(name: str, family: str, transformer: dict, vae: dict, defaults: dict | None) -> ModelSpec:
+    """A spec from the transformer's and VAE's configs (`defaults`: None for the family's pipeline's own)."""
+    if family == "wan":
+        spatial = vae.get("scale_factor_spatial", 8)
+        patch = tuple(transformer["patch_size"])
+        return ModelSpec(
+            name=name,
+            family=family,
+            is_video=True,
+            uses_cfg=True,
+            size_multiple=spatial * patch[1],
+            frame_multiple=vae.get("scale_factor_temporal", 4),
+            vae_spatial=spatial,
+            patch_size=patch,
+            num_layers=transformer["num_layers"],
+            num_heads=transformer["num_attention_heads"],
+            head_dim=transformer["attention_head_dim"],
+            text_tokens=512,
+            defaults=dict(defaults or FAMILY_DEFAULTS[family]),
+        )
+    spatial = 2 ** (len(vae["block_out_channels"]) - 1)
+    if family == "flux":
+        patch = (2, 2)  # the pipeline packs 2x2 latent pixels into one token
+        layers = transformer["num_layers"] + transformer["num_single_layers"]
+        sample = 128
+        text_tokens = 512
+    else:
+        patch = (transformer["patch_size"],) * 2
+        layers = transformer["num_layers"]
+        sample = transformer["sample_size"]
+        text_tokens = 333  # 77 CLIP + 256 T5 tokens, the pipeline's default max_sequence_length
+    if defaults is None:
+        defaults = {**FAMILY_DEFAULTS[family], "width": sample * spatial, "height": sample * spatial}
+    return ModelSpec(
+        name=name,
+        family=family,
+        is_video=False,
+        uses_cfg=family == "sd3",
+        size_multiple=spatial * patch[0],
+        frame_multiple=1,
+        vae_spatial=spatial,
+        patch_size=patch,
+        num_layers=layers,
+        num_heads=transformer["num_attention_heads"],
+        head_dim=transformer["attention_head_dim"],
+        text_tokens=text_tokens,
+        defaults=dict(defaults),
+    )
+
+
 def _preset_specs() -> dict[str, ModelSpec]:
     from genbatch.runner import preset_configs as cfg
 
-    wan = cfg.TINY_WAN_TRANSFORMER
-    flux = cfg.TINY_FLUX_TRANSFORMER
-    sd3 = cfg.TINY_SD3_TRANSFORMER
+    configs = {
+        "tiny-wan": ("wan", cfg.TINY_WAN_TRANSFORMER, cfg.TINY_WAN_VAE),
+        "tiny-flux": ("flux", cfg.TINY_FLUX_TRANSFORMER, cfg.TINY_FLUX_VAE),
+        "tiny-sd3": ("sd3", cfg.TINY_SD3_TRANSFORMER, cfg.TINY_SD3_VAE),
+    }
     return {
-        "tiny-wan": ModelSpec(
-            name="tiny-wan",
-            family="wan",
-            is_video=True,
-            uses_cfg=True,
-            size_multiple=16,
-            frame_multiple=4,
-            vae_spatial=8,
-            patch_size=tuple(wan["patch_size"]),
-            num_layers=wan["num_layers"],
-            num_heads=wan["num_attention_heads"],
-            head_dim=wan["attention_head_dim"],
-            text_tokens=512,
-            defaults=dict(cfg.PRESET_DEFAULTS["tiny-wan"]),
-        ),
-        "tiny-flux": ModelSpec(
-            name="tiny-flux",
-            family="flux",
-            is_video=False,
-            uses_cfg=False,
-            size_multiple=16,
-            frame_multiple=1,
-            vae_spatial=8,
-            patch_size=(2, 2),
-            num_layers=flux["num_layers"] + flux["num_single_layers"],
-            num_heads=flux["num_attention_heads"],
-            head_dim=flux["attention_head_dim"],
-            text_tokens=512,
-            defaults=dict(cfg.PRESET_DEFAULTS["tiny-flux"]),
-        ),
-        "tiny-sd3": ModelSpec(
-            name="tiny-sd3",
-            family="sd3",
-            is_video=False,
-            uses_cfg=True,
-            size_multiple=16,
-            frame_multiple=1,
-            vae_spatial=8,
-            patch_size=(sd3["patch_size"],) * 2,
-            num_layers=sd3["num_layers"],
-            num_heads=sd3["num_attention_heads"],
-            head_dim=sd3["attention_head_dim"],
-            text_tokens=333,
-            defaults=dict(cfg.PRESET_DEFAULTS["tiny-sd3"]),
-        ),
+        name: _spec_from_configs(name, family, transformer, vae, cfg.PRESET_DEFAULTS[name])
+        for name, (family, transformer, vae) in configs.items()
     }
 
 
@@ -179,52 +188,7 @@ def _spec_from_directory(name: str) -> ModelSpec:
         )
     transformer = _read_json(os.path.join(name, "transformer", "config.json"))
     vae = _read_json(os.path.join(name, "vae", "config.json"))
-    defaults = dict(FAMILY_DEFAULTS[family])
-    if family == "wan":
-        spatial = vae.get("scale_factor_spatial", 8)
-        patch = tuple(transformer["patch_size"])
-        return ModelSpec(
-            name=name,
-            family=family,
-            is_video=True,
-            uses_cfg=True,
-            size_multiple=spatial * patch[1],
-            frame_multiple=vae.get("scale_factor_temporal", 4),
-            vae_spatial=spatial,
-            patch_size=patch,
-            num_layers=transformer["num_layers"],
-            num_heads=transformer["num_attention_heads"],
-            head_dim=transformer["attention_head_dim"],
-            text_tokens=512,
-            defaults=defaults,
-        )
-    spatial = 2 ** (len(vae["block_out_channels"]) - 1)
-    if family == "flux":
-        patch = (2, 2)  # the pipeline packs 2x2 latent pixels into one token
-        layers = transformer["num_layers"] + transformer["num_single_layers"]
-        sample = 128
-        text_tokens = 512
-    else:
-        patch = (transformer["patch_size"],) * 2
-        layers = transformer["num_layers"]
-        sample = transformer["sample_size"]
-        text_tokens = 333  # 77 CLIP + 256 T5 tokens, the pipeline's default max_sequence_length
-    defaults["width"] = defaults["height"] = sample * spatial
-    return ModelSpec(
-        name=name,
-        family=family,
-        is_video=False,
-        uses_cfg=family == "sd3",
-        size_multiple=spatial * patch[0],
-        frame_multiple=1,
-        vae_spatial=spatial,
-        patch_size=patch,
-        num_layers=layers,
-        num_heads=transformer["num_attention_heads"],
-        head_dim=transformer["attention_head_dim"],
-        text_tokens=text_tokens,
-        defaults=defaults,
-    )
+    return _spec_from_configs(name, family, transformer, vae, defaults=None)
 
 
 @lru_cache(maxsize=64)
