@@ -50,7 +50,9 @@ def run_layout(model_dir, manifest, out, dp, cfg, ring, ulysses, fsdp, dtype) ->
     if world > 1:
         command += ["--nproc", str(world)]
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
-    subprocess.run(command, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(command)}\nfailed with status {done.returncode}:\n{done.stderr[-4000:]}")
     return pq.read_table(os.path.join(out, "timings")).to_pylist()
 
 

@@ -46,26 +46,42 @@ def _local_bytes(params) -> int:
     return total
 
 
-def shard(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
-    """fully_shard every block, then the root, over `mesh` (1-D: the job group); count the all-gathers.
+def _unsharded(module: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """Parameters of `module` that no FSDP unit manages yet."""
+    return [param for param in module.parameters() if not isinstance(param, DTensor)]
 
-    The ledger gets, per forward of each unit, the bytes this rank sends in the unit's all-gather: its
-    shard once to each of the p-1 others (seed 000: FSDP inference, one all-gather of the weights).
-    """
-    peers = mesh.size() - 1
-    units = [block for blocks in _block_lists(module) for block in blocks]
-    for block in units:
-        fully_shard(block, mesh=mesh, reshard_after_forward=True)
+
+def _shard_unit(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
+    """fully_shard `module` (its not-yet-sharded parameters) and count its all-gather per forward: this
+    rank's padded shard (dim 0 split in ceil(n/p) rows) once to each of the p-1 others."""
+    p = mesh.size()
+    nbytes = 0
+    for param in _unsharded(module):
+        rows = -(-param.shape[0] // p) if param.dim() else 1
+        nbytes += rows * (param.numel() // max(param.shape[0], 1) if param.dim() else 1) * param.element_size()
     fully_shard(module, mesh=mesh, reshard_after_forward=True)
-    in_blocks = {id(param) for block in units for param in block.parameters()}
-    root_params = [param for param in module.parameters() if id(param) not in in_blocks]
-    for unit, params in [(block, list(block.parameters())) for block in units] + [(module, root_params)]:
-        nbytes = _local_bytes(params) * peers
+    module.register_forward_pre_hook(lambda mod, args: ledger.add("fsdp_all_gather", nbytes * (p - 1)))
 
-        def count(mod, args, nbytes=nbytes):
-            ledger.add("fsdp_all_gather", nbytes)
 
-        unit.register_forward_pre_hook(count)
+def _shard_uniform(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
+    """Shard `module` as one unit when its unsharded parameters share one dtype (FSDP2 needs that);
+    otherwise shard its children first (models keep some modules in fp32 under bf16 weights), and then
+    what remains if it is uniform (mixed parameters held directly by one module stay replicated)."""
+    if len({param.dtype for param in _unsharded(module)}) > 1:
+        for child in module.children():
+            _shard_uniform(child, mesh, ledger)
+    remaining = _unsharded(module)
+    if remaining and len({param.dtype for param in remaining}) == 1:
+        _shard_unit(module, mesh, ledger)
+
+
+def shard(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
+    """fully_shard every block, then the root, over `mesh` (1-D: the job group); count the all-gathers
+    (seed 000: FSDP inference, one all-gather of the weights per forward)."""
+    for blocks in _block_lists(module):
+        for block in blocks:
+            _shard_uniform(block, mesh, ledger)
+    _shard_uniform(module, mesh, ledger)
 
 
 @torch.no_grad()

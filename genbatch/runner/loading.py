@@ -75,7 +75,8 @@ def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...]):
     from diffusers import DiffusionPipeline
 
     with open(os.path.join(spec.name, "model_index.json"), encoding="utf-8") as handle:
-        present = [name for name in meta if isinstance(json.load(handle).get(name), list)]
+        index = json.load(handle)
+    present = [name for name in meta if isinstance(index.get(name), list) and index[name][0] is not None]
     skeletons = {name: _meta_component(spec.name, name, dtype) for name in present}
     return DiffusionPipeline.from_pretrained(spec.name, dtype=dtype, local_files_only=True, **skeletons)
 
