@@ -101,8 +101,8 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     except (UsageError, StorageError) as error:  # nothing could start: bad options, unreachable storage
         click.echo(f"genbatch: {error}", err=True)
         status = exit_codes.USAGE
-    finally:
-        stop.restore()
+    # The handlers stay until the process exits: a late SIGTERM (torchrun tearing down the other workers, a
+    # requeue) must not turn this status into a death by signal.
     sys.exit(status)
 
 

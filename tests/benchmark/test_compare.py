@@ -19,8 +19,12 @@ def test_identical_report_has_no_regression(tiny_report):
 
 
 def test_faster_baseline_makes_time_and_throughput_regress(tiny_report, tmp_path):
-    tonight = load_baseline(tiny_report.out)
-    baseline = load_baseline(scaled_copy(tiny_report.out, str(tmp_path / "fast"), factor=0.5))
+    # Tonight is the tiny report slowed down enough that halving its times clears the noise floor however
+    # fast this machine ran it; the baseline is tonight at half the time.
+    fastest = min(m.seconds_per_step for m in load_baseline(tiny_report.out).values())
+    slow = max(1.0, 4 * NOISE_FLOOR_S / fastest)
+    tonight = load_baseline(scaled_copy(tiny_report.out, str(tmp_path / "tonight"), factor=slow))
+    baseline = load_baseline(scaled_copy(tiny_report.out, str(tmp_path / "fast"), factor=slow * 0.5))
     result = compare(tonight, baseline, threshold=0.05)
     flagged = {(c.layout, c.metric) for c in result.regressions}
     for layout in ("single", "ulysses2"):

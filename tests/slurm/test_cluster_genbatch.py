@@ -30,9 +30,11 @@ pytestmark = [pytest.mark.slurm, pytest.mark.timeout(600)]
 
 SHORT = ("--model", "tiny-wan", "--steps", "4")
 """Options of the short runs (a) and (b)."""
-LONG = ("--model", "tiny-wan", "--steps", "32", "--frames", "17", "--checkpoint-every", "2")
-"""Options of the interrupted runs (c) and (d), one job per rank: after the first checkpoint (step 2) a job has
-30 steps left, several seconds even on an idle machine, while the signal arrives within about a second."""
+LONG = ("--model", "tiny-wan", "--steps", "60", "--frames", "33", "--width", "160", "--height", "96",
+        "--checkpoint-every", "2")
+"""Options of the interrupted runs (c) and (d), one job per rank: 540 tokens a step (9x the preset's default
+size), so after the first checkpoint (step 2) a job has 58 steps left, several seconds even on an idle machine,
+while the signal arrives within about a second."""
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
