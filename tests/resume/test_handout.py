@@ -13,7 +13,8 @@ SHORT = 6
 ROWS = [
     {"id": f"short-{index}", "prompt": f"a kite over a beach, take {index}", "num_inference_steps": 2}
     for index in range(SHORT)
-] + [{"id": "long", "prompt": "a glacier calving into the sea", "num_inference_steps": 100}]
+] + [{"id": "long", "prompt": "a glacier calving into the sea", "num_inference_steps": 100,
+       "num_frames": 33, "width": 160, "height": 96}]  # ~9x the tokens per step, 50x the steps
 
 
 def test_two_groups_split_a_skewed_manifest_by_work(tmp_path):
