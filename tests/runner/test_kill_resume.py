@@ -12,10 +12,10 @@ from genbatch.io import decode_mp4
 from tests.support.runs import gen, start_gen, write_manifest
 
 ROWS = [
-    {"id": f"job-{index}", "prompt": f"scene number {index}", "model": "tiny-wan" if index % 2 else "tiny-flux",
-     "num_inference_steps": 6}
+    {"id": f"job-{index}", "prompt": f"scene number {index}", "num_inference_steps": 12, "width": 96,
+     **({"model": "tiny-wan", "num_frames": 17} if index % 2 else {"model": "tiny-flux", "height": 96})}
     for index in range(6)
-]
+]  # about a second a job on a fast, idle machine: the kill lands mid-run
 
 
 def _done(out) -> set[str]:
@@ -56,5 +56,5 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     timings = pq.read_table(out / "timings").to_pylist()
     attempts = sorted({row["run_id"] for row in timings})
     encoded_later = {row["job_id"] for row in timings if row["stage"] == "encode_media" and row["run_id"] == attempts[-1]}
-    assert encoded_later == {row["id"] for row in ROWS} - done_before
+    assert encoded_later == {row["id"] for row in ROWS} - done_before, (attempts, sorted(done_before), [(r["run_id"], r["job_id"], r["stage"]) for r in timings if r["stage"] == "encode_media"])
     assert not [name for name in os.listdir(out / "outputs") if name.startswith(".") or ".tmp" in name]
