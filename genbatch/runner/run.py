@@ -143,25 +143,22 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     executor = world.executor(options, store, writer, run_id, stop)
     progress = RunProgress(total=len(selected), already_done=len(selected) - len(pending),
                            enabled=ctx.rank == 0 and not options.quiet)
-    counts = {"done": 0, "failed": 0, "interrupted": False}
+    interrupted = False
     coordination = coordination_store(ctx)
     try:
         for job in HandOut(jobs=pending, ctx=ctx, store=coordination, key=f"genbatch/{run_id}/next",
                            dynamic=options.dynamic_hand_out):
             if executor.stop.agreed(ctx.group, ctx.device):  # a collective: every rank of the group asks
-                counts["interrupted"] = True
+                interrupted = True
                 break
             try:
-                result = executor.run(job)
-                counts["done"] += 1
-                store.append_timings(result.timings)
+                store.append_timings(executor.run(job).timings)
             except JobInterrupted:
-                counts["interrupted"] = True
+                interrupted = True
                 break
             except GroupFailure:
                 raise
             except Exception as error:  # noqa: BLE001 - a failed job is recorded and the run goes on
-                counts["failed"] += 1
                 record_failure(ctx, store, job, error, run_id)
             progress.job_finished(coordination, run_id, ctx)
     except GroupFailure as failure:
@@ -173,7 +170,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
         progress.close()
         writer.flush()
         store.flush_timings()
-    if counts["interrupted"]:
+    if interrupted:
         if ctx.rank == 0 and not options.quiet:
             print("genbatch: stopped by signal; state checkpointed. Rerun the same command to continue "
                   f"(exit {exit_codes.REQUEUE}).", file=sys.stderr)
