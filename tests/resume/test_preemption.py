@@ -45,12 +45,11 @@ def _out_for(where: str, request, tmp_path) -> tuple[str, dict, dict]:
     return s3_run.url, s3_run.storage_options, s3_run.env
 
 
-@pytest.mark.parametrize(("layout", "signum", "where"), [
-    ("one-process", signal.SIGUSR1, "local"),
+@pytest.mark.parametrize(("layout", "signum", "where"), [  # each layout, each signal, each kind of store once
     ("one-process", signal.SIGTERM, "s3"),
     ("dp2", signal.SIGTERM, "local"),
     ("ulysses2", signal.SIGUSR1, "local"),
-], ids=["one-process-USR1-local", "one-process-TERM-s3", "dp2-TERM", "ulysses2-USR1"])
+], ids=["one-process-TERM-s3", "dp2-TERM", "ulysses2-USR1"])
 def test_signal_checkpoints_exits_75_and_the_rerun_continues(layout, signum, where, uninterrupted, request, tmp_path):
     manifest, reference = uninterrupted
     args, groups, group_size = LAYOUTS[layout]

@@ -65,6 +65,15 @@ class Family(Protocol):
         """VAE output -> float frames in [0, 1]: (frames, h, w, 3) for video, (h, w, 3) for images."""
 
 
+def classifier_free_guidance(predictions: dict[str, torch.Tensor], guidance_scale: float) -> torch.Tensor:
+    """uncond + scale * (cond - uncond), as Wan's and SD3's pipelines combine their branches; the conditional
+    prediction alone when the job runs without CFG."""
+    if UNCOND not in predictions:
+        return predictions[COND]
+    uncond = predictions[UNCOND]
+    return uncond + guidance_scale * (predictions[COND] - uncond)
+
+
 def to_uint8(frames: np.ndarray) -> np.ndarray:
     """[0, 1] floats -> uint8 pixels, rounded the way diffusers' `numpy_to_pil` rounds."""
     return (frames * 255).round().astype(np.uint8)

@@ -12,7 +12,7 @@ import torch
 from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import calculate_shift, retrieve_timesteps
 
 from genbatch.jobs.spec import JobSpec
-from genbatch.runner.families.base import COND, UNCOND, Conditioning, Trajectory
+from genbatch.runner.families.base import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
 
 MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline.__call__'s default
 
@@ -53,10 +53,7 @@ class SD3Family:
                                 joint_attention_kwargs=None, return_dict=False, **branch)[0]
 
     def combine(self, predictions, guidance_scale: float, t) -> torch.Tensor:
-        if UNCOND not in predictions:
-            return predictions[COND]
-        uncond = predictions[UNCOND]
-        return uncond + guidance_scale * (predictions[COND] - uncond)
+        return classifier_free_guidance(predictions, guidance_scale)
 
     def vae_input(self, pipe, job: JobSpec, latents: torch.Tensor) -> torch.Tensor:
         return latents / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from genbatch.jobs.spec import JobSpec
-from genbatch.runner.families.base import COND, UNCOND, Conditioning, Trajectory
+from genbatch.runner.families.base import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
 
 MAX_SEQUENCE_LENGTH = 512  # WanPipeline.__call__'s default
 
@@ -65,10 +65,7 @@ class WanFamily:
         return model(hidden_states=model_input, timestep=timestep, return_dict=False, **branch)[0]
 
     def combine(self, predictions, guidance_scale: float, t) -> torch.Tensor:
-        if UNCOND not in predictions:
-            return predictions[COND]
-        uncond = predictions[UNCOND]
-        return uncond + guidance_scale * (predictions[COND] - uncond)
+        return classifier_free_guidance(predictions, guidance_scale)
 
     def vae_input(self, pipe, job: JobSpec, latents: torch.Tensor) -> torch.Tensor:
         vae = pipe.vae
