@@ -186,9 +186,15 @@ def _spec_from_directory(name: str) -> ModelSpec:
             f"model {name!r} is a {pipeline_class or 'pipeline of unknown class'}; genbatch runs "
             f"{', '.join(sorted(PIPELINE_FAMILIES))}"
         )
-    transformer = _read_json(os.path.join(name, "transformer", "config.json"))
-    vae = _read_json(os.path.join(name, "vae", "config.json"))
-    return _spec_from_configs(name, family, transformer, vae, defaults=None)
+    try:
+        transformer = _read_json(os.path.join(name, "transformer", "config.json"))
+        vae = _read_json(os.path.join(name, "vae", "config.json"))
+        return _spec_from_configs(name, family, transformer, vae, defaults=None)
+    except (OSError, ValueError, KeyError, TypeError) as error:  # missing or unreadable component configs
+        raise UnknownModelError(
+            f"model {name!r} is an incomplete {pipeline_class} directory ({type(error).__name__}: {error}); "
+            "pass a whole diffusers pipeline directory saved with save_pretrained"
+        ) from error
 
 
 @lru_cache(maxsize=64)

@@ -71,6 +71,24 @@ def test_unknown_model_uses_the_model_resolvers_message(write_manifest):
     assert rejected[0].reason == str(caught.value)
 
 
+@pytest.mark.parametrize("damage", ["no transformer config", "vae config not JSON", "config lacks keys"])
+def test_an_incomplete_pipeline_directory_rejects_its_rows_naming_the_file(write_manifest, tmp_path, damage):
+    """A directory whose model_index.json names a known pipeline but whose component configs are missing or
+    broken: its rows are rejected with the reason (the run goes on with the rest), never a crash of the run."""
+    model = tmp_path / f"model-{damage.replace(' ', '-')}"
+    (model / "transformer").mkdir(parents=True)
+    (model / "vae").mkdir()
+    (model / "model_index.json").write_text('{"_class_name": "FluxPipeline"}')
+    if damage != "no transformer config":
+        (model / "transformer" / "config.json").write_text('{"patch_size": 1}' if damage == "config lacks keys"
+                                                           else '{"num_layers": 1}')
+    (model / "vae" / "config.json").write_text("{not json" if damage == "vae config not JSON" else "{}")
+    (rejection,) = only_problem(write_manifest, model=str(model))
+    assert rejection.column == "model"
+    assert f"model {str(model)!r} is an incomplete FluxPipeline directory" in rejection.reason
+    assert "saved with save_pretrained" in rejection.reason
+
+
 @pytest.mark.parametrize("bad_id", ["", "  ", None, "a/b", "..", "tab\there", "x" * 201])
 def test_ids_that_cannot_name_files_are_rejected(write_manifest, bad_id):
     result = read_jobs(write_manifest(id=["good", bad_id], prompt=["a", "b"]), overrides=JobOverrides())
