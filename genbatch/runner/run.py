@@ -125,6 +125,15 @@ def _rejection_record(rejection) -> dict:
             "column": rejection.column, "reason": rejection.reason}
 
 
+def _print_rejections(rejected, out: str, shown: int = 5) -> None:
+    """Say at once which rows will not run and why: the first few, and where the rest are."""
+    for rejection in rejected[:shown]:
+        print(f"genbatch: rejected {rejection.message()}", file=sys.stderr)
+    more = f" ({len(rejected) - shown} more not shown)" if len(rejected) > shown else ""
+    print(f"genbatch: {len(rejected)} rejected row(s){more}, each with its reason, in {out}/rejected/; "
+          "`gen validate MANIFEST` lists them all", file=sys.stderr)
+
+
 def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop) -> int:
     ctx = world.ctx
     started = time.time()
@@ -135,6 +144,8 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     if ctx.rank == 0:
         store.recover()  # open uploads, temp files of killed writers, checkpoints of done jobs
         store.write_rejected([_rejection_record(rejection) for rejection in rejected])
+        if rejected and not options.quiet:
+            _print_rejections(rejected, store.url)
         store.write_run_info(_run_info(options, world, run_id, started))
     selected = jobs if options.share is None else select_share(jobs, *options.share)
     pending = world.shared_value(lambda: [j for j in hand_out_order(selected) if j.id not in store.done_ids()])

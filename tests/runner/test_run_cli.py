@@ -44,7 +44,10 @@ def test_outputs_results_and_rejections(finished_run):
     assert results["bad-size"]["status"] == "rejected"
     rejected = pq.read_table(out / "rejected" / "rejected.parquet").to_pylist()
     reasons = {(row["id"], row["column"]) for row in rejected}
-    assert ("bad-size", "width") in reasons and ("", "id") in reasons or (None, "id") in reasons
+    assert ("bad-size", "width") in reasons and (("", "id") in reasons or (None, "id") in reasons)
+    # said at once, not only in the table: which rows will not run, why, and where the list is
+    assert "genbatch: rejected row 2 (id 'bad-size'): column 'width'" in first.stderr
+    assert f"2 rejected row(s), each with its reason, in {out}/rejected/" in first.stderr
 
 
 def test_every_denoising_step_is_timed(finished_run):
