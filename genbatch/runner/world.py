@@ -129,6 +129,12 @@ class World:
 
 def start_world(options) -> World:
     """Join the process group described by the environment (torchrun, srun) and build the mesh."""
+    from genbatch.slurm.step import adopt_step_process_group
+
+    try:
+        adopt_step_process_group()  # srun's tasks as ranks when no torchrun started them
+    except ValueError as error:
+        raise UsageError(str(error)) from None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     device = _device()
     owns = False

@@ -29,7 +29,8 @@ def rendezvous_port(job_id: int) -> int:
     return RENDEZVOUS_PORT_BASE + job_id % RENDEZVOUS_PORT_SPAN
 
 
-def _int(environ: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+def int_variable(environ: Mapping[str, str], name: str, default: int | None = None) -> int | None:
+    """An integer Slurm variable, `default` when unset or empty; a clear error when it is not a number."""
     value = environ.get(name)
     if value is None or value == "":
         return default
@@ -92,25 +93,26 @@ class SlurmContext:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> SlurmContext | None:
         """Read the Slurm variables (from `os.environ` by default); None when not inside a Slurm job."""
         env = os.environ if environ is None else environ
-        job_id = _int(env, "SLURM_JOB_ID", _int(env, "SLURM_JOBID"))
+        job_id = int_variable(env, "SLURM_JOB_ID", int_variable(env, "SLURM_JOBID"))
         if job_id is None:
             return None
         nodelist = env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or ""
         hostnames = tuple(expand_hostlist(nodelist))
         return cls(
             job_id=job_id,
-            num_nodes=_int(env, "SLURM_JOB_NUM_NODES", _int(env, "SLURM_NNODES", len(hostnames))),
+            num_nodes=int_variable(env, "SLURM_JOB_NUM_NODES",
+                                   int_variable(env, "SLURM_NNODES", len(hostnames))),
             hostnames=hostnames,
-            proc_id=_int(env, "SLURM_PROCID", 0),
-            node_id=_int(env, "SLURM_NODEID", 0),
-            local_id=_int(env, "SLURM_LOCALID", 0),
-            restart_count=_int(env, "SLURM_RESTART_COUNT", 0),
-            array_job_id=_int(env, "SLURM_ARRAY_JOB_ID"),
-            array_task_id=_int(env, "SLURM_ARRAY_TASK_ID"),
-            array_task_min=_int(env, "SLURM_ARRAY_TASK_MIN"),
-            array_task_max=_int(env, "SLURM_ARRAY_TASK_MAX"),
-            array_task_step=_int(env, "SLURM_ARRAY_TASK_STEP", 1),
-            array_task_count=_int(env, "SLURM_ARRAY_TASK_COUNT"),
+            proc_id=int_variable(env, "SLURM_PROCID", 0),
+            node_id=int_variable(env, "SLURM_NODEID", 0),
+            local_id=int_variable(env, "SLURM_LOCALID", 0),
+            restart_count=int_variable(env, "SLURM_RESTART_COUNT", 0),
+            array_job_id=int_variable(env, "SLURM_ARRAY_JOB_ID"),
+            array_task_id=int_variable(env, "SLURM_ARRAY_TASK_ID"),
+            array_task_min=int_variable(env, "SLURM_ARRAY_TASK_MIN"),
+            array_task_max=int_variable(env, "SLURM_ARRAY_TASK_MAX"),
+            array_task_step=int_variable(env, "SLURM_ARRAY_TASK_STEP", 1),
+            array_task_count=int_variable(env, "SLURM_ARRAY_TASK_COUNT"),
         )
 
     def array_share(self) -> tuple[int, int] | None:

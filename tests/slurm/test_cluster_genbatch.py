@@ -4,15 +4,18 @@
 (b) a 3-task array completes a manifest, every task its own share, all into one output;
 (c) a job on the low partition is preempted by a job on the high one: USR1, checkpoint, exit 75, requeue, and it
     completes with outputs equal to an uninterrupted run's;
-(d) `scontrol requeue` in the middle of a run: same result.
+(d) `scontrol requeue` in the middle of a run: same result;
+(e) `srun` with one task per rank and no torchrun (what users type in their own sbatch scripts): the tasks
+    form one run, dp 2 over two nodes, its outputs equal a one-process run's.
 
-The one-process reference runs execute locally (no Slurm) while the cluster works. (a) and (b) run together,
+The one-process reference runs execute locally (no Slurm) while the cluster works. (a), (b) and (e) run together,
 then (c) and (d) together: a driver submits both, waits until each has written a checkpoint (so it is in the
 middle of a job) and then preempts (c) and requeues (d); both must then resume a job from its checkpoint.
 """
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -128,7 +131,23 @@ def short_runs(slurm_cluster, tmp_path_factory):
                      "--dp", "2", "--ulysses", "2", *SHORT)
     array = _submit(slurm_cluster, root, "array3", manifest, "--nodes", "1", "--procs-per-node", "1", "--array", "3",
                     *SHORT)
-    return root, reference, {"layout": layout, "array": array}
+    return root, reference, {"layout": layout, "array": array, "srun": _submit_srun_tasks(slurm_cluster, root, manifest)}
+
+
+def _submit_srun_tasks(cluster, root: Path, manifest: Path) -> tuple[int, Path]:
+    """A hand-written sbatch script: two nodes, one task each, `srun gen run` with no torchrun."""
+    out = root / "srun-tasks"
+    script = root / "srun-tasks.sbatch"
+    script.write_text("\n".join([
+        "#!/bin/bash",
+        "export OMP_NUM_THREADS=1",
+        f"srun {sys.executable} -m genbatch run {manifest} --out {out} -q --backend gloo --collective-timeout 120 "
+        + " ".join(SHORT),
+        "",
+    ]))
+    job_id = cluster.sbatch("--nodes=2", "--ntasks-per-node=1", "--job-name=srun-tasks", f"--chdir={root}",
+                            f"--output={root}/logs/srun-tasks-%j.out", str(script))
+    return job_id, out
 
 
 def test_a_two_nodes_dp2_ulysses2_equal_one_process(slurm_cluster, short_runs):
@@ -148,6 +167,19 @@ def test_b_array_of_three_completes_the_manifest(slurm_cluster, short_runs):
         runs_per_job.setdefault(row["job_id"], set()).add(row["run_id"])
     assert all(len(runs) == 1 for runs in runs_per_job.values()), runs_per_job  # each job generated once
     assert len(set().union(*runs_per_job.values())) == 3  # by three different tasks: one share each
+
+
+def test_e_srun_tasks_without_torchrun_form_one_run(slurm_cluster, short_runs):
+    root, reference, jobs = short_runs
+    job_id, out = jobs["srun"]
+    _completed(slurm_cluster, root, "srun-tasks", job_id)
+    _assert_same_outputs(out, reference.wait())  # dp only: each job in one process, the same bytes
+    info = json.loads((out / "run.json").read_text())
+    assert info["world_size"] == 2 and info["layout"].startswith("dp=2 x cfg=1 x ring=1 x ulysses=1"), info
+    timings = RunStore(str(out)).read_timings().to_pylist()
+    assert {row["rank"] for row in timings} == {0, 1}  # both tasks worked, as ranks of one run
+    encodes = [row["job_id"] for row in timings if row["stage"] == "encode_media"]
+    assert sorted(encodes) == sorted(set(encodes)) and len(encodes) == 3  # every job generated once
 
 
 # -- (c) and (d) ----------------------------------------------------------------------------------------------
