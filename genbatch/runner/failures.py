@@ -16,11 +16,31 @@ from genbatch.jobs.spec import JobSpec
 from genbatch.runner.execute import NonFiniteLatents
 
 _GRACE_SECONDS = 2.0  # how long peers get to post what they saw before the failure is written
+_OUT_OF_MEMORY_FIX = ("; the job does not fit in this group's memory: shard the weights with --fsdp, split the job "
+                      "over more ranks (--ulysses / --ring; `gen plan --gpu-mem` says which fit), or make it smaller "
+                      "(size, frames, --dtype bf16)")
 
 
 def _describe(error: BaseException) -> str:
     text = str(error).strip().splitlines()
-    return f"{type(error).__name__}: {text[0] if text else ''}".strip()
+    described = f"{type(error).__name__}: {text[0] if text else ''}".strip()
+    return described + _OUT_OF_MEMORY_FIX if _out_of_memory(error) else described
+
+
+def _out_of_memory(error: BaseException) -> bool:
+    import torch
+
+    return isinstance(error, torch.OutOfMemoryError)
+
+
+def _release_memory(error: BaseException) -> None:
+    """After an out-of-memory failure: drop the failed job's tensors (held by the traceback's frames) and hand
+    the cached blocks back, so the next job starts from an empty allocator rather than a fragmented one."""
+    import torch
+
+    traceback.clear_frames(error.__traceback__)
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def failure_record(job: JobSpec, message: str, run_id: str, rank: int) -> dict:
@@ -53,6 +73,8 @@ def record_failure(ctx, store, job: JobSpec, error: BaseException, run_id: str) 
     if ctx.group.size == 1 or isinstance(error, NonFiniteLatents):
         if ctx.is_leader:
             store.record_failure(job.id, failure_record(job, _describe(error), run_id, ctx.rank))
+        if _out_of_memory(error):
+            _release_memory(error)
         return
     from genbatch.runner.handout import coordination_store
 

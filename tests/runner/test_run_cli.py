@@ -108,3 +108,32 @@ def test_bad_layout_exits_2(tmp_path):
     result = gen("run", manifest, "--out", str(tmp_path / "out"), "--ulysses", "3")
     assert result.returncode == 2
     assert "ulysses" in result.stderr.lower()
+
+
+def test_an_out_of_memory_job_fails_naming_the_fix_and_the_run_goes_on(tmp_path, monkeypatch):
+    """An allocator failure inside one job (injected into the transformer call of that job only): the job is
+    failed with the error and what to change, the next job runs."""
+    import torch
+
+    from genbatch.runner.families.wan import WanFamily
+
+    real_predict = WanFamily.predict
+
+    def predict(self, pipe, trajectory, latents, t, step, branch):
+        if latents.shape[-1] * latents.shape[-2] > 64:  # only the big job's latents
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+        return real_predict(self, pipe, trajectory, latents, t, step, branch)
+
+    monkeypatch.setattr(WanFamily, "predict", predict)
+    rows = [
+        {"id": "too-big", "prompt": "x", "model": "tiny-wan", "width": 128, "height": 128, "num_inference_steps": 2},
+        {"id": "fits", "prompt": "y", "model": "tiny-wan", "width": 32, "height": 32, "num_inference_steps": 2},
+    ]
+    result = gen("run", write_manifest(str(tmp_path / "m.parquet"), rows), "--out", str(tmp_path / "out"))
+    assert result.returncode == 1, result.stderr
+    results = {row["id"]: row for row in pq.read_table(tmp_path / "out" / "results").to_pylist()}
+    assert results["fits"]["status"] == "done"
+    assert results["too-big"]["status"] == "failed"
+    error = results["too-big"]["error"]
+    assert error.startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 20.00 GiB")
+    assert "--fsdp" in error and "--ulysses" in error and "gen plan" in error
