@@ -11,9 +11,13 @@
 #   bash bench/gpu.sh --device cpu --tiny    # the same steps at tiny size on a CPU (the tests run this)
 #
 # Environment: PYTHON (default .venv/bin/python when present, else python3); GENBATCH_BENCH_RESULTS (default
-# bench/results/gpu); GENBATCH_BENCH_BASELINE (an earlier suite report to compare with, optional).
-# genbatch is installed from this checkout (pip install -e .) when the interpreter lacks it; pip keeps the
-# installed torch (the CUDA build) since it satisfies the requirement.
+# bench/results/gpu); GENBATCH_BENCH_BASELINE (an earlier suite report to compare with, optional);
+# GENBATCH_BENCH_ARCHIVE (a .tar.gz path: the results folder is packed there at exit, to copy back from a
+# remote machine, also when a step failed).
+# genbatch runs from this checkout. When the interpreter lacks diffusers or imageio-ffmpeg: on a machine with
+# no package registry, make the wheels here first (bash bench/gpu-wheels.sh -> .whl/), carry .whl, and this
+# script installs them into GENBATCH_SITE (default /tmp/genbatch-site) without touching anything else;
+# without .whl/ it runs `pip install -e .` (pip keeps the installed CUDA torch, which satisfies the requirement).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -23,18 +27,27 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --device) device=$2; shift 2 ;;
         --tiny) suite=tiny; shift ;;
-        -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
         *) echo "bench/gpu.sh: unknown argument $1 (use --device cuda|cpu, --tiny)" >&2; exit 2 ;;
     esac
 done
 
+site=${GENBATCH_SITE:-/tmp/genbatch-site}
 py=${PYTHON:-}
 if [ -z "$py" ]; then
     if [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi
 fi
-if ! "$py" -c "import importlib.metadata as m; m.version('genbatch')" >/dev/null 2>&1; then
-    echo "bench/gpu.sh: installing genbatch from this checkout into $py" >&2
-    "$py" -m pip install -q -e .
+# genbatch from this checkout, installed or not (the benchmark's own processes inherit the path)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+if ! "$py" -c "import diffusers, imageio_ffmpeg, genbatch" >/dev/null 2>&1; then
+    if compgen -G ".whl/*.whl" >/dev/null; then  # carried from bench/gpu-wheels.sh: no registry needed
+        echo "bench/gpu.sh: installing the wheels in .whl/ into $site" >&2
+        "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl
+        export PYTHONPATH="$site:$PYTHONPATH"
+    else
+        echo "bench/gpu.sh: installing genbatch and its dependencies from this checkout into $py" >&2
+        "$py" -m pip install -q -e .
+    fi
 fi
 if [ "$device" = cpu ]; then
     export CUDA_VISIBLE_DEVICES=""   # gen run takes a GPU whenever one is visible
@@ -46,6 +59,14 @@ fi
 results=${GENBATCH_BENCH_RESULTS:-bench/results/gpu}/$(date -u +%Y%m%dT%H%M%SZ)$([ "$suite" = tiny ] && echo -tiny || true)
 mkdir -p "$results"
 started=$SECONDS
+archive() {  # whatever was measured, even when a step failed
+    if [ -n "${GENBATCH_BENCH_ARCHIVE:-}" ]; then
+        rm -rf "$results/suite/runs" "$results"/versus/*-[0-9]*/run/outputs   # the videos: not results
+        tar -czf "$GENBATCH_BENCH_ARCHIVE" -C "$(dirname "$results")" "$(basename "$results")"
+        echo "bench/gpu.sh: results archived in $GENBATCH_BENCH_ARCHIVE" >&2
+    fi
+}
+trap archive EXIT
 
 baseline=()
 if [ -n "${GENBATCH_BENCH_BASELINE:-}" ]; then baseline=(--baseline "$GENBATCH_BENCH_BASELINE"); fi

@@ -7,14 +7,17 @@ import json
 import math
 import os
 import subprocess
+import tarfile
 
 from genbatch.benchmark.suites import SUITES
 from tests.support.runs import REPO
 
 
 def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
+    archive = tmp_path.parent / f"{tmp_path.name}-results.tar.gz"  # packed at exit, for copying back
     env = {**os.environ, "GENBATCH_BENCH_RESULTS": str(tmp_path), "OMP_NUM_THREADS": "1",
-           "GENBATCH_CACHE": tiny_report.genbatch_cache}  # the tiny model the report's run built
+           "GENBATCH_CACHE": tiny_report.genbatch_cache,  # the tiny model the report's run built
+           "GENBATCH_BENCH_ARCHIVE": str(archive)}
     result = subprocess.run(["bash", os.path.join(REPO, "bench", "gpu.sh"), "--device", "cpu", "--tiny"], env=env,
                             capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -33,3 +36,7 @@ def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
         assert math.isfinite(ratio) and ratio > 0, key
     assert "seconds per step" in result.stdout and "peak memory GiB" in result.stdout and "x" in result.stdout
     assert (results / "versus" / "versus.md").read_text().count("genbatch") >= 2
+    with tarfile.open(archive) as packed:
+        names = set(packed.getnames())
+    assert f"{folder}/versus/versus.json" in names and f"{folder}/suite/report.md" in names
+    assert not [name for name in names if name.endswith(".mp4")]  # results, not videos
