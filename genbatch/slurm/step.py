@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from genbatch.slurm.env import int_variable, rendezvous_port
+from genbatch.slurm.env import SlurmContext, int_variable, rendezvous_port
 from genbatch.slurm.hostlist import expand_hostlist
 
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
@@ -39,19 +39,20 @@ def step_process_group_env(environ: Mapping[str, str] | None = None) -> dict[str
     world_size = int_variable(env, "SLURM_STEP_NUM_TASKS")
     if "WORLD_SIZE" in env or world_size is None or world_size < 2 or "SLURM_PROCID" not in env:
         return {}
-    node_id = int_variable(env, "SLURM_NODEID", 0)
+    job = SlurmContext.from_environ(env)
+    if job is None:
+        raise ValueError("SLURM_STEP_NUM_TASKS is set but SLURM_JOB_ID is not; run gen inside `srun`")
+    step_nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST", "")) or list(job.hostnames)
+    node = env.get("SLURMD_NODENAME")
+    node_index = step_nodes.index(node) if node in step_nodes else job.node_id  # a step may use some nodes only
     per_node = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or str(world_size))
-    nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
-    if not nodes:
-        raise ValueError("SLURM_STEP_NODELIST names no node; run gen inside `srun`, or set MASTER_ADDR")
-    job_id = int_variable(env, "SLURM_JOB_ID", int_variable(env, "SLURM_JOBID", 0))
     return {
-        "RANK": str(int_variable(env, "SLURM_PROCID")),
+        "RANK": str(job.proc_id),
         "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(int_variable(env, "SLURM_LOCALID", 0)),
-        "LOCAL_WORLD_SIZE": str(per_node[node_id] if node_id < len(per_node) else per_node[-1]),
-        "MASTER_ADDR": env.get("MASTER_ADDR") or nodes[0],
-        "MASTER_PORT": env.get("MASTER_PORT") or str(rendezvous_port(job_id)),
+        "LOCAL_RANK": str(job.local_id),
+        "LOCAL_WORLD_SIZE": str(per_node[min(node_index, len(per_node) - 1)]),
+        "MASTER_ADDR": env.get("MASTER_ADDR") or step_nodes[0],
+        "MASTER_PORT": env.get("MASTER_PORT") or str(rendezvous_port(job.job_id)),
     }
 
 

@@ -51,3 +51,12 @@ def test_nothing_to_adopt(case):
         "not slurm": {"HOME": "/root"},
     }[case]
     assert step_process_group_env(env) == {}
+
+
+def test_a_step_on_some_nodes_of_the_job_counts_its_own_nodes():
+    """A step on n3 and n4 of a four-node job: the rendezvous is on n3, this task's node is found by name."""
+    env = {**TASK_3_OF_4, "SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4", "SLURM_NODEID": "3",
+           "SLURM_STEP_NODELIST": "n[3-4]", "SLURM_STEP_TASKS_PER_NODE": "3,1", "SLURMD_NODENAME": "n4",
+           "SLURM_PROCID": "3", "SLURM_LOCALID": "0"}
+    got = step_process_group_env(env)
+    assert (got["MASTER_ADDR"], got["LOCAL_WORLD_SIZE"], got["RANK"]) == ("n3", "1", "3")
