@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+import traceback
 
 import click
 
@@ -73,6 +74,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     from genbatch.jobs.schedule import parse_share
     from genbatch.runner.execute import CheckpointPolicy
     from genbatch.runner.run import RunOptions, run
+    from genbatch.parallel.teardown import exit_process
     from genbatch.runner.world import UsageError
 
     try:
@@ -101,9 +103,12 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     except (UsageError, StorageError) as error:  # nothing could start: bad options, unreachable storage
         click.echo(f"genbatch: {error}", err=True)
         status = exit_codes.USAGE
+    except Exception:  # noqa: BLE001 - a crash: its traceback and exit 1, as Python would, through exit_process
+        traceback.print_exc()
+        status = exit_codes.JOBS_FAILED
     # The handlers stay until the process exits: a late SIGTERM (torchrun tearing down the other workers, a
-    # requeue) must not turn this status into a death by signal.
-    sys.exit(status)
+    # requeue) must not turn this status into a death by signal; nor may torch's worker threads on the way out.
+    exit_process(status)
 
 
 def _args_without_nproc(argv: list[str]) -> list[str]:

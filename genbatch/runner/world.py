@@ -16,6 +16,7 @@ import torch.distributed as dist
 from genbatch.jobs.models import resolve_model
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
+from genbatch.parallel.teardown import leave_process_group, mark_joined
 from genbatch.runner import exit_codes
 from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype, load_pipeline
 
@@ -123,8 +124,8 @@ class World:
                 time.sleep(0.2)
 
     def close(self) -> None:
-        if self.owns_process_group and dist.is_initialized():
-            dist.destroy_process_group()
+        if self.owns_process_group:
+            leave_process_group()
 
 
 def start_world(options) -> World:
@@ -141,6 +142,7 @@ def start_world(options) -> World:
     if world_size > 1 and not dist.is_initialized():
         backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
         dist.init_process_group(backend, timeout=timedelta(seconds=options.collective_timeout))
+        mark_joined()  # from here on the process ends through exit_process (parallel/teardown.py)
         owns = True
     elif dist.is_initialized():
         world_size = dist.get_world_size()
@@ -161,7 +163,7 @@ def start_world(options) -> World:
             )
     except ValueError as error:
         if owns:
-            dist.destroy_process_group()
+            leave_process_group()
         raise UsageError(str(error)) from None
     dtype = DTYPES[options.dtype or default_dtype(device)]
     return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns)

@@ -4,7 +4,8 @@
 
 `fn(rank, world_size, *args)` runs after `init_process_group("gloo")`; it must be a module-level function
 (it is pickled by name). A rank that raises fails the call with that rank's traceback; a rank that hangs is
-cut off by the gloo timeout (seconds, not the 30-minute default) and the call fails.
+cut off by the gloo timeout (seconds, not the 30-minute default) and the call fails. Each rank ends through
+`genbatch.parallel.teardown.exit_process`, like `gen run`, so a finished rank never dies on its way out.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+from genbatch.parallel.teardown import exit_process
 
 
 def free_port() -> int:
@@ -38,6 +41,7 @@ def _worker(rank, world_size, port, timeout_s, result_dir, fn, args):
     )
     torch.set_num_threads(1)
     path = os.path.join(result_dir, f"rank{rank}.pkl")
+    status = 0
     try:
         dist.init_process_group(
             "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
@@ -46,12 +50,12 @@ def _worker(rank, world_size, port, timeout_s, result_dir, fn, args):
         with open(path, "wb") as handle:
             pickle.dump(("ok", result), handle)
     except BaseException:  # noqa: BLE001 - every failure must reach the parent
+        status = 1
         with open(path, "wb") as handle:
             pickle.dump(("error", traceback.format_exc()), handle)
-        raise
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+        traceback.print_exc()
+    # as `gen run` does: end without the interpreter's finalization, which can abort (parallel/teardown.py)
+    exit_process(status)
 
 
 def run_on_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 30.0) -> list:

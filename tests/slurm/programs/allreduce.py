@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from genbatch.parallel.teardown import exit_process
 from genbatch.slurm.env import SlurmContext
 
 received = []
@@ -46,8 +47,9 @@ if wait_signal and restart == 0:
     record["signalled"] = bool(received)
 with open(path, "w") as handle:
     json.dump(record, handle)
-dist.destroy_process_group()
+status = 0
 if record["signalled"]:
-    sys.exit(75)
-if "--rank1-exit" in sys.argv and record["rank"] == 1:
-    sys.exit(int(sys.argv[sys.argv.index("--rank1-exit") + 1]))
+    status = 75
+elif "--rank1-exit" in sys.argv and record["rank"] == 1:
+    status = int(sys.argv[sys.argv.index("--rank1-exit") + 1])
+exit_process(status)  # leaves the group; never dies of torch's worker threads on the way out
