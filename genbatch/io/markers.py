@@ -56,9 +56,18 @@ def done_marker(
     })
 
 
-def failure_marker(record: dict[str, Any], *, attempt: str) -> bytes:
-    """The body of failed/<id>.json."""
-    return dumps({"version": MARKER_VERSION, "attempt": attempt, "failed_at": time.time(), "record": dict(record)})
+def failure_marker(record: dict[str, Any], *, attempt: str, failed_in: list[str]) -> bytes:
+    """The body of failed/<id>.json; `failed_in`: every run attempt the job has failed in, this one last."""
+    return dumps({"version": MARKER_VERSION, "attempt": attempt, "failed_at": time.time(), "failed_in": failed_in,
+                  "record": dict(record)})
+
+
+def failed_in(payload: dict[str, Any]) -> list[str]:
+    """The run attempts a failure marker says the job failed in (markers before the list: their one attempt)."""
+    attempts = payload.get("failed_in")
+    if isinstance(attempts, list):
+        return [str(a) for a in attempts]
+    return [str(payload["attempt"])] if payload.get("attempt") else []
 
 
 def parse(data: bytes, where: str) -> dict[str, Any]:
@@ -79,4 +88,5 @@ def flat_done(payload: dict[str, Any]) -> dict[str, Any]:
 
 def flat_failure(payload: dict[str, Any]) -> dict[str, Any]:
     """A failure marker as one flat record."""
-    return {**payload["record"], "failed_at": payload.get("failed_at"), "attempt": payload.get("attempt")}
+    return {**payload["record"], "failed_at": payload.get("failed_at"), "attempt": payload.get("attempt"),
+            "failed_runs": len(failed_in(payload))}

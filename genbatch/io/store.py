@@ -133,8 +133,21 @@ class RunStore:
 
     # ---- failures and rejected rows -----------------------------------------------------------------
     def record_failure(self, job_id: str, record: dict[str, Any]) -> None:
-        """Write failed/<id>.json (replacing an earlier failure: a rerun retries failed jobs)."""
-        self.objects.write_whole(self.layout.failed(job_id), markers.failure_marker(record, attempt=self.attempt))
+        """Write failed/<id>.json with this failure, counting the run attempts the job has failed in so far.
+
+        Every rank of a group may record the same failure: each writes the earlier attempts plus this one,
+        so the count goes up by one per run attempt, however many ranks write it."""
+        path = self.layout.failed(job_id)
+        try:
+            earlier = self._read_marker(path)
+        except ValueError:  # a corrupt earlier record: this failure replaces it
+            earlier = None
+        attempts = list(dict.fromkeys([*(markers.failed_in(earlier) if earlier else []), self.attempt]))
+        self.objects.write_whole(path, markers.failure_marker(record, attempt=self.attempt, failed_in=attempts))
+
+    def failed_runs(self) -> dict[str, int]:
+        """Per failed job id, in how many run attempts it has failed."""
+        return {job_id: int(record["failed_runs"]) for job_id, record in self._read_markers("failed").items()}
 
     def failed_ids(self) -> set[str]:
         """Ids with a failure record (some may be done since: done wins)."""

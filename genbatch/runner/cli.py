@@ -47,6 +47,9 @@ def _layout_options(command):
 @click.option("--checkpoint-seconds", type=click.FloatRange(min=0), default=0, show_default=True,
               help="...but at most every T seconds per job (0: no limit); e.g. --checkpoint-every 1 "
                    "--checkpoint-seconds 300 checkpoints every five minutes.")
+@click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Try a failing job in at most N runs; one that has failed in N runs is left alone "
+                   "(raise N to try it again).")
 @click.option("--vae-parallel/--no-vae-parallel", default=True, show_default=True,
               help="Decode patch-parallel across each job group.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
@@ -60,7 +63,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     Outputs:  OUT/outputs/<id>.png|.mp4, OUT/results/ (one row per job), OUT/timings/ (every stage
               and denoising step), OUT/rejected/ (invalid rows and why), OUT/run.json.
     Exit:     0 all valid rows done, 1 some jobs failed, 2 usage or manifest file error,
-              75 stopped by SIGUSR1/SIGTERM with state checkpointed (rerun to continue).
+              75 stopped with state kept (SIGUSR1/SIGTERM, or a job group failed): rerun to continue.
     Under torchrun or srun every process runs this same command; --nproc starts them here.
     """
     if nproc is not None and nproc > 1:
@@ -97,7 +100,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             collective_timeout=options["collective_timeout"], share=share_value,
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
-            vae_parallel=options["vae_parallel"], quiet=options["quiet"],
+            vae_parallel=options["vae_parallel"], quiet=options["quiet"], max_attempts=options["max_attempts"],
         )
         status = run(run_options, stop)
     except (UsageError, StorageError) as error:  # nothing could start: bad options, unreachable storage

@@ -4,7 +4,9 @@ In a one-rank group any exception fails just that job and the run goes on. In a 
 failure that is not known to be identical on every rank (anything but non-finite latents) leaves peers
 waiting inside a collective, so the group cannot go on: each rank posts what it saw to the run's
 coordination store, the failure record names the rank that raised or stopped responding, and the process
-exits with JOBS_FAILED (a rerun resumes; the failed job is retried).
+exits with REQUEUE (75: the run stopped and a rerun continues, as after a preemption; Slurm requeues it).
+Each failure record counts the run attempts the job has failed in; a job that has failed in --max-attempts
+runs is not handed out again, so a job that always fails cannot hold a run back.
 """
 
 from __future__ import annotations

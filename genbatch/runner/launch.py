@@ -2,7 +2,8 @@
 
 Workers run `python -m genbatch run ...` (the same command without --nproc). SIGTERM to the launcher is
 forwarded to the workers by torchrun's agent; SIGUSR1 is turned into the same. Exit status: 75 when the
-workers stopped on a signal with their state checkpointed, else the most severe worker status.
+workers stopped with their state checkpointed (a signal, or a group that failed and recorded it), else the
+most severe worker status.
 """
 
 from __future__ import annotations
@@ -42,10 +43,12 @@ def launch_local(nproc: int, args: list[str]) -> int:
         return exit_codes.OK
     except ChildFailedError as failure:
         codes = {info.exitcode for info in failure.failures.values()}
-        if codes <= {exit_codes.REQUEUE, -signal.SIGTERM}:
-            return exit_codes.REQUEUE
         if exit_codes.USAGE in codes:
             return exit_codes.USAGE
+        if exit_codes.REQUEUE in codes or codes <= {-signal.SIGTERM}:
+            # a worker checkpointed or recorded its group's failure (the others were torn down): the run
+            # stopped and a rerun continues, as the node launcher under Slurm decides too
+            return exit_codes.REQUEUE
         return exit_codes.JOBS_FAILED
     except SignalException:
         return exit_codes.REQUEUE

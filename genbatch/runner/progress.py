@@ -13,8 +13,10 @@ class RunProgress:
     total: int
     """Jobs this run is responsible for (valid rows of its share)."""
     already_done: int
-    """Jobs done by earlier attempts (skipped)."""
+    """Jobs this run leaves alone: done by earlier attempts, or failed in too many (`given_up`)."""
     enabled: bool
+    given_up: int = 0
+    """Of those, the jobs not tried again for having failed in --max-attempts runs."""
     bar: tqdm | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -38,7 +40,9 @@ class RunProgress:
 
     def print_summary(self, summary: dict, *, wall_seconds: float, out: str) -> None:
         parts = [f"{summary.get(key, 0)} {key}" for key in ("done", "failed", "rejected")]
-        parts.append(f"{self.already_done} skipped (done before)")
+        parts.append(f"{self.already_done - self.given_up} skipped (done before)")
+        if self.given_up:
+            parts.append(f"{self.given_up} not tried again (failed in --max-attempts runs)")
         print(f"genbatch: {', '.join(parts)} in {wall_seconds:.1f} s -> {out}", file=sys.stderr)
         if summary.get("failed"):
             print(f"genbatch: failed jobs and their errors are in {out}/results/", file=sys.stderr)

@@ -58,6 +58,8 @@ class RunOptions:
     """Seconds a collective may wait for a peer before the job fails, naming the missing rank."""
     share: tuple[int, int] | None = None
     """Run only this (index, count) share of the manifest (job arrays)."""
+    max_attempts: int = 3
+    """Run attempts a failing job is tried in; one that has failed in this many is not tried again."""
     dynamic_hand_out: bool = True
     """Hand jobs to whichever group is free (False: a static strided split)."""
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
@@ -134,6 +136,23 @@ def _print_rejections(rejected, out: str, shown: int = 5) -> None:
           "`gen validate MANIFEST` lists them all", file=sys.stderr)
 
 
+def _pending(selected, store, max_attempts: int) -> tuple[list, dict[str, int]]:
+    """The jobs to run, in hand-out order: not done, and failed in fewer than `max_attempts` run attempts;
+    and {job id: failed runs} of those left out for having failed too often."""
+    done = store.done_ids()
+    failed_runs = {job_id: runs for job_id, runs in store.failed_runs().items() if job_id not in done}
+    given_up = {job.id: failed_runs[job.id] for job in selected if failed_runs.get(job.id, 0) >= max_attempts}
+    return [job for job in hand_out_order(selected) if job.id not in done and job.id not in given_up], given_up
+
+
+def _print_given_up(given_up: dict[str, int], max_attempts: int, out: str, shown: int = 5) -> None:
+    names = ", ".join(f"{job_id} ({runs} runs)" for job_id, runs in list(given_up.items())[:shown])
+    more = f" and {len(given_up) - shown} more" if len(given_up) > shown else ""
+    print(f"genbatch: not trying again {len(given_up)} job(s) that failed in {max_attempts} or more runs: "
+          f"{names}{more}; their errors are in {out}/failed/. Fix the cause and rerun with a higher "
+          f"--max-attempts to try them again", file=sys.stderr)
+
+
 def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop) -> int:
     ctx = world.ctx
     started = time.time()
@@ -148,11 +167,13 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
             _print_rejections(rejected, store.url)
         store.write_run_info(_run_info(options, world, run_id, started))
     selected = jobs if options.share is None else select_share(jobs, *options.share)
-    pending = world.shared_value(lambda: [j for j in hand_out_order(selected) if j.id not in store.done_ids()])
+    pending, given_up = world.shared_value(lambda: _pending(selected, store, options.max_attempts))
+    if given_up and ctx.rank == 0 and not options.quiet:
+        _print_given_up(given_up, options.max_attempts, store.url)
 
     writer = writer_cls(max_pending=options.max_pending_writes)
     executor = world.executor(options, store, writer, run_id, stop)
-    progress = RunProgress(total=len(selected), already_done=len(selected) - len(pending),
+    progress = RunProgress(total=len(selected), already_done=len(selected) - len(pending), given_up=len(given_up),
                            enabled=ctx.rank == 0 and not options.quiet)
     interrupted = False
     coordination = coordination_store(ctx)
@@ -173,8 +194,14 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
                 record_failure(ctx, store, job, error, run_id)
             progress.job_finished(coordination, run_id, ctx)
     except GroupFailure as failure:
+        # The group's collectives cannot be trusted after this: the process ends, as "stopped, rerun to
+        # continue" (a Slurm job requeues). The job is tried again in a later run, in at most --max-attempts.
         failure.record(store, run_id)
-        return exit_codes.JOBS_FAILED
+        if ctx.is_leader:  # an error, so said under --quiet too
+            print(f"genbatch: {failure.message.splitlines()[0]}\ngenbatch: this group cannot go on, so the run "
+                  f"stops here (exit {exit_codes.REQUEUE}); rerun the same command to continue: the job is tried "
+                  f"again in at most {options.max_attempts} runs in all", file=sys.stderr)
+        return exit_codes.REQUEUE
     finally:
         # Uploads and timings are flushed while SIGTERM/SIGUSR1 still only set the stop flag (the handlers
         # stay until `run` returns): a second signal (torchrun's agent, a requeue) cannot kill a flush.

@@ -95,6 +95,23 @@ def test_failures_results_and_status(run_target):
     assert store.status_counts(["a", "b", "d", "e"]) == {"done": 1, "failed": 1, "rejected": 2, "pending": 2}
 
 
+def test_failures_count_the_run_attempts_they_happened_in(run_target):
+    first = _store(run_target, attempt="run-1")
+    first.record_failure("b", {"error": "boom", "row": 1})
+    _store(run_target, rank=1, attempt="run-1").record_failure("b", {"error": "boom", "row": 1})  # its peer
+    first.record_failure("c", {"error": "other", "row": 2})
+    assert first.failed_runs() == {"b": 1, "c": 1}, "two ranks of one attempt are one failed run"
+    second = _store(run_target, attempt="run-2")
+    second.record_failure("b", {"error": "boom again", "row": 1})
+    assert second.failed_runs() == {"b": 2, "c": 1}
+    second.fs.pipe_file(second.layout.failed("c"), b"{not json")  # a torn record is replaced, not fatal
+    second.record_failure("c", {"error": "other", "row": 2})
+    assert second.failed_runs() == {"b": 2, "c": 1}
+    second.write_results()
+    rows = {row["id"]: row for row in second.read_results().to_pylist()}
+    assert rows["b"]["failed_runs"] == 2 and rows["b"]["error"] == "boom again" and rows["b"]["attempt"] == "run-2"
+
+
 def test_timings_parts_never_collide(run_target):
     rank0, rank1 = _store(run_target, rank=0), _store(run_target, rank=1)
     rerun = _store(run_target, rank=0)  # a later attempt of rank 0

@@ -95,6 +95,32 @@ def test_a_failing_job_is_recorded_and_the_run_goes_on(tmp_path):
     assert results["fine"]["status"] == "done"
 
 
+def test_a_job_that_keeps_failing_is_tried_in_at_most_max_attempts_runs(tmp_path):
+    rows = [
+        {"id": "explodes", "prompt": "x", "model": "tiny-wan", "guidance_scale": 1e38, "num_inference_steps": 2},
+        {"id": "fine", "prompt": "y", "model": "tiny-flux", "num_inference_steps": 2},
+    ]
+    manifest, out = write_manifest(str(tmp_path / "m.parquet"), rows), tmp_path / "out"
+
+    def attempt(*options):
+        result = gen("run", manifest, "--out", str(out), "--max-attempts", "2", *options)
+        failed = json.loads((out / "failed" / "explodes.json").read_text())
+        return result, len(failed["failed_in"])  # a run that tries the job again fails it again: one more
+
+    assert attempt()[1] == 1
+    second, failed_runs = attempt()
+    assert (second.returncode, failed_runs) == (1, 2), second.stderr  # retried
+    third, failed_runs = attempt()
+    assert (third.returncode, failed_runs) == (1, 2), third.stderr  # left alone, still counted failed
+    assert "not trying again 1 job(s) that failed in 2 or more runs: explodes (2 runs)" in third.stderr
+    assert "--max-attempts" in third.stderr and "1 not tried again" in third.stderr
+    results = {row["id"]: row for row in pq.read_table(out / "results").to_pylist()}
+    assert results["explodes"]["status"] == "failed" and results["explodes"]["failed_runs"] == 2
+    assert results["fine"]["status"] == "done"
+    fourth, failed_runs = attempt("--max-attempts", "3")  # raised: tried once more
+    assert (fourth.returncode, failed_runs) == (1, 3), fourth.stderr
+
+
 def test_file_level_manifest_errors_exit_2(tmp_path):
     bad = tmp_path / "not.parquet"
     bad.write_text("id,prompt\n1,a\n")
