@@ -3,8 +3,8 @@
     leave_process_group()          # destroy the process group (if one is initialised)
     exit_process(status)           # flush and end the process; never returns
 
-Why not just `sys.exit`: torch's gloo backend (2.13, and NCCL's CPU-side helpers alike) runs collectives on
-worker threads that drop each finished work a moment after the caller has woken up. When that drop holds
+Why not just `sys.exit`: torch's gloo backend (seen with torch 2.13) runs collectives on worker threads
+that drop each finished work a moment after the caller has woken up. When that drop holds
 the last reference to a tensor Python created, it must take the GIL; if the interpreter is finalizing by
 then, CPython ends the thread inside a C++ destructor and the process dies of SIGABRT ("terminate called
 without an active exception") after all of its work succeeded. `destroy_process_group` does not join
@@ -45,7 +45,11 @@ def leave_process_group() -> None:
 
 def exit_process(status: int) -> NoReturn:
     """End the process with `status`; after collectives, without the finalization that can crash (see top)."""
-    leave_process_group()
+    try:
+        leave_process_group()
+    except Exception as error:  # noqa: BLE001 - a broken group must not take the status with it
+        mark_joined()
+        print(f"genbatch: leaving the process group failed ({error}); exiting with status {status}", file=sys.stderr)
     if not _joined:
         sys.exit(status)
     logging.shutdown()
