@@ -61,7 +61,8 @@ class GroupFailure(Exception):
         store.record_failure(self.job.id, failure_record(self.job, self.message, run_id, self.rank))
 
 
-def _is_collective_error(error: BaseException) -> bool:
+def is_collective_error(error: BaseException) -> bool:
+    """Whether `error` came from a collective or the coordination store (a peer died, hung or hung up)."""
     import torch.distributed as dist
 
     if isinstance(error, (dist.DistError, TimeoutError)):
@@ -82,7 +83,7 @@ def record_failure(ctx, store, job: JobSpec, error: BaseException, run_id: str) 
 
     coordination = coordination_store(ctx)
     prefix = f"genbatch/{run_id}/failure/{job.id}"
-    collective = _is_collective_error(error)
+    collective = is_collective_error(error)
     coordination.set(f"{prefix}/{ctx.rank}", ("peer" if collective else "raised") + "\t" + _describe(error))
     time.sleep(_GRACE_SECONDS)
     group_ranks = [ctx.group.global_rank(r) for r in range(ctx.group.size)]

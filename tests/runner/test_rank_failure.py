@@ -37,6 +37,13 @@ def _worker(launcher: int, local_rank: int) -> int:
     raise AssertionError(f"no worker with LOCAL_RANK={local_rank} under {launcher}")
 
 
+def _mid_job(out) -> bool:
+    """A job has written a step checkpoint and is not done: both ranks are inside its denoising loop."""
+    checkpoints = {path.stem for path in (out / "checkpoints").glob("*.ckpt")}
+    done = {path.stem for path in (out / "done").glob("*.json")}
+    return bool(checkpoints - done)
+
+
 @pytest.mark.parametrize("fault", ["dies", "hangs"])
 def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS)
@@ -44,7 +51,7 @@ def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
     process = start_gen("run", manifest, "--out", str(out), "--nproc", "2", "--ulysses", "2",
                         "--collective-timeout", "5", "-q")
     deadline = time.monotonic() + 180
-    while not (out / "done").exists() and time.monotonic() < deadline and process.poll() is None:
+    while not _mid_job(out) and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.1)
     assert process.poll() is None, process.communicate()
     victim = _worker(process.pid, 1)
@@ -70,3 +77,38 @@ def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
         rerun = gen("run", manifest, "--out", str(out), "--nproc", "2", "--ulysses", "2", "-q", timeout=300)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert sorted(os.listdir(out / "done")) == sorted(f"{row['id']}.json" for row in ROWS)
+
+
+def _run_losing_rank_1_after_one_job(rank: int, world_size: int, manifest: str, out: str) -> int:
+    """`gen run`'s `run` on a two-rank group whose rank 1 exits right after finishing its first job."""
+    from genbatch.runner import run as run_module
+    from genbatch.runner.execute import JobExecutor
+    from genbatch.runner.run import RunOptions
+
+    finish_job = JobExecutor.run
+
+    def finish_then_exit(self, job):
+        result = finish_job(self, job)
+        if rank == 1:
+            os._exit(9)  # gone between jobs: its peer is at the next hand-out or stop check
+        return result
+
+    JobExecutor.run = finish_then_exit
+    status = run_module.run(RunOptions(manifest=manifest, out=out, ulysses=2, quiet=True))
+    with open(os.path.join(out, "rank0-status"), "w") as handle:
+        handle.write(str(status))
+    return status
+
+
+def test_a_rank_lost_between_jobs_stops_the_run_with_75_and_fails_no_job(tmp_path, capfd):
+    from tests.support.distributed import run_on_ranks
+
+    rows = [{"id": f"still-{i}", "prompt": f"a still lake {i}", "model": "tiny-flux", "num_inference_steps": 2}
+            for i in range(3)]
+    manifest, out = write_manifest(str(tmp_path / "m.parquet"), rows), tmp_path / "out"
+    with pytest.raises(AssertionError, match="process 1 terminated with exit code 9"):
+        run_on_ranks(_run_losing_rank_1_after_one_job, 2, (manifest, str(out)), timeout_s=20)
+    assert (out / "rank0-status").read_text() == "75"
+    assert "rank 0 lost a peer between jobs" in capfd.readouterr().err
+    assert len(list((out / "done").glob("*.json"))) == 1
+    assert not (out / "failed").exists(), "no job was running when the peer went: none is failed"
