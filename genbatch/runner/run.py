@@ -2,7 +2,7 @@
 
     world    = torchrun/srun environment (or one process)       -> ParallelContext (one DeviceMesh)
     jobs     = manifest rows, validated (rank 0 reads, all ranks receive the same list)
-    pending  = jobs without a done marker, in hand-out order (optionally one array share)
+    pending  = jobs without a done marker, failed in < --max-attempts runs, in hand-out order (of one share)
     for job in HandOut(pending):  JobExecutor.run(job)         -> outputs, markers, timings
     rank 0   = results table, run.json, summary                  -> exit status
 """
