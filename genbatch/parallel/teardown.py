@@ -27,19 +27,14 @@ from typing import NoReturn
 import torch.distributed as dist
 
 _joined = False
-"""Whether this process has been part of a process group (set by `mark_joined` / `leave_process_group`)."""
-
-
-def mark_joined() -> None:
-    """Record that this process runs collectives, so `exit_process` skips the interpreter's finalization."""
-    global _joined
-    _joined = True
+"""Whether this process has left a process group, so `exit_process` skips the interpreter's finalization."""
 
 
 def leave_process_group() -> None:
     """Destroy the default process group (and every group made from it), if one is initialised."""
+    global _joined
     if dist.is_available() and dist.is_initialized():
-        mark_joined()
+        _joined = True  # first: a destroy that fails still ran collectives before
         dist.destroy_process_group()
 
 
@@ -48,7 +43,6 @@ def exit_process(status: int) -> NoReturn:
     try:
         leave_process_group()
     except Exception as error:  # noqa: BLE001 - a broken group must not take the status with it
-        mark_joined()
         print(f"genbatch: leaving the process group failed ({error}); exiting with status {status}", file=sys.stderr)
     if not _joined:
         sys.exit(status)

@@ -75,9 +75,9 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     stop = StopRequest().install()  # before the heavy imports: a signal during start-up still checkpoints
     from genbatch.io import StorageError
     from genbatch.jobs.schedule import parse_share
+    from genbatch.parallel.teardown import exit_process
     from genbatch.runner.execute import CheckpointPolicy
     from genbatch.runner.run import RunOptions, run
-    from genbatch.parallel.teardown import exit_process
     from genbatch.runner.world import UsageError
 
     try:

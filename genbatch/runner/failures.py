@@ -23,7 +23,8 @@ _OUT_OF_MEMORY_FIX = ("; the job does not fit in this group's memory: shard the 
                       "(size, frames, --dtype bf16)")
 
 
-def _describe(error: BaseException) -> str:
+def describe_error(error: BaseException) -> str:
+    """`Type: first line of the message`, plus what to change when it is an out-of-memory error."""
     text = str(error).strip().splitlines()
     described = f"{type(error).__name__}: {text[0] if text else ''}".strip()
     return described + _OUT_OF_MEMORY_FIX if _out_of_memory(error) else described
@@ -75,7 +76,7 @@ def record_failure(ctx, store, job: JobSpec, error: BaseException, run_id: str) 
     """Record a failed job, or raise GroupFailure when the group cannot go on."""
     if ctx.group.size == 1 or isinstance(error, NonFiniteLatents):
         if ctx.is_leader:
-            store.record_failure(job.id, failure_record(job, _describe(error), run_id, ctx.rank))
+            store.record_failure(job.id, failure_record(job, describe_error(error), run_id, ctx.rank))
         if _out_of_memory(error):
             _release_memory(error)
         return
@@ -84,7 +85,7 @@ def record_failure(ctx, store, job: JobSpec, error: BaseException, run_id: str) 
     coordination = coordination_store(ctx)
     prefix = f"genbatch/{run_id}/failure/{job.id}"
     collective = is_collective_error(error)
-    coordination.set(f"{prefix}/{ctx.rank}", ("peer" if collective else "raised") + "\t" + _describe(error))
+    coordination.set(f"{prefix}/{ctx.rank}", ("peer" if collective else "raised") + "\t" + describe_error(error))
     time.sleep(_GRACE_SECONDS)
     group_ranks = [ctx.group.global_rank(r) for r in range(ctx.group.size)]
     raised, silent = [], []
@@ -101,7 +102,7 @@ def record_failure(ctx, store, job: JobSpec, error: BaseException, run_id: str) 
     elif silent:
         cause = f"rank(s) {silent} stopped responding (died or hung; collective timeout applies)"
     else:
-        cause = _describe(error)
+        cause = describe_error(error)
     message = f"job {job.id} failed on ranks {group_ranks}: {cause}"
     if not collective:
         message += "\n" + "".join(traceback.format_exception(error)[-3:])

@@ -24,7 +24,7 @@ from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner import exit_codes
 from genbatch.runner.execute import CheckpointPolicy, JobExecutor, JobInterrupted
-from genbatch.runner.failures import GroupFailure, is_collective_error, record_failure
+from genbatch.runner.failures import GroupFailure, describe_error, is_collective_error, record_failure
 from genbatch.runner.handout import HandOut, coordination_store
 from genbatch.runner.progress import RunProgress
 from genbatch.runner.world import World, start_world
@@ -206,8 +206,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
         if not (ctx.distributed and is_collective_error(error)):
             raise
         # Between jobs (the hand-out, the stop check): a peer died or hung, and no job was half-done here.
-        first_line = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        print(f"genbatch: rank {ctx.rank} lost a peer between jobs ({first_line}); the run stops here "
+        print(f"genbatch: rank {ctx.rank} lost a peer between jobs ({describe_error(error)}); the run stops here "
               f"(exit {exit_codes.REQUEUE}): rerun the same command to continue", file=sys.stderr)
         return exit_codes.REQUEUE
     finally:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 from genbatch.jobs.models import resolve_model
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
-from genbatch.parallel.teardown import leave_process_group, mark_joined
+from genbatch.parallel.teardown import leave_process_group
 from genbatch.runner import exit_codes
 from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype, load_pipeline
 
@@ -142,7 +142,6 @@ def start_world(options) -> World:
     if world_size > 1 and not dist.is_initialized():
         backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
         dist.init_process_group(backend, timeout=timedelta(seconds=options.collective_timeout))
-        mark_joined()  # from here on the process ends through exit_process (parallel/teardown.py)
         owns = True
     elif dist.is_initialized():
         world_size = dist.get_world_size()
