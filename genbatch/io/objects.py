@@ -9,11 +9,15 @@ Local disk: a temp file in the same folder, fsynced, then os.replace (whole) or 
 the name exists); the temp file is removed in a `finally`, and `remove_stale_temps` clears those of killed
 processes. Object stores: one PUT (s3fs is told a chunk size that keeps anything under 5 GiB off multipart),
 markers with If-None-Match (`mode="create"`); a precondition failure (FileExistsError on AWS/moto,
-OSError(22) on Ceph) means "already there". Every call goes through the retry policy (retry.py).
+OSError(22) on Ceph) means "already there". Every call goes through the retry policy (retry.py), each try
+bounded by the time the policy has left (async filesystems take `timeout=`). Once an operation has failed past
+the policy's bound the store counts as down, and later operations get one try each until one succeeds: the run
+is stopping, and its last writes (queued uploads, timings) must not each wait out the bound again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import socket
@@ -21,9 +25,10 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 
+from fsspec.asyn import AsyncFileSystem
 from fsspec.implementations.local import LocalFileSystem
 
-from genbatch.io.retry import RetryPolicy, call_with_retries
+from genbatch.io.retry import RetryPolicy, StorageError, call_with_retries
 
 _SINGLE_PUT_LIMIT = 5 * 2**30  # the largest object S3 accepts in one PUT
 _TEMP_MARK = ".tmp-"
@@ -52,23 +57,33 @@ class FsspecObjects:
         s3 = "s3" in _protocols(fs)
         self._put_kwargs = {"chunksize": _SINGLE_PUT_LIMIT} if s3 else {}
         self._get_kwargs = {"max_concurrency": 1} if s3 else {}  # one GET, no HEAD for the size first
+        self._bound = "timeout" if isinstance(fs, AsyncFileSystem) else None  # fsspec cancels a call past it
+        self.down = False
+        """True after an operation failed past the policy's bound, until one succeeds."""
 
     def _call(self, op: str, path: str, fn, *args, passthrough=(), **kwargs):
-        return call_with_retries(
-            self.policy, op, self.url_of(path), fn, *args, passthrough=passthrough, **kwargs
-        )
+        policy = dataclasses.replace(self.policy, attempts=1) if self.down else self.policy
+        try:
+            result = call_with_retries(
+                policy, op, self.url_of(path), fn, *args, passthrough=passthrough, bound=self._bound, **kwargs
+            )
+        except StorageError as error:
+            self.down = self.down or error.transient
+            raise
+        self.down = False
+        return result
 
     def write_whole(self, path: str, data: bytes) -> None:
         self._call("write", path, self.fs.pipe_file, path, bytes(data), **self._put_kwargs)
 
-    def _create_once(self, path: str, data: bytes) -> None:
+    def _create_once(self, path: str, data: bytes, **bound) -> None:
         try:
-            self.fs.pipe_file(path, data, mode="create", **self._put_kwargs)
+            self.fs.pipe_file(path, data, mode="create", **self._put_kwargs, **bound)
         except FileExistsError:
             raise
         except OSError as exc:
             # Ceph answers a failed If-None-Match with a 412 that s3fs turns into OSError(22): confirm.
-            if _is_precondition_failure(exc) or (exc.errno == errno.EINVAL and self.fs.exists(path)):
+            if _is_precondition_failure(exc) or (exc.errno == errno.EINVAL and self.fs.exists(path, **bound)):
                 raise FileExistsError(errno.EEXIST, "already exists", path) from exc
             raise
 

@@ -19,11 +19,13 @@ from fsspec.implementations.local import LocalFileSystem
 
 # s3fs and botocore retry inside each call; the store retries whole operations itself (retry.py), so the
 # inner layers are turned off unless the user asks for them: one policy decides how long a write may take.
+# botocore's socket timeouts (60 s each by default) are lowered to the store's bound (--storage-timeout).
 _S3_DEFAULTS: dict[str, Any] = {
     "use_listings_cache": False,  # other ranks write markers: every listing must ask the server
     "skip_instance_cache": True,  # the endpoint may come from env vars, which fsspec's cache key ignores
 }
 _S3_CONFIG_DEFAULTS: dict[str, Any] = {"retries": {"total_max_attempts": 1}}
+_BOTOCORE_TIMEOUT_S = 60.0  # botocore's own connect_timeout and read_timeout
 
 
 def _convert(text: str) -> Any:
@@ -76,23 +78,29 @@ def parse_storage_options(items: list[str] | tuple[str, ...]) -> dict[str, Any]:
     return options
 
 
-def _with_s3_defaults(options: dict[str, Any]) -> dict[str, Any]:
+def _with_s3_defaults(options: dict[str, Any], timeout_s: float | None) -> dict[str, Any]:
     merged = {**copy.deepcopy(_S3_DEFAULTS), **options}
     config = dict(merged.get("config_kwargs") or {})
     for key, value in _S3_CONFIG_DEFAULTS.items():
         config.setdefault(key, copy.deepcopy(value))  # botocore edits this dict: never hand it ours
+    socket_timeout = _BOTOCORE_TIMEOUT_S if timeout_s is None else min(_BOTOCORE_TIMEOUT_S, timeout_s)
+    config.setdefault("connect_timeout", socket_timeout)
+    config.setdefault("read_timeout", socket_timeout)
     merged["config_kwargs"] = config
     return merged
 
 
-def open_filesystem(url: str, storage_options: dict[str, Any] | None = None):
-    """Return (fs, root path inside fs, normalized URL) for a run URL: a local path or any fsspec URL."""
+def open_filesystem(url: str, storage_options: dict[str, Any] | None = None, timeout_s: float | None = None):
+    """Return (fs, root path inside fs, normalized URL) for a run URL: a local path or any fsspec URL.
+
+    `timeout_s`: the store's bound on one operation (--storage-timeout); botocore's socket timeouts stay
+    within it."""
     if not isinstance(url, str) or not url.strip():
         raise ValueError(f"run URL {url!r} is empty: pass --out DIR or --out s3://bucket/prefix")
     options = dict(storage_options or {})
     protocol = url.split("://", 1)[0] if "://" in url else "file"
     if protocol in ("s3", "s3a"):
-        options = _with_s3_defaults(options)
+        options = _with_s3_defaults(options, timeout_s)
     fs, path = fsspec.core.url_to_fs(url, **options)
     if protocol in ("s3", "s3a"):
         fs.retries = 1  # s3fs's own retry loop (a class attribute; this instance is ours: skip_instance_cache)

@@ -1,12 +1,17 @@
 """Retries for object-store calls: transient errors back off and retry, permanent ones fail at once.
 
-    policy = RetryPolicy(attempts=6, base_delay_s=0.1, max_delay_s=5.0)
-    data = call_with_retries(policy, "read", url, fs.cat_file, path)
+    policy = RetryPolicy(timeout_s=120)              # `gen run --storage-timeout 120`
+    data = call_with_retries(policy, "read", url, fs.cat_file, path, bound="timeout")
 
 Transient: 5xx, throttling (SlowDown), request timeouts, reset/closed/refused connections.
 Permanent: everything else (403, 404 on a write, a bad bucket name, a bad request); they raise a
 StorageError naming the URL and the fix. Exceptions listed in `passthrough` (FileNotFoundError on a read,
 FileExistsError on a create-only write) reach the caller unchanged: they are answers, not failures.
+
+One operation, all its tries and waits included, takes at most `timeout_s`: the loop stops retrying at that
+deadline, and with `bound="timeout"` each try is handed the time left (fsspec's async filesystems cancel a
+call past its `timeout=`), so a hung server cannot hold a try longer than the whole. The inner layers (s3fs's
+and botocore's retries, botocore's socket timeouts) are set in options.py to stay inside the same bound.
 """
 
 from __future__ import annotations
@@ -43,16 +48,23 @@ _TRANSIENT_NAMES = {  # exception classes from botocore, aiohttp, urllib3 and ht
 class RetryPolicy:
     """How often and how long to retry a transient storage error (exponential backoff, full jitter)."""
 
-    attempts: int = 6
-    """Tries in all, the first included; 1 turns retrying off."""
+    timeout_s: float | None = 120.0
+    """The most seconds one operation may take, every try and wait included (`--storage-timeout`); past it a
+    transient failure raises StorageError(transient=True). None: no time bound (then `attempts` is needed)."""
+    attempts: int | None = None
+    """Tries in all, the first included; 1 turns retrying off. None: as many as fit in `timeout_s`."""
     base_delay_s: float = 0.1
     """Upper bound of the first wait; each later bound doubles."""
     max_delay_s: float = 5.0
     """Cap on any single wait."""
 
     def __post_init__(self) -> None:
-        if self.attempts < 1:
+        if self.attempts is not None and self.attempts < 1:
             raise ValueError(f"RetryPolicy.attempts={self.attempts} must be >= 1 (1 means no retries)")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"RetryPolicy.timeout_s={self.timeout_s} must be > 0 seconds (--storage-timeout)")
+        if self.timeout_s is None and self.attempts is None:
+            raise ValueError("RetryPolicy needs a bound: give timeout_s (seconds) or attempts (tries)")
         if self.base_delay_s < 0 or self.max_delay_s < self.base_delay_s:
             raise ValueError(
                 f"RetryPolicy delays base={self.base_delay_s}, max={self.max_delay_s}: need 0 <= base <= max"
@@ -65,7 +77,7 @@ class RetryPolicy:
 
 
 class StorageError(OSError):
-    """A storage call that failed for good: permanent, or transient past the retry budget."""
+    """A storage call that failed for good: permanent (exit 2), or transient past the retry budget (exit 75)."""
 
     def __init__(self, message: str, *, url: str, transient: bool):
         super().__init__(message)
@@ -116,7 +128,8 @@ def _fix_for(exc: BaseException, op: str) -> str:
         return "check that the bucket exists (create it first) and that --out names it correctly"
     if is_transient(exc):
         return ("the store kept failing: check the endpoint (AWS_ENDPOINT_URL or --storage-option "
-                "endpoint_url=...) and its health, or raise RetryPolicy.attempts")
+                "endpoint_url=...) and its health, then rerun the same command (the run's state is kept); "
+                "--storage-timeout sets how long an operation may keep failing")
     if "bucket" in " ".join(f"{type(e).__name__} {e}" for e in _chain(exc)).lower():
         return "check the bucket name in --out (3-63 lowercase letters, digits, dots, hyphens)"
     return f"check the URL, the endpoint and the permissions for {op}"
@@ -129,24 +142,43 @@ def call_with_retries(
     fn: Callable[..., T],
     *args: Any,
     passthrough: tuple[type[BaseException], ...] = (),
+    bound: str | None = None,
     sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
     **kwargs: Any,
 ) -> T:
-    """Call fn(*args, **kwargs); retry transient errors under `policy`; raise StorageError otherwise."""
-    for attempt in range(policy.attempts):
+    """Call fn(*args, **kwargs); retry transient errors under `policy`; raise StorageError otherwise.
+
+    `bound`: the name of fn's keyword that caps one try in seconds (fsspec async filesystems: "timeout"); each
+    try gets the time left before the policy's deadline."""
+    started = clock()
+    deadline = None if policy.timeout_s is None else started + policy.timeout_s
+    attempt = 0
+    while True:
+        if bound is not None and deadline is not None:
+            kwargs[bound] = max(deadline - clock(), 0.001)
         try:
             return fn(*args, **kwargs)
         except passthrough:
             raise
         except Exception as exc:  # noqa: BLE001 - classified below, re-raised as StorageError
+            attempt += 1
             transient = is_transient(exc)
-            if transient and attempt + 1 < policy.attempts:
-                sleep(policy.delay(attempt))
+            wait = policy.delay(attempt - 1)
+            tries_left = policy.attempts is None or attempt < policy.attempts
+            time_left = deadline is None or clock() + wait < deadline
+            if transient and tries_left and time_left:
+                sleep(wait)
                 continue
-            tries = f" after {attempt + 1} tries" if transient else ""
             raise StorageError(
-                f"{op} {url} failed{tries}: {type(exc).__name__}: {exc}. Fix: {_fix_for(exc, op)}",
+                f"{op} {url} failed{_spent(attempt, clock() - started, policy) if transient else ''}: "
+                f"{type(exc).__name__}: {exc}. Fix: {_fix_for(exc, op)}",
                 url=url,
                 transient=transient,
             ) from exc
-    raise AssertionError("unreachable: the loop returns or raises")
+
+
+def _spent(tries: int, seconds: float, policy: RetryPolicy) -> str:
+    if policy.attempts is not None and tries >= policy.attempts:
+        return f" after {tries} tries"
+    return f" after {tries} tries in {seconds:.1f} s (--storage-timeout {policy.timeout_s:g} s)"

@@ -63,11 +63,11 @@ class RunStore:
         attempt: str | None = None,
         retry: RetryPolicy | None = None,
     ):
-        self.fs, root, self.url = open_filesystem(url, storage_options)
+        self.retry = retry or RetryPolicy()
+        self.fs, root, self.url = open_filesystem(url, storage_options, timeout_s=self.retry.timeout_s)
         self.layout = RunLayout(root)
         self.rank = rank
         self.attempt = attempt or new_attempt_id()
-        self.retry = retry or RetryPolicy()
         self.objects = open_objects(self.fs, self.retry, self._url_of)
         self._timings: list[dict[str, Any]] = []
         self._timing_parts = 0

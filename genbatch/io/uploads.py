@@ -28,7 +28,7 @@ def list_open_uploads(fs, root: str, policy: RetryPolicy, url: str) -> list[dict
     while True:
         page = call_with_retries(
             policy, "list multipart uploads", url, fs.call_s3,
-            "list_multipart_uploads", Bucket=bucket, Prefix=prefix, **markers,
+            "list_multipart_uploads", Bucket=bucket, Prefix=prefix, bound="timeout", **markers,
         )
         uploads.extend(page.get("Uploads") or [])
         if not page.get("IsTruncated"):
@@ -48,6 +48,7 @@ def abort_open_uploads(fs, root: str, policy: RetryPolicy, url: str, older_than_
             call_with_retries(
                 policy, "abort multipart upload", url, fs.call_s3, "abort_multipart_upload",
                 Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"], passthrough=(FileNotFoundError,),
+                bound="timeout",
             )
         except FileNotFoundError:  # finished or aborted meanwhile
             continue

@@ -3,6 +3,7 @@
     writer = BackgroundWriter(max_pending=2)
     writer.submit(store.commit, job_id, media, "mp4", record)   # returns at once unless 2 are queued
     ...
+    writer.failure    # the first error so far, without waiting (None while all went well)
     writer.flush()    # before a checkpoint and at exit: waits, then re-raises the first error
     writer.close()
 
@@ -62,6 +63,12 @@ class BackgroundWriter:
         future: Future = Future()
         self._queue.put((future, fn, args, kwargs))
         return future
+
+    @property
+    def failure(self) -> BaseException | None:
+        """The first error since the last flush, without waiting (the job loop stops on a storage failure)."""
+        with self._lock:
+            return self._first_error
 
     @property
     def pending(self) -> int:
