@@ -8,7 +8,10 @@
 (e) `srun` with one task per rank and no torchrun (what users type in their own sbatch scripts): the tasks
     form one run, dp 2 over two nodes, its outputs equal a one-process run's.
 
-The one-process reference runs execute locally (no Slurm) while the cluster works. (a), (b) and (e) run together,
+The one-process reference runs execute locally (no Slurm) while the cluster works. Outputs are compared byte for
+byte, and a CPU's fp32 results depend on its thread count: every process here, reference and Slurm task alike,
+runs with THREADS (torchrun would set 1 for several processes a node and leave one process a node all cores).
+(a), (b) and (e) run together,
 then (c) and (d) together: a driver submits both, waits until each has written a checkpoint (so it is in the
 middle of a job) and then preempts (c) and requeues (d); both must then resume a job from its checkpoint.
 """
@@ -16,6 +19,7 @@ middle of a job) and then preempts (c) and requeues (d); both must then resume a
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -38,6 +42,8 @@ LONG = ("--model", "tiny-wan", "--steps", "60", "--frames", "33", "--width", "16
 """Options of the interrupted runs (c) and (d), one job per rank: 540 tokens a step (9x the preset's default
 size), so after the first checkpoint (step 2) a job has 58 steps left, several seconds even on an idle machine,
 while the signal arrives within about a second."""
+THREADS = {"OMP_NUM_THREADS": "1"}
+"""Pinned in the reference runs and in the environment the jobs are submitted from (sbatch exports it)."""
 FINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"}
 
 
@@ -63,7 +69,8 @@ class Reference:
 def _reference(root: Path, manifest: Path, options: tuple[str, ...]) -> Reference:
     out = root / f"reference-{manifest.stem}"
     command = [sys.executable, "-m", "genbatch", "run", str(manifest), "--out", str(out), "-q", *options]
-    return Reference(out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return Reference(out, subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                           env={**os.environ, **THREADS}))
 
 
 def _submit(cluster, root: Path, name: str, manifest: Path, *options: str) -> tuple[int, Path]:
@@ -71,7 +78,8 @@ def _submit(cluster, root: Path, name: str, manifest: Path, *options: str) -> tu
     out = root / name
     command = [sys.executable, "-m", "genbatch", "submit", str(manifest), "--out", str(out), "--job-name", name,
                "--log-dir", str(root / "logs"), "--gpus-per-node", "0", "--backend", "gloo", "-q", *options]
-    result = subprocess.run(command, env=cluster.env, cwd=root, capture_output=True, text=True, timeout=120)
+    result = subprocess.run(command, env={**cluster.env, **THREADS}, cwd=root, capture_output=True, text=True,
+                            timeout=120)
     assert result.returncode == 0, result.stderr
     return int(result.stdout.strip()), out
 
@@ -140,7 +148,7 @@ def _submit_srun_tasks(cluster, root: Path, manifest: Path) -> tuple[int, Path]:
     script = root / "srun-tasks.sbatch"
     script.write_text("\n".join([
         "#!/bin/bash",
-        "export OMP_NUM_THREADS=1",
+        *(f"export {name}={value}" for name, value in THREADS.items()),
         f"srun {sys.executable} -m genbatch run {manifest} --out {out} -q --backend gloo --collective-timeout 120 "
         + " ".join(SHORT),
         "",

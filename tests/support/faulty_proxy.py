@@ -10,6 +10,10 @@ For each request, with probability `fault_rate` (and only where `applies(method,
     "drop_after"   forward, let the store apply the request, then close without answering (the client
                    cannot know it succeeded: the case that makes create-only retries interesting)
 Every request is logged as (method, path with query, outcome). Stdlib only: http.server + http.client.
+
+`hold(applies)` makes matching requests wait (unanswered, the client blocked in its call) until `release()`:
+a test can keep a run in a state it cannot skip past (e.g. a job's checkpoint upload in flight) and act then;
+`held` lists the paths waiting.
 """
 
 from __future__ import annotations
@@ -77,6 +81,7 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _relay(self) -> None:
         body = self._read_body()
+        self.server.wait_if_held(self.command, self.path)
         outcome = self.server.decide(self.command, self.path)
         if outcome == "503":
             self.send_response(503, "Slow Down")
@@ -110,10 +115,11 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self, upstream: str, decide):
+    def __init__(self, upstream: str, decide, wait_if_held):
         split = urllib.parse.urlsplit(upstream)
         self.upstream_host, self.upstream_port = split.hostname, split.port or 80
         self.decide = decide
+        self.wait_if_held = wait_if_held
         super().__init__(("127.0.0.1", 0), _Handler)
 
 
@@ -130,7 +136,9 @@ class FaultyProxy:
         self.log: list[tuple[str, str, str]] = []
         self._rng = random.Random(seed)
         self._lock = threading.Lock()
-        self._server = _Server(upstream, self._decide)
+        self._holds = None  # (applies, released event) while `hold` is in force
+        self._held: list[str] = []
+        self._server = _Server(upstream, self._decide, self._wait_if_held)
         self._thread = threading.Thread(target=self._server.serve_forever, name="faulty-proxy", daemon=True)
         self.endpoint_url = f"http://127.0.0.1:{self._server.server_address[1]}"
 
@@ -142,6 +150,36 @@ class FaultyProxy:
             self.log.append((method, path, outcome))
             return outcome
 
+    def hold(self, applies) -> None:
+        """From now on, requests with `applies(method, path)` wait until `release()`."""
+        with self._lock:
+            self._holds = (applies, threading.Event())
+
+    def release(self) -> None:
+        """Let every held request (and all later ones) through."""
+        with self._lock:
+            holds, self._holds = self._holds, None
+        if holds is not None:
+            holds[1].set()
+
+    @property
+    def held(self) -> list[str]:
+        """Paths of the requests waiting now."""
+        with self._lock:
+            return list(self._held)
+
+    def _wait_if_held(self, method: str, path: str) -> None:
+        with self._lock:
+            holds = self._holds
+            if holds is None or not holds[0](method, path):
+                return
+            self._held.append(path)
+        try:
+            holds[1].wait(timeout=300)  # bounded: a test that never releases still ends
+        finally:
+            with self._lock:
+                self._held.remove(path)
+
     @property
     def counts(self) -> Counter:
         with self._lock:
@@ -152,6 +190,7 @@ class FaultyProxy:
         return self
 
     def stop(self) -> None:
+        self.release()
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(5)
