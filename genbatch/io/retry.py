@@ -84,6 +84,13 @@ class StorageError(OSError):
         self.url = url
         self.transient = transient
 
+    def __reduce__(self):  # rank 0 shares its start-up failure with every rank (broadcast_object_list pickles)
+        return _storage_error, (str(self), self.url, self.transient)
+
+
+def _storage_error(message: str, url: str, transient: bool) -> StorageError:
+    return StorageError(message, url=url, transient=transient)
+
 
 def _chain(exc: BaseException):
     seen = set()

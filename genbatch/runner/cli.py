@@ -50,6 +50,10 @@ def _layout_options(command):
 @click.option("--max-attempts", type=click.IntRange(min=1), default=3, show_default=True,
               help="Try a failing job in at most N runs; one that has failed in N runs is left alone "
                    "(raise N to try it again).")
+@click.option("--storage-timeout", type=click.FloatRange(min=0, min_open=True), default=120, show_default=True,
+              metavar="SECONDS",
+              help="How long one read or write of OUT may keep failing (every retry included) before the run stops "
+                   "with its state kept (exit 75: rerun to continue); access denied or no such bucket exit 2 at once.")
 @click.option("--vae-parallel/--no-vae-parallel", default=True, show_default=True,
               help="Decode patch-parallel across each job group.")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
@@ -62,8 +66,9 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     \b
     Outputs:  OUT/outputs/<id>.png|.mp4, OUT/results/ (one row per job), OUT/timings/ (every stage
               and denoising step), OUT/rejected/ (invalid rows and why), OUT/run.json.
-    Exit:     0 all valid rows done, 1 some jobs failed, 2 usage or manifest file error,
-              75 stopped with state kept (SIGUSR1/SIGTERM, or a job group failed): rerun to continue.
+    Exit:     0 all valid rows done, 1 some jobs failed, 2 usage or manifest file error, or storage that
+              refuses for good (access denied, no such bucket), 75 stopped with state kept (SIGUSR1/SIGTERM,
+              a job group failed, storage down past --storage-timeout): rerun to continue.
     Under torchrun or srun every process runs this same command; --nproc starts them here.
     """
     if nproc is not None and nproc > 1:
@@ -101,11 +106,18 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
             vae_parallel=options["vae_parallel"], quiet=options["quiet"], max_attempts=options["max_attempts"],
+            storage_timeout=options["storage_timeout"],
         )
         status = run(run_options, stop)
-    except (UsageError, StorageError) as error:  # nothing could start: bad options, unreachable storage
+    except UsageError as error:  # nothing could start: bad options
         click.echo(f"genbatch: {error}", err=True)
         status = exit_codes.USAGE
+    except StorageError as error:  # the store failed: for good (2), or past --storage-timeout (75, state kept)
+        click.echo(f"genbatch: {error}", err=True)
+        if error.transient:
+            click.echo("genbatch: the run stops here with its state kept (exit 75); rerun the same command once "
+                       "the store answers again", err=True)
+        status = exit_codes.REQUEUE if error.transient else exit_codes.USAGE
     except Exception:  # noqa: BLE001 - a crash: its traceback and exit 1, as Python would, through exit_process
         traceback.print_exc()
         status = exit_codes.JOBS_FAILED

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from genbatch.io.retry import StorageError
 from genbatch.jobs.models import resolve_model
 from genbatch.jobs.schedule import hand_out_order, select_share
 from genbatch.jobs.spec import JobOverrides
@@ -60,6 +61,9 @@ class RunOptions:
     """Run only this (index, count) share of the manifest (job arrays)."""
     max_attempts: int = 3
     """Run attempts a failing job is tried in; one that has failed in this many is not tried again."""
+    storage_timeout: float = 120.0
+    """Seconds one storage operation may keep failing, every retry included, before the run stops with its state
+    kept (exit 75); permanent errors (access denied, no such bucket) stop it at once (exit 2)."""
     dynamic_hand_out: bool = True
     """Hand jobs to whichever group is free (False: a static strided split)."""
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
@@ -103,7 +107,7 @@ def _summary(store) -> dict:
 def run(options: RunOptions, stop=None) -> int:
     """Run the manifest; returns the process exit status (see `exit_codes`). `stop`: a StopRequest the caller
     installed early (signals during start-up then count); one is installed here otherwise."""
-    from genbatch.io import BackgroundWriter, RunStore, new_attempt_id
+    from genbatch.io import BackgroundWriter, RetryPolicy, RunStore, new_attempt_id
 
     from genbatch.runner.signals import StopRequest
 
@@ -113,7 +117,8 @@ def run(options: RunOptions, stop=None) -> int:
     try:
         world = start_world(options)
         run_id = world.shared_value(new_attempt_id)
-        store = RunStore(options.out, storage_options=options.storage_options, rank=world.ctx.rank, attempt=run_id)
+        store = RunStore(options.out, storage_options=options.storage_options, rank=world.ctx.rank, attempt=run_id,
+                         retry=RetryPolicy(timeout_s=options.storage_timeout))
         return _run(options, world, store, run_id, BackgroundWriter, stop)
     finally:
         if world is not None:
@@ -153,6 +158,15 @@ def _print_given_up(given_up: dict[str, int], max_attempts: int, out: str, shown
           f"--max-attempts to try them again", file=sys.stderr)
 
 
+def _start_up(options: RunOptions, world: World, store, rejected, run_id: str, started: float) -> None:
+    """Rank 0's first writes (a StorageError here is raised on every rank: World.shared_value)."""
+    store.recover()  # open uploads, temp files of killed writers, checkpoints of done jobs
+    store.write_rejected([_rejection_record(rejection) for rejection in rejected])
+    if rejected and not options.quiet:
+        _print_rejections(rejected, store.url)
+    store.write_run_info(_run_info(options, world, run_id, started))
+
+
 def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop) -> int:
     ctx = world.ctx
     started = time.time()
@@ -160,12 +174,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     if isinstance(manifest, int):
         return manifest  # a usage error, already reported by rank 0
     jobs, rejected, extra_columns = manifest
-    if ctx.rank == 0:
-        store.recover()  # open uploads, temp files of killed writers, checkpoints of done jobs
-        store.write_rejected([_rejection_record(rejection) for rejection in rejected])
-        if rejected and not options.quiet:
-            _print_rejections(rejected, store.url)
-        store.write_run_info(_run_info(options, world, run_id, started))
+    world.shared_value(lambda: _start_up(options, world, store, rejected, run_id, started))  # on rank 0
     selected = jobs if options.share is None else select_share(jobs, *options.share)
     pending, given_up = world.shared_value(lambda: _pending(selected, store, options.max_attempts))
     if given_up and ctx.rank == 0 and not options.quiet:
@@ -188,11 +197,13 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
             except JobInterrupted:
                 interrupted = True
                 break
-            except GroupFailure:
+            except (GroupFailure, StorageError):  # the store failed, not the job: no failure is recorded
                 raise
             except Exception as error:  # noqa: BLE001 - a failed job is recorded and the run goes on
                 record_failure(ctx, store, job, error, run_id)
             progress.job_finished(coordination, run_id, ctx)
+            if writer.failure is not None:  # an upload failed past --storage-timeout (or for good): stop here,
+                writer.flush()              # between jobs (flush raises it; group peers stop at the hand-out)
     except GroupFailure as failure:
         # The group's collectives cannot be trusted after this: the process ends, as "stopped, rerun to
         # continue" (a Slurm job requeues). The job is tried again in a later run, in at most --max-attempts.
@@ -202,6 +213,8 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
                   f"stops here (exit {exit_codes.REQUEUE}); rerun the same command to continue: the job is tried "
                   f"again in at most {options.max_attempts} runs in all", file=sys.stderr)
         return exit_codes.REQUEUE
+    except StorageError:
+        raise  # cli.py turns it into exit 75 (transient: state kept) or 2 (permanent)
     except Exception as error:
         if not (ctx.distributed and is_collective_error(error)):
             raise

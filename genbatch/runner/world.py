@@ -45,11 +45,21 @@ class World:
         return self.ctx.dims.world_size
 
     def shared_value(self, compute):
-        """`compute()` on rank 0, the same value on every rank."""
+        """`compute()` on rank 0, the same value on every rank; a StorageError it raises is raised on every rank
+        (so that all of them stop with the same status, none left waiting for rank 0)."""
         if not self.ctx.distributed:
             return compute()
-        holder = [compute() if self.ctx.rank == 0 else None]
+        from genbatch.io.retry import StorageError
+
+        holder = [None]
+        if self.ctx.rank == 0:
+            try:
+                holder[0] = compute()
+            except StorageError as error:
+                holder[0] = error
         dist.broadcast_object_list(holder, src=0)
+        if isinstance(holder[0], StorageError):
+            raise holder[0]
         return holder[0]
 
     def load_manifest(self, options):
