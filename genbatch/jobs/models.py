@@ -1,7 +1,8 @@
 """What a model is, read cheaply: its family, the sizes it accepts, its defaults and its transformer's shape.
 
-A `ModelSpec` is resolved from a preset name or a diffusers pipeline directory by reading small JSON
-configs only (never weights), so manifest validation, planning and scheduling can ask about a model
+A `ModelSpec` is resolved from a preset name, a diffusers pipeline directory, or a Hugging Face hub id
+(`org/name[@revision]`, found in the local hub cache: `genbatch.jobs.hub`) by reading small JSON configs
+only (never weights), so manifest validation, planning and scheduling can ask about a model
 without loading it. Loading the weights is the runner's job.
 """
 
@@ -11,6 +12,8 @@ import json
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+
+from genbatch.jobs.hub import HubModelMissing, cached_snapshot, parse_hub_id
 
 # The diffusers pipeline class named in model_index.json -> the family genbatch runs it as.
 PIPELINE_FAMILIES = {
@@ -36,7 +39,7 @@ class ModelSpec:
     """The facts about one model that planning, validation and scheduling need, without its weights."""
 
     name: str
-    """The name as the user gave it: a preset name or a pipeline directory."""
+    """The name as the user gave it: a preset name, a pipeline directory or a hub id (`org/name[@rev]`)."""
     family: str
     """`wan`, `flux` or `sd3`: which denoise loop and parallel plan apply."""
     is_video: bool
@@ -63,6 +66,8 @@ class ModelSpec:
     """Transformer parameter count when known (from the safetensors index or the preset)."""
     defaults: dict[str, float | int] = field(default_factory=dict)
     """Per-job defaults: width, height, num_frames, num_inference_steps, guidance_scale, fps."""
+    path: str | None = None
+    """The pipeline directory the weights load from (a hub id's cached snapshot); None for a preset."""
 
     @property
     def hidden_size(self) -> int:
@@ -98,7 +103,9 @@ class ModelSpec:
         return problems
 
 
-def _spec_from_configs(name: str, family: str, transformer: dict, vae: dict, defaults: dict | None) -> ModelSpec:
+def _spec_from_configs(
+    name: str, family: str, transformer: dict, vae: dict, defaults: dict | None, path: str | None = None
+) -> ModelSpec:
     """A spec from the transformer's and VAE's configs (`defaults`: None for the family's pipeline's own)."""
     if family == "wan":
         spatial = vae.get("scale_factor_spatial", 8)
@@ -117,6 +124,7 @@ def _spec_from_configs(name: str, family: str, transformer: dict, vae: dict, def
             head_dim=transformer["attention_head_dim"],
             text_tokens=512,
             defaults=dict(defaults or FAMILY_DEFAULTS[family]),
+            path=path,
         )
     spatial = 2 ** (len(vae["block_out_channels"]) - 1)
     if family == "flux":
@@ -145,6 +153,7 @@ def _spec_from_configs(name: str, family: str, transformer: dict, vae: dict, def
         head_dim=transformer["attention_head_dim"],
         text_tokens=text_tokens,
         defaults=dict(defaults),
+        path=path,
     )
 
 
@@ -171,12 +180,16 @@ def _read_json(path: str) -> dict:
         return json.load(handle)
 
 
-def _spec_from_directory(name: str) -> ModelSpec:
-    index_path = os.path.join(name, "model_index.json")
+def _spec_from_directory(name: str, path: str | None = None) -> ModelSpec:
+    """The spec of the pipeline directory `path` (default: `name` itself), named `name`."""
+    path = path or name
+    index_path = os.path.join(path, "model_index.json")
     if not os.path.isfile(index_path):
+        where = "" if path == name else f" (its snapshot {path})"
         raise UnknownModelError(
-            f"model {name!r} is not a preset ({', '.join(preset_names())}) and has no model_index.json; "
-            "pass a diffusers pipeline directory saved with save_pretrained"
+            f"model {name!r}{where} is not a preset ({', '.join(preset_names())}), a hub id (org/name) in the "
+            "Hugging Face cache, or a directory with a model_index.json; pass a diffusers pipeline directory "
+            "saved with save_pretrained"
         )
     index = _read_json(index_path)
     pipeline_class = index.get("_class_name", "")
@@ -187,9 +200,9 @@ def _spec_from_directory(name: str) -> ModelSpec:
             f"{', '.join(sorted(PIPELINE_FAMILIES))}"
         )
     try:
-        transformer = _read_json(os.path.join(name, "transformer", "config.json"))
-        vae = _read_json(os.path.join(name, "vae", "config.json"))
-        return _spec_from_configs(name, family, transformer, vae, defaults=None)
+        transformer = _read_json(os.path.join(path, "transformer", "config.json"))
+        vae = _read_json(os.path.join(path, "vae", "config.json"))
+        return _spec_from_configs(name, family, transformer, vae, defaults=None, path=path)
     except (OSError, ValueError, KeyError, TypeError) as error:  # missing or unreadable component configs
         raise UnknownModelError(
             f"model {name!r} is an incomplete {pipeline_class} directory ({type(error).__name__}: {error}); "
@@ -197,10 +210,30 @@ def _spec_from_directory(name: str) -> ModelSpec:
         ) from error
 
 
+def model_directory(name: str) -> str | None:
+    """The local pipeline directory `name` refers to, as diffusers' `from_pretrained` finds it: an existing
+    directory of that name wins, else a hub id's snapshot in the Hugging Face cache (never downloaded
+    here); None for a preset. Raises `UnknownModelError` for a hub id missing from the cache."""
+    if name in _preset_specs():
+        return None
+    expanded = os.path.expanduser(name)
+    hub = None if os.path.isdir(expanded) else parse_hub_id(name)
+    if hub is None:
+        return expanded
+    try:
+        return cached_snapshot(hub)
+    except HubModelMissing as error:
+        raise UnknownModelError(str(error)) from None
+
+
 @lru_cache(maxsize=64)
 def resolve_model(name: str) -> ModelSpec:
-    """The spec of a preset or a pipeline directory; raises `UnknownModelError` naming the fix."""
+    """The spec of a preset, a pipeline directory or a cached hub id; raises `UnknownModelError` naming the fix.
+
+    Cached per name: a manifest's rows resolve each distinct model once."""
     presets = _preset_specs()
     if name in presets:
         return presets[name]
-    return _spec_from_directory(os.path.expanduser(name))
+    path = model_directory(name)
+    expanded = os.path.expanduser(name)
+    return _spec_from_directory(expanded, path) if path == expanded else _spec_from_directory(name, path)

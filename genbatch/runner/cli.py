@@ -39,6 +39,9 @@ def _layout_options(command):
 @click.option("--backend", type=click.Choice(["nccl", "gloo"]), help="torch.distributed backend (default: nccl with GPUs, else gloo).")
 @click.option("--collective-timeout", type=click.FloatRange(min=1), default=600, show_default=True,
               help="Seconds a rank waits for a peer before the job fails, naming the missing rank.")
+@click.option("--download/--no-download", default=None,
+              help="Download hub models (org/name[@rev]) missing from the Hugging Face cache, one rank per node "
+                   "[default: download unless HF_HUB_OFFLINE is set].")
 @click.option("--share", metavar="K/N", help="Run only share K of N of the manifest (job arrays set this from Slurm).")
 @click.option("--hand-out", type=click.Choice(["dynamic", "static"]), default="dynamic", show_default=True,
               help="dynamic: a free group takes the next job; static: a fixed strided split.")
@@ -102,7 +105,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             storage_options=storage_options_from(storage_option),
             dp=options["dp"], cfg=options["cfg"], ring=options["ring"], ulysses=options["ulysses"],
             fsdp=options["fsdp"], layout=options["layout"], dtype=options["dtype"], backend=options["backend"],
-            collective_timeout=options["collective_timeout"], share=share_value,
+            collective_timeout=options["collective_timeout"], download=options["download"], share=share_value,
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
             vae_parallel=options["vae_parallel"], quiet=options["quiet"], max_attempts=options["max_attempts"],

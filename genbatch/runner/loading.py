@@ -1,4 +1,5 @@
-"""Loading a model: a built-in preset, or a diffusers pipeline directory through `from_pretrained` (offline).
+"""Loading a model: a built-in preset, or a diffusers pipeline directory (a hub id's cached snapshot) through
+`from_pretrained` (offline).
 
 Weights go to this rank's device in the run's dtype; the VAE of video models stays in fp32 (as the Wan
 reference code runs it). `PipelineCache` keeps the pipelines a process has loaded, by model name.
@@ -74,11 +75,12 @@ def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...]):
 
     from diffusers import DiffusionPipeline
 
-    with open(os.path.join(spec.name, "model_index.json"), encoding="utf-8") as handle:
+    path = spec.path or spec.name  # a hub id loads from its cached snapshot
+    with open(os.path.join(path, "model_index.json"), encoding="utf-8") as handle:
         index = json.load(handle)
     present = [name for name in meta if isinstance(index.get(name), list) and index[name][0] is not None]
-    skeletons = {name: _meta_component(spec.name, name, dtype) for name in present}
-    return DiffusionPipeline.from_pretrained(spec.name, dtype=dtype, local_files_only=True, **skeletons)
+    skeletons = {name: _meta_component(path, name, dtype) for name in present}
+    return DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True, **skeletons)
 
 
 def finish_placement(pipe, spec: ModelSpec, device: torch.device, skip: tuple[str, ...] = ()):

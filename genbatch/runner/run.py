@@ -24,6 +24,7 @@ from genbatch.jobs.schedule import hand_out_order, select_share
 from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner import exit_codes
+from genbatch.runner.download import DownloadStopped, prepare_models
 from genbatch.runner.execute import CheckpointPolicy, JobExecutor, JobInterrupted
 from genbatch.runner.failures import GroupFailure, describe_error, is_collective_error, record_failure
 from genbatch.runner.handout import HandOut, coordination_store
@@ -57,6 +58,8 @@ class RunOptions:
     """torch.distributed backend (None: nccl with GPUs, gloo otherwise)."""
     collective_timeout: float = 600.0
     """Seconds a collective may wait for a peer before the job fails, naming the missing rank."""
+    download: bool | None = None
+    """Download hub models missing from the Hugging Face cache (one rank per node); None: unless HF_HUB_OFFLINE."""
     share: tuple[int, int] | None = None
     """Run only this (index, count) share of the manifest (job arrays)."""
     max_attempts: int = 3
@@ -117,6 +120,10 @@ def run(options: RunOptions, stop=None) -> int:
     try:
         world = start_world(options)
         run_id = world.shared_value(new_attempt_id)
+        try:
+            prepare_models(options, world.ctx, run_id, stop)  # hub models into each node's cache, before validation
+        except DownloadStopped:
+            return exit_codes.REQUEUE
         store = RunStore(options.out, storage_options=options.storage_options, rank=world.ctx.rank, attempt=run_id,
                          retry=RetryPolicy(timeout_s=options.storage_timeout))
         return _run(options, world, store, run_id, BackgroundWriter, stop)

@@ -184,7 +184,7 @@ def _preset_transformer(name: str) -> dict:
 
 def shape_from_spec(spec: ModelSpec) -> ModelShape:
     """The shape of a preset or a diffusers directory, read from its configs and safetensors headers."""
-    root = spec.name if os.path.isdir(spec.name) else None
+    root = spec.path if spec.path and os.path.isdir(spec.path) else None  # a preset has no directory
     transformer = _read_config(os.path.join(root, "transformer")) if root else _preset_transformer(spec.name)
     d = spec.hidden_size
     ffn = int(transformer.get("ffn_dim") or 4 * d)  # FLUX and SD3 blocks use an MLP ratio of 4

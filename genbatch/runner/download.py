@@ -1,0 +1,165 @@
+"""Hub models into each node's cache before the manifest is validated: one rank per node downloads.
+
+    rank 0        names = the hub ids among --model and the manifest's `model` column -> store
+    LOCAL_RANK 0  (one per node) for each name not in this node's cache: fetch (huggingface_hub), if allowed
+    every rank    waits on the store until every rank is ready, then resolves offline from the cache
+
+The waits poll the process group's key-value store, never a collective: a download may take far longer
+than --collective-timeout without cutting a waiting rank off. A stop signal (SIGTERM/SIGUSR1) ends a wait,
+and the download itself (run in a thread, so the flag is seen): huggingface_hub keeps the partial files and a
+rerun continues them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+from genbatch.jobs.hub import HubId, HubModelMissing, cached_snapshot, download_allowed, fetch_snapshot, parse_hub_id
+
+
+class DownloadStopped(Exception):
+    """A stop signal arrived while this rank waited for models (nothing half-done is kept but the cache's)."""
+
+
+def hub_ids(names: Iterable[str | None]) -> list[HubId]:
+    """The distinct hub ids among `names`, in first-seen order (presets and existing directories are none)."""
+    from genbatch.jobs.models import preset_names
+
+    presets = set(preset_names())
+    found: dict[str, HubId] = {}
+    for name in names:
+        if not name or name in presets or name in found or os.path.isdir(os.path.expanduser(name)):
+            continue
+        hub = parse_hub_id(name)
+        if hub is not None:
+            found[name] = hub
+    return list(found.values())
+
+
+def manifest_model_names(url: str, storage_options: dict | None = None) -> list[str]:
+    """The distinct values of the manifest's `model` column (empty when it has none or cannot be read: the
+    manifest's own reading reports that)."""
+    import fsspec
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    try:
+        with fsspec.open(url, "rb", **(storage_options or {})) as handle:
+            parquet = pq.ParquetFile(handle)
+            if "model" not in parquet.schema_arrow.names:
+                return []
+            values: set[str] = set()
+            for batch in parquet.iter_batches(columns=["model"], batch_size=65_536):
+                values.update(value for value in pc.unique(batch.column(0)).to_pylist() if isinstance(value, str))
+            return sorted(values)
+    except Exception:  # noqa: BLE001 - a missing or broken manifest is reported by the manifest reader
+        return []
+
+
+@dataclass(kw_only=True, slots=True)
+class ModelFetch:
+    """One node's share of getting hub models into the cache before a run validates its manifest."""
+
+    allowed: bool
+    """Whether a model missing from the cache may be downloaded (`--download`, default: not HF_HUB_OFFLINE)."""
+    fetch: Callable[[HubId], object] = fetch_snapshot
+    """Downloads one model into the cache (huggingface_hub's snapshot_download; tests pass a stand-in)."""
+    stopped: Callable[[], bool] = lambda: False
+    """True once a stop signal arrived: waits and downloads end with `DownloadStopped`."""
+    poll_s: float = 0.05
+    """First pause between looks at the store (doubling up to 0.5 s)."""
+    quiet: bool = False
+    failures: dict[str, str] = field(default_factory=dict)
+    """{model name: why it is not in the cache}: filled on the node's downloading rank."""
+
+    def fill_cache(self, hubs: Iterable[HubId]) -> dict[str, str]:
+        """Download each of `hubs` missing from this node's cache (when allowed); {name: why not} of the rest."""
+        for hub in hubs:
+            try:
+                cached_snapshot(hub)
+                continue
+            except HubModelMissing as miss:
+                if not self.allowed:
+                    self.failures[hub.name] = str(miss)
+                    continue
+            if not self.quiet:
+                print(f"genbatch: downloading {hub.name} into the Hugging Face cache", file=sys.stderr, flush=True)
+            try:
+                self._in_thread(lambda hub=hub: self.fetch(hub))
+            except DownloadStopped:
+                raise
+            except Exception as error:  # noqa: BLE001 - named; the rows of this model are rejected later
+                self.failures[hub.name] = f"download failed ({type(error).__name__}: {error})"
+                print(f"genbatch: downloading {hub.name} failed ({type(error).__name__}: {error}); its rows will "
+                      f"be rejected. Fill the cache with `{hub.fill_command()}`", file=sys.stderr, flush=True)
+        return dict(self.failures)
+
+    def _in_thread(self, work: Callable[[], object]) -> None:
+        """Run `work` in a thread, so that a stop signal (only a flag here) is seen while it runs."""
+        outcome: list[BaseException | None] = []
+
+        def target() -> None:
+            try:
+                work()
+                outcome.append(None)
+            except BaseException as error:  # noqa: BLE001 - handed to the waiting thread
+                outcome.append(error)
+
+        thread = threading.Thread(target=target, name="genbatch-download", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            thread.join(timeout=0.2)
+            if self.stopped():
+                raise DownloadStopped("stopped by signal while downloading")
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Poll `ready` (a store lookup) until it is true, however long; a stop signal ends the wait."""
+        pause = self.poll_s
+        while not ready():
+            if self.stopped():
+                raise DownloadStopped("stopped by signal while waiting for a model download")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.5)
+
+    def run(self, *, names: Callable[[], list[str]], store, key: str, rank: int, local_rank: int,
+            world_size: int) -> dict[str, str]:
+        """Every rank calls this: rank 0 computes `names()`, each node's LOCAL_RANK 0 fills its cache, and all
+        return once every node is done. `store` is the process group's (None: one process). {name: why not}."""
+        if store is None:
+            return self.fill_cache(hub_ids(names()))
+        names_key, ready_key = f"{key}/names", f"{key}/ready"
+        if rank == 0:
+            store.set(names_key, json.dumps([hub.name for hub in hub_ids(names())]))
+        if local_rank == 0:
+            self.wait_until(lambda: store.check([names_key]))
+            listed = json.loads(store.get(names_key))
+            self.fill_cache(hub for hub in (parse_hub_id(name) for name in listed) if hub is not None)
+        store.add(ready_key, 1)
+        self.wait_until(lambda: store.add(ready_key, 0) >= world_size)
+        return dict(self.failures)
+
+
+def prepare_models(options, ctx, run_id: str, stop=None) -> None:
+    """Get the run's hub models into every node's cache (see the module docstring); raises `DownloadStopped`."""
+    from genbatch.runner.handout import coordination_store
+
+    fetcher = ModelFetch(allowed=download_allowed(getattr(options, "download", None)),
+                         stopped=(lambda: stop.requested) if stop is not None else (lambda: False),
+                         quiet=options.quiet)
+    fetcher.run(
+        names=lambda: [options.model, options.overrides.model, *manifest_model_names(options.manifest,
+                                                                                      options.storage_options)],
+        store=coordination_store(ctx) if ctx.distributed else None,
+        key=f"genbatch/{run_id}/hub",
+        rank=ctx.rank,
+        local_rank=int(os.environ.get("LOCAL_RANK", "0")),
+        world_size=ctx.dims.world_size,
+    )
