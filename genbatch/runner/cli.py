@@ -78,15 +78,18 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
         from genbatch.runner.launch import launch_local
 
         sys.exit(launch_local(nproc, [arg for arg in _args_without_nproc(sys.argv[1:])]))
-    from genbatch.runner.signals import StopRequest
+    from genbatch.runner.signals import StopRequest, launcher_pid
 
-    stop = StopRequest().install()  # before the heavy imports: a signal during start-up still checkpoints
-    from genbatch.io import StorageError
-    from genbatch.jobs.schedule import parse_share
-    from genbatch.parallel.teardown import exit_process
-    from genbatch.runner.execute import CheckpointPolicy
-    from genbatch.runner.run import RunOptions, run
-    from genbatch.runner.world import UsageError
+    # before the heavy imports: a signal during start-up still counts. Outside a job a signal ends the
+    # process at once (75, SIGINT 130), and a rank ends with its launcher (runner/signals.py)
+    stop = StopRequest().install().watch(parent_pid=launcher_pid())
+    with stop.waiting("start-up"):
+        from genbatch.io import StorageError
+        from genbatch.jobs.schedule import parse_share
+        from genbatch.parallel.teardown import exit_process
+        from genbatch.runner.execute import CheckpointPolicy
+        from genbatch.runner.run import RunOptions, run
+        from genbatch.runner.world import UsageError
 
     try:
         try:
@@ -124,6 +127,10 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     except Exception:  # noqa: BLE001 - a crash: its traceback and exit 1, as Python would, through exit_process
         traceback.print_exc()
         status = exit_codes.JOBS_FAILED
+    except KeyboardInterrupt:  # SIGINT inside a job (outside one the watcher already ended the process)
+        click.echo("genbatch: interrupted (SIGINT)", err=True)
+        status = exit_codes.INTERRUPTED
+    stop.unwatch()  # from here a signal only sets the flag: it cannot replace the status chosen
     # The handlers stay until the process exits: a late SIGTERM (torchrun tearing down the other workers, a
     # requeue) must not turn this status into a death by signal; nor may torch's worker threads on the way out.
     exit_process(status)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from genbatch.jobs.models import resolve_model
 from genbatch.jobs.spec import JobSpec
 from genbatch.parallel.context import ParallelContext
+from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
 from genbatch.runner.decode import Decoder
 from genbatch.runner.denoise import BranchExchange, denoise
@@ -144,9 +145,10 @@ class JobExecutor:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)  # step rows report this job's denoising peak
             last_save = {"step": start_step, "time": time.monotonic()}
+            agreement = StopAgreement(stop=self.stop, group=self.ctx.group, device=device, start_step=start_step)
 
             def after_step(steps_done: int, current) -> bool:
-                if self.stop.agreed(self.ctx.group, device):
+                if agreement.should_stop(steps_done):  # a blocking sync only every `agreement.interval` steps
                     self._save_checkpoint(job, steps_done, current, generator)
                     return True
                 if self.checkpoints.due(steps_done - last_save["step"], time.monotonic() - last_save["time"]):

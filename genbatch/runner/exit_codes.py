@@ -9,3 +9,5 @@ USAGE = 2
 REQUEUE = 75
 """Interrupted by SIGUSR1/SIGTERM (preemption, time limit): work was checkpointed; requeue and rerun the same
 command to continue. 75 is EX_TEMPFAIL from sysexits.h: a temporary failure, try again."""
+INTERRUPTED = 130
+"""Stopped by SIGINT (Ctrl-C): 128 + the signal's number, as a shell reports it."""

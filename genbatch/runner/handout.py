@@ -8,6 +8,7 @@ Static hand-out gives group g the jobs g, g+dp, g+2dp, ... of the same order (fo
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -34,6 +35,8 @@ class HandOut:
     key: str
     """The counter's key: unique per run attempt."""
     dynamic: bool = True
+    stop: object = None
+    """The run's StopRequest: a signal while the group waits for its next job ends the process (None: not)."""
     _taken: int = 0
 
     def _next_index(self) -> int:
@@ -50,7 +53,8 @@ class HandOut:
 
     def __iter__(self):
         while True:
-            index = self._next_index()
+            with self.stop.waiting("the hand-out") if self.stop is not None else contextlib.nullcontext():
+                index = self._next_index()
             if index >= len(self.jobs):
                 return
             yield self.jobs[index]

@@ -1,7 +1,9 @@
 """`gen run --nproc N`: start N workers on this machine with torchrun's launcher and return one status.
 
 Workers run `python -m genbatch run ...` (the same command without --nproc). SIGTERM to the launcher is
-forwarded to the workers by torchrun's agent; SIGUSR1 is turned into the same. Exit status: 75 when the
+forwarded to the workers by torchrun's agent; SIGUSR1 is turned into the same. The workers run in sessions
+of their own (torchrun starts them so), so they watch this process instead: when it dies, even by `kill -9`
+of its process group, they checkpoint and end within seconds (runner/signals.py). Exit status: 75 when the
 workers stopped with their state checkpointed (a signal, or a group that failed and recorded it), else the
 most severe worker status.
 """
@@ -25,7 +27,10 @@ def launch_local(nproc: int, args: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
+    from genbatch.runner.signals import LAUNCHER_PID_ENV
+
     os.environ["OMP_NUM_THREADS"] = _threads_per_worker(nproc)  # this launcher process only exports it
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())  # the workers end when this process dies (even by kill -9)
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,

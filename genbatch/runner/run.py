@@ -118,7 +118,7 @@ def run(options: RunOptions, stop=None) -> int:
     stop = StopRequest().install() if owned else stop
     world = None
     try:
-        world = start_world(options)
+        world = start_world(options, stop)
         run_id = world.shared_value(new_attempt_id)
         try:
             prepare_models(options, world.ctx, run_id, stop)  # hub models into each node's cache, before validation
@@ -177,17 +177,21 @@ def _start_up(options: RunOptions, world: World, store, rejected, run_id: str, s
 def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop) -> int:
     ctx = world.ctx
     started = time.time()
-    manifest = world.load_manifest(options)
+    with stop.waiting("the manifest broadcast"):
+        manifest = world.load_manifest(options)
     if isinstance(manifest, int):
         return manifest  # a usage error, already reported by rank 0
     jobs, rejected, extra_columns = manifest
     world.shared_value(lambda: _start_up(options, world, store, rejected, run_id, started))  # on rank 0
     selected = jobs if options.share is None else select_share(jobs, *options.share)
-    pending, given_up = world.shared_value(lambda: _pending(selected, store, options.max_attempts))
+    with stop.waiting("the broadcast of the pending jobs"):
+        pending, given_up = world.shared_value(lambda: _pending(selected, store, options.max_attempts))
     if given_up and ctx.rank == 0 and not options.quiet:
         _print_given_up(given_up, options.max_attempts, store.url)
 
     writer = writer_cls(max_pending=options.max_pending_writes)
+    stop.on_exit(writer.flush)  # a signal that ends a waiting rank keeps the finished jobs' uploads
+    stop.on_exit(store.flush_timings)
     executor = world.executor(options, store, writer, run_id, stop)
     progress = RunProgress(total=len(selected), already_done=len(selected) - len(pending), given_up=len(given_up),
                            enabled=ctx.rank == 0 and not options.quiet)
@@ -195,10 +199,11 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     coordination = coordination_store(ctx)
     try:
         for job in HandOut(jobs=pending, ctx=ctx, store=coordination, key=f"genbatch/{run_id}/next",
-                           dynamic=options.dynamic_hand_out):
-            if executor.stop.agreed(ctx.group, ctx.device):  # a collective: every rank of the group asks
-                interrupted = True
-                break
+                           dynamic=options.dynamic_hand_out, stop=stop):
+            with stop.waiting("the stop check between jobs"):
+                if executor.stop.agreed(ctx.group, ctx.device):  # a collective: every rank of the group asks
+                    interrupted = True
+                    break
             try:
                 store.append_timings(executor.run(job).timings)
             except JobInterrupted:
@@ -240,7 +245,8 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
             print("genbatch: stopped by signal; state checkpointed. Rerun the same command to continue "
                   f"(exit {exit_codes.REQUEUE}).", file=sys.stderr)
         return exit_codes.REQUEUE
-    world.wait_for_all_ranks(run_id, coordination)
+    with stop.waiting("the wait for the other ranks"):
+        world.wait_for_all_ranks(run_id, coordination)
     if ctx.rank != 0:
         return exit_codes.OK
     store.write_results(extra_columns)

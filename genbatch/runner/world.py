@@ -4,6 +4,7 @@ things every rank must agree on (the job list, the run id), decided by rank 0 an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -138,8 +139,9 @@ class World:
             leave_process_group()
 
 
-def start_world(options) -> World:
-    """Join the process group described by the environment (torchrun, srun) and build the mesh."""
+def start_world(options, stop=None) -> World:
+    """Join the process group described by the environment (torchrun, srun) and build the mesh; `stop` (the
+    run's StopRequest) ends the process on a signal during the rendezvous."""
     from genbatch.slurm.step import adopt_step_process_group
 
     try:
@@ -151,7 +153,8 @@ def start_world(options) -> World:
     owns = False
     if world_size > 1 and not dist.is_initialized():
         backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
-        dist.init_process_group(backend, timeout=timedelta(seconds=options.collective_timeout))
+        with stop.waiting("the rendezvous") if stop is not None else contextlib.nullcontext():
+            dist.init_process_group(backend, timeout=timedelta(seconds=options.collective_timeout))
         owns = True
     elif dist.is_initialized():
         world_size = dist.get_world_size()
