@@ -8,7 +8,10 @@
     writer.close()
 
 One thread runs the tasks in submission order. A failed task does not stop the ones after it; its error is
-kept on its Future and the first one since the last flush is re-raised by flush().
+kept on its Future and the first one since the last flush is re-raised by flush(). With
+`skip_after_error=True` (the runner's writer: a failed upload stops the run) the tasks after a failure are not
+run until the next flush, each Future holding that first error: against a store that is down, the checkpoints
+a job still submits cost nothing instead of a --storage-timeout each.
 """
 
 from __future__ import annotations
@@ -25,13 +28,14 @@ _STOP = object()
 class BackgroundWriter:
     """One writer thread fed by a queue of at most `max_pending` waiting tasks."""
 
-    def __init__(self, max_pending: int = 2, name: str = "genbatch-writer"):
+    def __init__(self, max_pending: int = 2, name: str = "genbatch-writer", skip_after_error: bool = False):
         if max_pending < 1:
             raise ValueError(f"max_pending={max_pending} must be >= 1 (it bounds media held in memory)")
         self._queue: queue.Queue = queue.Queue(maxsize=max_pending)
         self._lock = threading.Lock()
         self._first_error: BaseException | None = None
         self._closed = False
+        self._skip_after_error = skip_after_error
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -43,6 +47,11 @@ class BackgroundWriter:
                     return
                 future, fn, args, kwargs = item
                 if not future.set_running_or_notify_cancel():
+                    continue
+                with self._lock:
+                    skip = self._first_error if self._skip_after_error else None
+                if skip is not None:
+                    future.set_exception(skip)
                     continue
                 try:
                     future.set_result(fn(*args, **kwargs))

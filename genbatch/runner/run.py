@@ -189,7 +189,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     if given_up and ctx.rank == 0 and not options.quiet:
         _print_given_up(given_up, options.max_attempts, store.url)
 
-    writer = writer_cls(max_pending=options.max_pending_writes)
+    writer = writer_cls(max_pending=options.max_pending_writes, skip_after_error=True)  # a failed upload stops the run
     stop.on_exit(writer.flush)  # a signal that ends a waiting rank keeps the finished jobs' uploads
     stop.on_exit(store.flush_timings)
     executor = world.executor(options, store, writer, run_id, stop)

@@ -72,3 +72,25 @@ def test_exit_with_an_exception_keeps_the_bodys_error():
         with BackgroundWriter() as writer:
             writer.submit(lambda: 1 / 0)
             raise KeyError("body")
+
+
+def test_skip_after_error_runs_nothing_more_until_the_flush():
+    ran = []
+    with BackgroundWriter(max_pending=4, skip_after_error=True) as writer:
+        failed = writer.submit(lambda: 1 / 0)
+        later = [writer.submit(ran.append, n) for n in range(3)]
+        with pytest.raises(ZeroDivisionError):
+            writer.flush()
+        assert ran == [] and all(f.exception() is failed.exception() for f in later)
+        assert writer.failure is None  # the flush reported it
+        writer.submit(ran.append, "after")
+    assert ran == ["after"]
+
+
+def test_failure_is_seen_without_waiting():
+    with BackgroundWriter() as writer:
+        assert writer.failure is None
+        writer.submit(lambda: 1 / 0).exception()
+        assert isinstance(writer.failure, ZeroDivisionError)
+        with pytest.raises(ZeroDivisionError):
+            writer.flush()
