@@ -179,13 +179,14 @@ def call_with_retries(
                 continue
             raise StorageError(
                 f"{op} {url} failed{_spent(attempt, clock() - started, policy) if transient else ''}: "
-                f"{type(exc).__name__}: {exc}. Fix: {_fix_for(exc, op)}",
+                f"{type(exc).__name__}: {str(exc) or 'no answer in time'}. Fix: {_fix_for(exc, op)}",
                 url=url,
                 transient=transient,
             ) from exc
 
 
 def _spent(tries: int, seconds: float, policy: RetryPolicy) -> str:
+    counted = f"{tries} {'try' if tries == 1 else 'tries'}"
     if policy.attempts is not None and tries >= policy.attempts:
-        return f" after {tries} tries"
-    return f" after {tries} tries in {seconds:.1f} s (--storage-timeout {policy.timeout_s:g} s)"
+        return f" after {counted}"
+    return f" after {counted} in {seconds:.1f} s (--storage-timeout {policy.timeout_s:g} s)"
