@@ -7,6 +7,8 @@ work across data-parallel groups; only its ratios matter.
 
 from __future__ import annotations
 
+import numpy as np
+
 from genbatch.jobs.models import resolve_model
 from genbatch.jobs.spec import JobSpec
 
@@ -20,3 +22,21 @@ def estimated_flops(job: JobSpec) -> float:
     per_layer = 24.0 * tokens * width * width + 4.0 * tokens * tokens * width
     branches = 2 if spec.uses_cfg and job.guidance_scale > 1.0 else 1
     return per_layer * spec.num_layers * branches * job.num_inference_steps
+
+
+def estimated_flops_array(spec, width, height, num_frames, num_inference_steps, guidance_scale) -> np.ndarray:
+    """`estimated_flops` of many jobs of one model at once (NumPy arrays, one entry per job; `num_frames`
+    is ignored for image models), computed in the same order of operations, so the values are identical."""
+    vae = spec.vae_spatial
+    shape = [height // vae, width // vae]
+    if spec.is_video:
+        shape.insert(0, (num_frames - 1) // spec.frame_multiple + 1)
+    tokens = np.ones(len(width), dtype=np.int64)
+    for extent, patch in zip(shape, spec.patch_size[-len(shape) :]):
+        tokens = tokens * np.maximum(extent // patch, 1)
+    if spec.family in ("flux", "sd3"):
+        tokens = tokens + spec.text_tokens
+    hidden = spec.hidden_size
+    per_layer = 24.0 * tokens * hidden * hidden + 4.0 * tokens * tokens * hidden
+    branches = np.where(spec.uses_cfg & (np.asarray(guidance_scale, dtype=np.float64) > 1.0), 2, 1)
+    return per_layer * spec.num_layers * branches * num_inference_steps

@@ -1,14 +1,20 @@
 """The order jobs are handed out in, and the share of a manifest an array task takes.
 
-Pure functions of the job list: every rank computes the same order from the same jobs.
+Pure functions of the job list: every rank computes the same order from the same jobs. `hand_out_order`
+and `select_share` take `JobSpec`s; `hand_out_positions` and `share_positions` give the same orders for a
+`JobTable` as positions, from its columns (a million jobs are ordered without building one `JobSpec`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from genbatch.jobs.cost import estimated_flops
+import numpy as np
+
+from genbatch.jobs.cost import estimated_flops, estimated_flops_array
+from genbatch.jobs.models import resolve_model
 from genbatch.jobs.spec import JobSpec
+from genbatch.jobs.table import JobTable
 
 
 def hand_out_order(jobs: Sequence[JobSpec]) -> list[JobSpec]:
@@ -23,9 +29,59 @@ def hand_out_order(jobs: Sequence[JobSpec]) -> list[JobSpec]:
 def select_share(jobs: Sequence[JobSpec], index: int, count: int) -> list[JobSpec]:
     """Share `index` of `count` (0-based): every count-th job of the cost order, so shares get similar
     work. Which share a job belongs to depends only on the manifest, never on what is already done."""
+    _check_share(index, count)
+    return hand_out_order(jobs)[index::count]
+
+
+def _check_share(index: int, count: int) -> None:
     if count < 1 or not 0 <= index < count:
         raise ValueError(f"share {index}/{count} is out of range: use 0 <= index < count, e.g. --share 0/{max(count, 1)}")
-    return hand_out_order(jobs)[index::count]
+
+
+class OrderKeys:
+    """What the hand-out order sorts a `JobTable`'s jobs by, one NumPy entry per job: model, cost, row."""
+
+    __slots__ = ("model", "models", "flops", "row")
+
+    def __init__(self, jobs: JobTable) -> None:
+        import pyarrow.compute as pc
+
+        encoded = pc.dictionary_encode(jobs.column("model"))
+        self.model = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        """Each job's model, as an index into `models`."""
+        self.models: list[str] = encoded.dictionary.to_pylist()
+        """The distinct models."""
+        self.row = jobs.numbers("row")
+        """Each job's manifest row."""
+        self.flops = np.zeros(len(jobs), dtype=np.float64)
+        """Each job's `estimated_flops`."""
+        width, height, frames = jobs.numbers("width"), jobs.numbers("height"), jobs.numbers("num_frames", 1)
+        steps, guidance = jobs.numbers("num_inference_steps"), jobs.numbers("guidance_scale", 0.0)
+        for code, name in enumerate(self.models):
+            mine = self.model == code
+            self.flops[mine] = estimated_flops_array(
+                resolve_model(name), width[mine], height[mine], frames[mine], steps[mine], guidance[mine]
+            )
+
+    def order(self, positions: np.ndarray) -> np.ndarray:
+        """`positions` in hand-out order (as `hand_out_order` sorts those jobs)."""
+        models, rows = self.model[positions], self.row[positions]
+        # each model ranks by the row of its first job in the given order (as hand_out_order's setdefault)
+        present, first = np.unique(models, return_index=True)
+        first_row = np.zeros(len(self.models), dtype=np.int64)
+        first_row[present] = rows[first]
+        return positions[np.lexsort((rows, -self.flops[positions], first_row[models]))]
+
+
+def hand_out_positions(keys: OrderKeys, positions: np.ndarray | None = None) -> np.ndarray:
+    """The jobs at `positions` (default: all) in hand-out order: `hand_out_order` as positions."""
+    return keys.order(np.arange(len(keys.row), dtype=np.int64) if positions is None else positions)
+
+
+def share_positions(keys: OrderKeys, index: int, count: int) -> np.ndarray:
+    """`select_share` as positions: every count-th job of the whole table's hand-out order."""
+    _check_share(index, count)
+    return hand_out_positions(keys)[index::count]
 
 
 def parse_share(text: str) -> tuple[int, int]:

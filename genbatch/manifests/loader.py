@@ -1,4 +1,9 @@
-"""A manifest's rows as jobs: read through fsspec batch by batch, each row resolved or rejected."""
+"""A manifest's rows as jobs: read through fsspec batch by batch, each batch checked column-wise.
+
+The valid rows become one table of resolved columns (`genbatch.jobs.table.JobTable`: a `JobSpec` is built
+only for a job that is looked at), the others `Rejection`s. Duplicate ids are found from the id column,
+read first on its own; everything else is checked one record batch at a time (`columns.ColumnChecker`).
+"""
 
 from __future__ import annotations
 
@@ -8,16 +13,18 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from genbatch.jobs.spec import JobOverrides, JobSpec
+from genbatch.jobs.table import JobTable
+from genbatch.manifests.columns import ColumnChecker, first_uses
 from genbatch.manifests.reader import DEFAULT_BATCH_ROWS, ManifestReader
-from genbatch.manifests.validate import Rejection, RowChecker
+from genbatch.manifests.validate import Rejection
 
 
 @dataclass(kw_only=True, slots=True)
 class ManifestJobs:
     """Every row of a manifest, resolved: the jobs to run and the problems of the rows that will not run."""
 
-    jobs: list[JobSpec]
-    """The valid rows' jobs, in manifest order."""
+    jobs: JobTable
+    """The valid rows' jobs, in manifest order (a sequence of `JobSpec`, built on access)."""
     rejected: list[Rejection]
     """One entry per problem of each rejected row, in manifest order."""
     extra_columns: list[str]
@@ -33,11 +40,27 @@ class ManifestJobs:
         return sorted({rejection.row for rejection in self.rejected})
 
 
+def checked_batches(reader: ManifestReader, overrides: JobOverrides) -> Iterator[tuple[pa.RecordBatch, list[Rejection]]]:
+    """Each record batch of an open manifest, checked: (its valid rows' resolved columns, its rejections)."""
+    checker = ColumnChecker(
+        overrides=overrides, extra_columns=reader.schema.extra_columns, first_use=first_uses(reader.column("id"))
+    )
+    first = 0
+    for batch in reader.record_batches():
+        yield checker.check(first, batch)
+        first += batch.num_rows
+
+
 def iter_checked(reader: ManifestReader, overrides: JobOverrides) -> Iterator[JobSpec | list[Rejection]]:
     """Each row of an open manifest, in order: its `JobSpec`, or its list of `Rejection`s."""
-    checker = RowChecker(overrides=overrides, extra_columns=reader.schema.extra_columns)
-    for first_row, columns in reader.batches():
-        yield from checker.check_batch(first_row, columns)
+    for accepted, rejected in checked_batches(reader, overrides):
+        jobs = iter(JobTable(pa.Table.from_batches([accepted])))
+        rows = accepted.column("row").to_pylist()
+        by_row: dict[int, list[Rejection]] = {}
+        for rejection in rejected:
+            by_row.setdefault(rejection.row, []).append(rejection)
+        for row in sorted([*rows, *by_row]):
+            yield by_row[row] if row in by_row else next(jobs)
 
 
 def read_jobs(
@@ -52,18 +75,18 @@ def read_jobs(
     Raises `ManifestFileError` (naming the column and the fix) when the file cannot be used at all; rows
     with problems are returned in `rejected` and the others in `jobs`.
     """
-    jobs: list[JobSpec] = []
+    batches: list[pa.RecordBatch] = []
     rejected: list[Rejection] = []
     with ManifestReader(url, storage_options=storage_options, batch_rows=batch_rows) as reader:
-        for outcome in iter_checked(reader, overrides):
-            if isinstance(outcome, JobSpec):
-                jobs.append(outcome)
-            else:
-                rejected.extend(outcome)
+        for accepted, problems in checked_batches(reader, overrides):
+            batches.append(accepted)
+            rejected.extend(problems)
+        extra_schema = reader.schema.extra_schema
+        jobs = JobTable(pa.Table.from_batches(batches)) if batches else JobTable.empty(extra_schema)
         return ManifestJobs(
             jobs=jobs,
             rejected=rejected,
             extra_columns=list(reader.schema.extra_columns),
             rows=reader.rows,
-            extra_schema=reader.schema.extra_schema,
+            extra_schema=extra_schema,
         )

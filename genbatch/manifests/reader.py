@@ -112,6 +112,18 @@ class ManifestReader:
                     url=self.url,
                 ) from error
 
+    def column(self, name: str) -> pa.ChunkedArray:
+        """One column of every row, in file order (only that column is read)."""
+        parquet = self._opened()
+        try:
+            return parquet.read(columns=[name]).column(0)
+        except (pa.ArrowException, OSError) as error:
+            raise ManifestFileError(
+                f"{self.url}: column {name!r} cannot be read ({error}); the file is damaged, {_WRITE_HINT} again",
+                url=self.url,
+                column=name,
+            ) from error
+
     def batches(self) -> Iterator[tuple[int, dict[str, list]]]:
         """(index of the batch's first row, {column: Python values}) for each record batch, in file order."""
         first = 0

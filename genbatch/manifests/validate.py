@@ -56,6 +56,23 @@ def _id_problem(job_id: str | None) -> str | None:
     return None
 
 
+EMPTY_PROMPT = "empty prompt; give the row a prompt"
+
+
+def _seed_problem(seed: int | None) -> str | None:
+    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
+        return f"{seed} does not fit in int64; use a seed in [0, 2**63) or leave it null"
+    return None
+
+
+def _video_only_problem(name: str, model_name: str) -> str:
+    return f"{name} applies to video models only and {model_name} makes images; leave it null"
+
+
+def _duplicate_problem(first_row: int) -> str:
+    return f"duplicate id, first used on row {first_row}; ids must be unique"
+
+
 def _setting_problem(name: str, setting: Resolved | None) -> str | None:
     if setting is None:
         return "no value: the row, the run-level option and the model's defaults all leave it unset; set it"
@@ -81,7 +98,10 @@ class _Model:
 
 
 class RowChecker:
-    """Checks rows in manifest order; remembers ids (duplicates) and resolved models (resolved once each)."""
+    """Checks rows in manifest order; remembers ids (duplicates) and resolved models (resolved once each).
+
+    The rules row by row, as a reader would state them. Runs check whole columns at once with
+    `genbatch.manifests.columns.ColumnChecker`, which gives the same jobs and the same rejections."""
 
     def __init__(self, *, overrides: JobOverrides, extra_columns: Sequence[str] = ()) -> None:
         self.overrides = overrides
@@ -105,7 +125,8 @@ class RowChecker:
                     self._models[name] = str(error)
         return self._models[name]
 
-    def _geometry_problems(self, spec: ModelSpec, settings: Mapping[str, Resolved | None]) -> list[tuple[str, str]]:
+    def geometry_problems(self, spec: ModelSpec, settings: Mapping[str, Resolved | None]) -> list[tuple[str, str]]:
+        """The (column, reason) pairs of the row's sizes the model cannot take (cached per distinct size)."""
         frames = settings.get("num_frames")
         key = (spec.name, settings["width"], settings["height"], frames)
         if key not in self._geometry:
@@ -130,13 +151,14 @@ class RowChecker:
         if id_problem:
             problems.append(("id", id_problem))
         elif job_id in self._first_row:
-            problems.append(("id", f"duplicate id, first used on row {self._first_row[job_id]}; ids must be unique"))
+            problems.append(("id", _duplicate_problem(self._first_row[job_id])))
         else:
             self._first_row[job_id] = row
         if prompt is None or not prompt.strip():
-            problems.append(("prompt", "empty prompt; give the row a prompt"))
-        if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
-            problems.append(("seed", f"{seed} does not fit in int64; use a seed in [0, 2**63) or leave it null"))
+            problems.append(("prompt", EMPTY_PROMPT))
+        seed_problem = _seed_problem(seed)
+        if seed_problem:
+            problems.append(("seed", seed_problem))
         model_name = resolve_model_name(get("model"), self.overrides)
         model = self._model(model_name)
         if isinstance(model, str):
@@ -146,9 +168,7 @@ class RowChecker:
         else:
             if not model.spec.is_video:
                 problems.extend(
-                    (name, f"{name} applies to video models only and {model_name} makes images; leave it null")
-                    for name in VIDEO_SETTINGS
-                    if get(name) is not None
+                    (name, _video_only_problem(name, model_name)) for name in VIDEO_SETTINGS if get(name) is not None
                 )
             settings = model.resolver.resolve(values)
         bad_settings = set()
@@ -158,7 +178,7 @@ class RowChecker:
                 problems.append((name, problem))
                 bad_settings.add(name)
         if not isinstance(model, str) and not bad_settings & {"width", "height", "num_frames"}:
-            problems.extend(self._geometry_problems(model.spec, settings))
+            problems.extend(self.geometry_problems(model.spec, settings))
         extra = {name: get(name) for name in self.extra_columns}
         if problems:
             ident = job_id if job_id else None

@@ -1,0 +1,119 @@
+"""Jobs as one Arrow table: the resolved columns of every valid row, a `JobSpec` built only when asked for.
+
+A manifest of a million rows is a million jobs, but a rank only ever runs the few it is handed. The table
+holds the resolved columns (`COLUMNS`, then the manifest's extra columns) once, in manifest order; a
+`JobTable` is that table seen through an order (positions into it), so ordering, choosing a share and
+leaving out the done jobs move integers, never rows. `jobs[i]` builds the i-th `JobSpec` on demand.
+
+The table crosses processes as one Arrow IPC buffer (`to_ipc` / `from_ipc`), read back without a copy.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from genbatch.jobs.seeds import job_seed
+from genbatch.jobs.spec import SETTINGS, JobSpec
+
+COLUMNS = ("id", "prompt", "negative_prompt", "model", *SETTINGS, "seed", "row")
+"""The resolved columns, before the extra ones. `seed` is the row's own (null: derived from `id` when the
+job is built); `num_frames` and `fps` are null for image models."""
+
+_ITER_ROWS = 4096
+"""Rows turned into Python objects at a time when iterating."""
+
+
+class JobTable(Sequence[JobSpec]):
+    """Jobs in some order over one table of resolved columns; `len`, indexing and iteration give `JobSpec`s."""
+
+    __slots__ = ("_table", "_order", "extra_columns")
+
+    def __init__(self, table: pa.Table, order: np.ndarray | None = None) -> None:
+        missing = [name for name in COLUMNS if name not in table.column_names]
+        if missing:
+            raise ValueError(f"a job table needs the columns {', '.join(missing)}; build it with read_jobs")
+        self._table = table
+        self._order = np.arange(table.num_rows, dtype=np.int64) if order is None else np.asarray(order, np.int64)
+        self.extra_columns: tuple[str, ...] = tuple(name for name in table.column_names if name not in COLUMNS)
+        """The manifest's extra columns, in file order (each job's `extra` has exactly these keys)."""
+
+    @classmethod
+    def empty(cls, extra_schema: pa.Schema | None = None) -> JobTable:
+        """No jobs (with these extra columns)."""
+        fields = [pa.field(name, pa.float64() if name == "guidance_scale" else
+                           pa.string() if name in COLUMNS[:4] else pa.int64()) for name in COLUMNS]
+        return cls(pa.schema([*fields, *(extra_schema or [])]).empty_table())
+
+    @property
+    def table(self) -> pa.Table:
+        """The underlying table, in manifest order (all rows, whatever this view's order)."""
+        return self._table
+
+    @property
+    def order(self) -> np.ndarray:
+        """The positions in `table` of this view's jobs, in this view's order."""
+        return self._order
+
+    def __len__(self) -> int:
+        return len(self._order)
+
+    def _spec(self, values: dict) -> JobSpec:
+        extra = {name: values[name] for name in self.extra_columns}
+        return JobSpec(
+            id=values["id"], prompt=values["prompt"], negative_prompt=values["negative_prompt"],
+            model=values["model"], width=values["width"], height=values["height"], num_frames=values["num_frames"],
+            num_inference_steps=values["num_inference_steps"], guidance_scale=values["guidance_scale"],
+            seed=job_seed(values["seed"], values["id"]), fps=values["fps"], extra=extra, row=values["row"],
+        )
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self.take(np.arange(len(self))[index])
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"job {index} of {len(self)}")
+        return self._spec(self._table.slice(int(self._order[index]), 1).to_pylist()[0])
+
+    def __iter__(self) -> Iterator[JobSpec]:
+        for start in range(0, len(self), _ITER_ROWS):
+            for values in self._table.take(self._order[start : start + _ITER_ROWS]).to_pylist():
+                yield self._spec(values)
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> JobTable:
+        """The jobs at these positions of this view, in that order (no rows are copied)."""
+        return JobTable(self._table, self._order[np.asarray(positions, dtype=np.int64)])
+
+    def where(self, keep: np.ndarray) -> JobTable:
+        """The jobs whose entry in the boolean array `keep` (one per job of this view) is true, in order."""
+        return JobTable(self._table, self._order[np.asarray(keep, dtype=bool)])
+
+    def column(self, name: str) -> pa.Array:
+        """One column for this view's jobs, in this view's order."""
+        return self._table.column(name).take(self._order).combine_chunks()
+
+    def numbers(self, name: str, fill=0) -> np.ndarray:
+        """A numeric column for this view's jobs as a NumPy array, nulls replaced by `fill`."""
+        column = self._table.column(name).fill_null(fill).to_numpy()
+        return column[self._order]
+
+    def models(self) -> list[str]:
+        """The distinct models of these jobs, sorted."""
+        import pyarrow.compute as pc
+
+        return sorted(pc.unique(self.column("model")).to_pylist())
+
+    # ---- one buffer between processes -----------------------------------------------------------------
+    def to_ipc(self) -> pa.Buffer:
+        """The underlying table as one Arrow IPC stream (the order travels separately: `order`)."""
+        sink = pa.BufferOutputStream()
+        table = self._table.unify_dictionaries().combine_chunks()
+        with pa.ipc.new_stream(sink, table.schema) as writer:
+            writer.write_table(table)
+        return sink.getvalue()
+
+    @classmethod
+    def from_ipc(cls, buffer, order: np.ndarray) -> JobTable:
+        """The table of `to_ipc`, read in place from `buffer` (anything with the buffer protocol), in `order`."""
+        return cls(pa.ipc.open_stream(pa.py_buffer(buffer)).read_all(), order)

@@ -1,0 +1,282 @@
+"""The row rules over whole columns: a record batch checked with pyarrow compute, not Python per row.
+
+The rules are `validate.RowChecker`'s. Here vectorised masks find the rows each rule may reject, and the
+rule's own message function runs on those rows only, so the jobs and the rejections (row, id, column,
+reason, in the same order) are the ones `RowChecker` gives. Valid rows never become Python objects: they
+come out as a record batch of resolved columns (`genbatch.jobs.table.COLUMNS`, then the extra columns).
+Models are resolved once per distinct name, sizes once per distinct size (the `RowChecker` caches).
+
+Duplicate ids need the whole id column: `first_uses` gives, for every row, the first row with its id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from genbatch.jobs.resolve import Resolved, resolve_model_name
+from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides
+from genbatch.manifests import validate
+from genbatch.manifests.validate import MAX_ID_BYTES, Rejection, RowChecker
+
+WHITESPACE = (
+    "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
+    "\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+"""Every character `str.isspace` accepts, i.e. what `str.strip()` removes."""
+_BLANK = r"\A[" + "".join(f"\\x{{{ord(char):x}}}" for char in WHITESPACE) + r"]*\z"
+_UNSAFE_ID = r"[/\\\x00-\x1f\x7f]"  # the characters validate._UNSAFE_ID rejects, in RE2 syntax
+_GEOMETRY = ("width", "height", "num_frames")
+
+# Where a problem of each column stands among a row's problems (RowChecker appends them in this order).
+_ORDER = {"id": 0, "prompt": 1, "seed": 2, "model": 3}
+_VIDEO_ONLY_ORDER = {name: 4 + index for index, name in enumerate(VIDEO_SETTINGS)}
+_SETTING_ORDER = {name: 10 + index for index, name in enumerate(SETTINGS)}
+_GEOMETRY_ORDER = {name: 20 + index for index, name in enumerate(_GEOMETRY)}
+
+
+def _plain(array: pa.Array) -> pa.Array:
+    return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
+
+
+def _flags(mask: pa.Array) -> np.ndarray:
+    """A boolean Arrow array (nulls false) as a NumPy bool array."""
+    return pc.fill_null(mask, False).to_numpy(zero_copy_only=False).astype(bool, copy=False)
+
+
+def _int_type(array: pa.Array | None) -> pa.DataType:
+    """The resolved column's type: int64, or uint64 for a uint64 manifest column (whose values may not fit)."""
+    return pa.uint64() if array is not None and array.type == pa.uint64() else pa.int64()
+
+
+def _ints(array: pa.Array, dtype: np.dtype) -> np.ndarray:
+    return array.cast(pa.from_numpy_dtype(dtype)).fill_null(0).to_numpy(zero_copy_only=False)
+
+
+def first_uses(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """For each row, the index of the first row with the same id (its own index for a null id)."""
+    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+    ids = _plain(ids).cast(pa.string())
+    codes = pc.dictionary_encode(ids).indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
+    own = np.arange(len(codes), dtype=np.int64)
+    if not len(codes):
+        return own
+    known = codes >= 0
+    _, first = np.unique(codes[known], return_index=True)  # first[k]: first position, among known, of code k
+    result = own.copy()
+    result[known] = own[known][first][codes[known]]
+    return result
+
+
+class ColumnChecker:
+    """Checks record batches in manifest order against the rules of `RowChecker`."""
+
+    def __init__(self, *, overrides: JobOverrides, extra_columns: Sequence[str], first_use: np.ndarray) -> None:
+        self.overrides = overrides
+        """The run-level options."""
+        self.extra_columns = tuple(extra_columns)
+        """Columns carried into the jobs and rejections."""
+        self.first_use = first_use
+        """`first_uses` of the manifest's whole id column."""
+        self._rules = RowChecker(overrides=overrides, extra_columns=extra_columns)  # its model and size caches
+
+    def check(self, first_row: int, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[Rejection]]:
+        """The batch's valid rows as resolved columns, and one `Rejection` per problem of the other rows."""
+        size = batch.num_rows
+        raw = {name: _plain(batch.column(name)) for name in batch.schema.names}
+        strings = {
+            name: raw[name].cast(pa.string()) if name in raw else pa.nulls(size, pa.string())
+            for name in ("id", "prompt", "negative_prompt", "model")
+        }
+        problems: list[tuple[int, int, str, str]] = []  # (offset in the batch, order in the row, column, reason)
+        self._ids(first_row, strings["id"], problems)
+        self._prompts(strings["prompt"], problems)
+        self._seeds(raw.get("seed"), problems)
+        encoded = pc.dictionary_encode(strings["model"], null_encoding="encode")
+        codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        names = [resolve_model_name(value, self.overrides) for value in encoded.dictionary.to_pylist()]
+        models = [self._rules._model(name) for name in names]
+        resolved = {name: self._start_setting(name, raw.get(name), size) for name in SETTINGS}
+        order = np.argsort(codes, kind="stable")
+        bounds = np.flatnonzero(np.diff(codes[order])) + 1
+        for group in np.split(order, bounds) if size else []:
+            code = int(codes[group[0]])
+            self._check_group(group, names[code], models[code], raw, resolved, problems)
+        rejected = np.zeros(size, dtype=bool)
+        rejected[[offset for offset, *_ in problems]] = True
+        accepted = np.flatnonzero(~rejected)
+        jobs = self._jobs(first_row, batch, strings, raw.get("seed"), codes, names, resolved, accepted)
+        return jobs, self._rejections(first_row, batch, strings["id"], codes, names, problems)
+
+    # ---- row problems ---------------------------------------------------------------------------------
+    def _ids(self, first_row: int, ids: pa.Array, problems: list) -> None:
+        suspects = (
+            _flags(pc.is_null(ids))
+            | _flags(pc.match_substring_regex(ids, _BLANK))
+            | _flags(pc.match_substring_regex(ids, _UNSAFE_ID))
+            | _flags(pc.is_in(ids, value_set=pa.array([".", ".."])))
+            | _flags(pc.greater(pc.binary_length(ids), MAX_ID_BYTES))
+        )
+        bad = np.zeros(len(ids), dtype=bool)
+        offsets = np.flatnonzero(suspects)
+        for offset, value in zip(offsets.tolist(), ids.take(offsets).to_pylist(), strict=True):
+            problem = validate._id_problem(value)
+            if problem:
+                problems.append((offset, _ORDER["id"], "id", problem))
+                bad[offset] = True
+        first = self.first_use[first_row : first_row + len(ids)]
+        duplicates = np.flatnonzero(~bad & (first != np.arange(first_row, first_row + len(ids))))
+        for offset in duplicates.tolist():
+            problems.append((offset, _ORDER["id"], "id", validate._duplicate_problem(int(first[offset]))))
+
+    @staticmethod
+    def _prompts(prompts: pa.Array, problems: list) -> None:
+        suspects = _flags(pc.is_null(prompts)) | _flags(pc.match_substring_regex(prompts, _BLANK))
+        offsets = np.flatnonzero(suspects)
+        for offset, value in zip(offsets.tolist(), prompts.take(offsets).to_pylist(), strict=True):
+            if value is None or not value.strip():
+                problems.append((offset, _ORDER["prompt"], "prompt", validate.EMPTY_PROMPT))
+
+    @staticmethod
+    def _seeds(seeds: pa.Array | None, problems: list) -> None:
+        if seeds is None or seeds.type != pa.uint64():  # every other integer type fits in int64
+            return
+        offsets = np.flatnonzero(_flags(pc.greater(seeds, pa.scalar(np.iinfo(np.int64).max, pa.uint64()))))
+        for offset, value in zip(offsets.tolist(), seeds.take(offsets).to_pylist(), strict=True):
+            problems.append((offset, _ORDER["seed"], "seed", validate._seed_problem(value)))
+
+    @staticmethod
+    def _setting_suspects(name: str, values: pa.Array) -> np.ndarray:
+        """Rows whose own value `_setting_problem` may reject (nulls: false)."""
+        if name == "guidance_scale":
+            floats = values.cast(pa.float64(), safe=False)
+            return _flags(pc.invert(pc.is_finite(floats))) | _flags(pc.less(floats, 0))
+        return _flags(pc.less_equal(values, 0))
+
+    def _row_values(self, name: str, values: pa.Array | None, group: np.ndarray, problems: list) -> np.ndarray:
+        """Check the rows' own values of one setting; the rows of `group` found bad."""
+        bad = np.zeros(len(group), dtype=bool)
+        if values is None or pa.types.is_null(values.type):
+            return bad
+        mine = values.take(group)
+        flagged = np.flatnonzero(self._setting_suspects(name, mine))
+        for index, value in zip(flagged.tolist(), mine.take(flagged).to_pylist(), strict=True):
+            problem = validate._setting_problem(name, Resolved(value, "row"))
+            if problem:
+                problems.append((int(group[index]), _SETTING_ORDER[name], name, problem))
+                bad[index] = True
+        return bad
+
+    def _check_group(self, group, model_name, model, raw, resolved, problems) -> None:
+        """The problems of the rows of one model (`model`: the resolved model, or why it cannot be used)."""
+        if isinstance(model, str):
+            problems.extend((offset, _ORDER["model"], "model", model) for offset in group.tolist())
+            for name in SETTINGS:  # without a model only the rows' own values can be checked
+                self._row_values(name, raw.get(name), group, problems)
+            return
+        spec = model.spec
+        nulls = {name: self._nulls(raw.get(name), group) for name in SETTINGS}
+        if not spec.is_video:
+            for name in VIDEO_SETTINGS:
+                problem = validate._video_only_problem(name, model_name)
+                problems.extend((int(offset), _VIDEO_ONLY_ORDER[name], name, problem) for offset in group[~nulls[name]])
+        fallbacks = model.resolver.resolve({})  # what a null takes, for every setting of this model
+        bad = {}
+        for name, fallback in fallbacks.items():
+            bad[name] = self._row_values(name, raw.get(name), group, problems)
+            problem = validate._setting_problem(name, fallback)
+            if problem:
+                problems.extend((int(offset), _SETTING_ORDER[name], name, problem) for offset in group[nulls[name]])
+                bad[name] |= nulls[name]
+            self._fill(resolved[name], group, nulls[name], fallback)
+        for name in VIDEO_SETTINGS:
+            if name not in fallbacks:
+                resolved[name][1][group] = True  # image models: null
+        self._geometry(group, spec, raw, fallbacks, nulls, bad, problems)
+
+    def _geometry(self, group, spec, raw, fallbacks, nulls, bad, problems) -> None:
+        sizes = [name for name in _GEOMETRY if name in fallbacks]
+        usable = ~np.logical_or.reduce([bad[name] for name in sizes])
+        values = {}
+        for name in sizes:
+            fallback = fallbacks[name]
+            column = raw.get(name)
+            own = (np.zeros(len(group), np.int64) if column is None or pa.types.is_null(column.type)
+                   else _ints(column.take(group), np.dtype(np.uint64 if column.type == pa.uint64() else np.int64)))
+            values[name] = np.where(nulls[name], own.dtype.type(fallback.value if fallback else 1), own)
+        multiple = spec.size_multiple
+        suspects = (values["width"] % multiple != 0) | (values["height"] % multiple != 0)
+        if "num_frames" in values:
+            suspects |= (values["num_frames"] - 1) % spec.frame_multiple != 0
+        for index in np.flatnonzero(usable & suspects).tolist():
+            offset = int(group[index])
+            settings = {
+                name: fallbacks[name] if nulls[name][index] else Resolved(raw[name][offset].as_py(), "row")
+                for name in sizes
+            }
+            problems.extend(
+                (offset, _GEOMETRY_ORDER[column], column, reason)
+                for column, reason in self._rules.geometry_problems(spec, settings)
+            )
+
+    @staticmethod
+    def _nulls(values: pa.Array | None, group: np.ndarray) -> np.ndarray:
+        if values is None:
+            return np.ones(len(group), dtype=bool)
+        return _flags(pc.is_null(values.take(group)))
+
+    # ---- valid rows: resolved columns -----------------------------------------------------------------
+    @staticmethod
+    def _start_setting(name: str, values: pa.Array | None, size: int) -> tuple[np.ndarray, np.ndarray, pa.DataType]:
+        """(values, null flags, type) of one resolved setting, from the rows' own values."""
+        kind = pa.float64() if name == "guidance_scale" else _int_type(values)
+        if values is None or pa.types.is_null(values.type):
+            return np.zeros(size, kind.to_pandas_dtype()), np.ones(size, dtype=bool), kind
+        nulls = _flags(pc.is_null(values))
+        if name == "guidance_scale":
+            numbers = values.cast(pa.float64(), safe=False).fill_null(0.0).to_numpy(zero_copy_only=False)
+        else:
+            numbers = _ints(values, np.dtype(kind.to_pandas_dtype()))
+        return numbers.copy(), nulls, kind
+
+    @staticmethod
+    def _fill(setting, group: np.ndarray, nulls: np.ndarray, fallback: Resolved | None) -> None:
+        if fallback is None:
+            return  # those rows are rejected ("no value")
+        numbers, null_flags, _ = setting
+        targets = group[nulls]
+        numbers[targets] = fallback.value
+        null_flags[targets] = False
+
+    def _jobs(self, first_row, batch, strings, seeds, codes, names, resolved, accepted) -> pa.RecordBatch:
+        take = pa.array(accepted, pa.int64())
+        models = pa.DictionaryArray.from_arrays(pa.array(codes[accepted], pa.int32()), pa.array(names, pa.string()))
+        columns = {name: strings[name].take(take) for name in ("id", "prompt", "negative_prompt")}
+        columns["model"] = models.dictionary_decode()
+        for name in SETTINGS:
+            numbers, nulls, kind = resolved[name]
+            columns[name] = pa.array(numbers[accepted], type=kind, mask=nulls[accepted])
+        columns["seed"] = (pa.nulls(len(accepted), pa.int64()) if seeds is None
+                           else seeds.take(take).cast(pa.int64()))
+        columns["row"] = pa.array(first_row + accepted, pa.int64())
+        for name in self.extra_columns:
+            columns[name] = batch.column(name).take(take)
+        return pa.record_batch(list(columns.values()), names=list(columns))
+
+    def _rejections(self, first_row, batch, ids, codes, names, problems) -> list[Rejection]:
+        if not problems:
+            return []
+        problems.sort(key=lambda problem: (problem[0], problem[1]))
+        offsets = sorted({offset for offset, *_ in problems})
+        index = pa.array(offsets, pa.int64())
+        row_ids = dict(zip(offsets, ids.take(index).to_pylist(), strict=True))
+        extras = batch.select(list(self.extra_columns)).take(index).to_pylist() if self.extra_columns else None
+        row_extra = dict(zip(offsets, extras, strict=True)) if extras is not None else {}
+        return [
+            Rejection(row=first_row + offset, job_id=row_ids[offset] or None, column=column, reason=reason,
+                      model=names[codes[offset]], extra=row_extra.get(offset, {}))
+            for offset, _, column, reason in problems
+        ]

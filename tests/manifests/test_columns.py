@@ -1,0 +1,127 @@
+"""The column-wise checks give exactly what the row-by-row rules give: the same jobs, the same rejections (row,
+id, column, reason, model, extras, in order), and the same hand-out order and shares, on manifests with every
+kind of bad row, odd Arrow types, duplicates across batches and run-level options that are themselves bad."""
+
+import sys
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from genbatch.jobs.schedule import OrderKeys, hand_out_order, hand_out_positions, select_share, share_positions
+from genbatch.jobs.spec import JobOverrides, JobSpec
+from genbatch.manifests import ManifestReader, RowChecker, read_jobs
+from genbatch.manifests.columns import WHITESPACE
+
+ROWS = 3000
+POOLS = {
+    "id": ["", "  ", None, "a/b", "..", ".", "tab\there", "x" * 201, "é" * 101, "é" * 60, "\u3000", "back\\slash"],
+    "prompt": ["a cat", "a cat", "a cat", "", "  ", None, "\u2003", "ok\n", "\x1c"],
+    "negative_prompt": [None, "blurry"],
+    "model": [None, None, "tiny-wan", "tiny-flux", "tiny-sd3", "", "  ", "no-such-model"],
+    "width": [None, None, 64, 32, 0, -16, 100, 40],
+    "height": [None, None, 48, 64, 0, 40],
+    "num_frames": [None, None, 9, 5, 10, -3, 0],
+    "num_inference_steps": [None, None, 1, 3, 0, -2],
+    "guidance_scale": [None, None, 5.0, 1.0, 0.0, -0.5, float("nan"), float("inf"), -float("inf")],
+    "seed": [None, None, 1, 7, 2**63, 2**64 - 1],
+    "fps": [None, None, 8, 0, -1],
+}
+PLAIN = {"seed": pa.uint64(), "width": pa.int64(), "height": pa.int64(), "num_frames": pa.int64(),
+         "num_inference_steps": pa.int64(), "fps": pa.int64(), "guidance_scale": pa.float64()}
+ODD = {"seed": pa.uint64(), "width": pa.int8(), "height": pa.int16(), "num_frames": pa.int32(),
+       "num_inference_steps": pa.int64(), "fps": pa.null(), "guidance_scale": pa.float32()}
+
+
+def _manifest(path, types, drop=()) -> str:
+    rng = np.random.default_rng(7)
+    columns = {}
+    for name, pool in POOLS.items():
+        picks = rng.integers(0, len(pool), ROWS)
+        columns[name] = [pool[k] if rng.random() < 0.3 else pool[k] for k in picks]
+    # mostly good rows: unique ids, some reused (duplicates, also across batches), some bad
+    ids = [f"job-{i}" for i in range(ROWS)]
+    for i in rng.integers(0, ROWS, 300):
+        ids[i] = ids[int(rng.integers(0, ROWS))]
+    for i in rng.integers(0, ROWS, 60):
+        ids[i] = POOLS["id"][int(rng.integers(0, len(POOLS["id"])))]
+    columns["id"] = ids
+    for name in ("width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps"):
+        good = rng.random(ROWS) < 0.7  # most rows keep their null (the run's or the model's value)
+        columns[name] = [None if keep else value for keep, value in zip(good, columns[name], strict=True)]
+    arrays = {}
+    for name, values in columns.items():
+        if name in drop:
+            continue
+        kind = types.get(name, pa.string())
+        arrays[name] = pa.nulls(ROWS, kind) if kind == pa.null() else pa.array(values, kind)
+    if types is ODD:
+        arrays["id"] = arrays["id"].dictionary_encode()
+        arrays["prompt"] = arrays["prompt"].cast(pa.large_string())
+    arrays["category"] = pa.array([f"c{i % 5}" if i % 7 else None for i in range(ROWS)])
+    arrays["score"] = pa.array(np.arange(ROWS) % 300, pa.int16())
+    pq.write_table(pa.table(arrays), path, row_group_size=1100)
+    return str(path)
+
+
+def _reference(url, overrides, batch_rows):
+    """The row-by-row rules: `RowChecker.check` on each row's Python values."""
+    jobs, rejected = [], []
+    with ManifestReader(url, batch_rows=batch_rows) as reader:
+        checker = RowChecker(overrides=overrides, extra_columns=reader.schema.extra_columns)
+        for first, columns in reader.batches():
+            for outcome in checker.check_batch(first, columns):
+                (jobs.append if isinstance(outcome, JobSpec) else rejected.extend)(outcome)
+    return jobs, rejected
+
+
+@pytest.mark.parametrize(
+    ("types", "drop", "overrides"),
+    [
+        (PLAIN, (), JobOverrides(model="tiny-wan")),
+        (ODD, (), JobOverrides(model="tiny-flux", width=72, num_inference_steps=2)),
+        (PLAIN, ("negative_prompt", "seed", "fps"), JobOverrides(model="tiny-wan", height=40, guidance_scale=0.5)),
+        (ODD, ("model",), JobOverrides(model="tiny-sd3", num_frames=5)),
+        (PLAIN, (), JobOverrides(model="no-such-model")),
+    ],
+    ids=["plain", "odd-types", "missing-columns", "no-model-column", "bad-run-model"],
+)
+def test_column_checks_equal_the_row_rules(tmp_path, types, drop, overrides):
+    url = _manifest(tmp_path / "m.parquet", types, drop)
+    expected_jobs, expected_rejected = _reference(url, overrides, batch_rows=512)
+    result = read_jobs(url, overrides=overrides, batch_rows=512)
+    assert list(result.jobs) == expected_jobs
+    assert [result.jobs[i] for i in (0, -1)] == [expected_jobs[0], expected_jobs[-1]] if expected_jobs else True
+    assert result.rejected == expected_rejected
+    # every kind of problem is there (the test covers what it claims)
+    columns = {rejection.column for rejection in result.rejected}
+    assert {"id", "prompt", "width"} <= columns and len(result.rejected_rows) < ROWS
+    if types is PLAIN and overrides.model == "tiny-wan" and not drop:
+        reasons = " ".join(rejection.reason for rejection in result.rejected)
+        for part in ("duplicate id", "cannot name an output file", "bytes long", "empty prompt", "int64",
+                     "not a preset", "empty model name", "video models only", "must be positive", "is negative",
+                     "not a finite number", "not a multiple of", "not of the form"):
+            assert part in reasons, part
+
+    # the hand-out order and every share, from the columns, equal those of the JobSpecs
+    keys = OrderKeys(result.jobs)
+    assert list(result.jobs.take(hand_out_positions(keys))) == hand_out_order(expected_jobs)
+    for index in range(3):
+        assert list(result.jobs.take(share_positions(keys, index, 3))) == select_share(expected_jobs, index, 3)
+    share = share_positions(keys, 1, 3)
+    assert list(result.jobs.take(hand_out_positions(keys, share))) == hand_out_order(select_share(expected_jobs, 1, 3))
+
+
+def test_the_whitespace_class_is_pythons():
+    assert set(WHITESPACE) == {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}
+
+
+def test_a_job_table_crosses_processes_as_one_buffer(tmp_path):
+    url = _manifest(tmp_path / "m.parquet", PLAIN)
+    jobs = read_jobs(url, overrides=JobOverrides(model="tiny-wan")).jobs
+    view = jobs.take(np.arange(len(jobs))[::-7])
+    from genbatch.jobs.table import JobTable
+
+    copy = JobTable.from_ipc(memoryview(view.to_ipc()), view.order)
+    assert list(copy) == list(view) and copy.extra_columns == ("category", "score")
