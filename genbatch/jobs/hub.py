@@ -73,10 +73,11 @@ class HubModelMissing(LookupError):
     """A hub model is not in the local cache (and was not downloaded)."""
 
 
-def miss_message(hub: HubId, cache: str) -> str:
+def miss_message(hub: HubId, cache: str, incomplete: bool = False) -> str:
     revision = f" at revision {hub.revision!r}" if hub.revision else ""
+    state = "is only partly in" if incomplete else "is not in"  # partly: a download that was cut off
     return (
-        f"model {hub.name!r} is not a local directory, and hub model {hub.repo}{revision} is not in the "
+        f"model {hub.name!r} is not a local directory, and hub model {hub.repo}{revision} {state} the "
         f"Hugging Face cache {cache} (searched offline; set by HF_HUB_CACHE or HF_HOME); fill the cache with "
         f"`{hub.fill_command()}` (same HF_HUB_CACHE/HF_HOME), or let `gen run` download it with --download"
     )
@@ -85,13 +86,13 @@ def miss_message(hub: HubId, cache: str) -> str:
 def cached_snapshot(hub: HubId, cache: str | None = None) -> str:
     """The snapshot directory of `hub` in the cache; raises `HubModelMissing` naming the cache and the fix."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
+    from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
     cache = cache or hub_cache_dir()
     try:
         return snapshot_download(hub.repo, revision=hub.revision, cache_dir=cache, local_files_only=True)
-    except LocalEntryNotFoundError:
-        raise HubModelMissing(miss_message(hub, cache)) from None
+    except LocalEntryNotFoundError as error:  # IncompleteSnapshotError too: files of the listing are missing
+        raise HubModelMissing(miss_message(hub, cache, isinstance(error, IncompleteSnapshotError))) from None
 
 
 def fetch_snapshot(hub: HubId, cache: str | None = None) -> str:

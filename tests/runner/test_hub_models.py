@@ -96,6 +96,13 @@ def test_a_manifest_model_column_of_hub_ids(hub_cache, tmp_path):
     assert rejection.column == "model" and "hf download org/absent" in rejection.reason
 
 
+def test_gen_validate_takes_hub_ids(hub_cache, tmp_path):
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "p", "model": "org/tiny-wan@v2"},
+                                                            {"id": "b", "prompt": "p"}])
+    result = gen("validate", manifest, "--model", "org/tiny-wan")
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
 def test_gen_run_of_a_hub_id_makes_outputs(hub_cache, tmp_path):
     from genbatch.io import decode_mp4
 
