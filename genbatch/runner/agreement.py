@@ -3,10 +3,12 @@
 An agreement is one all-reduce of a two-number tensor and one read of it on the host: a blocking sync,
 which on a GPU drains the launch queue (and a compiled or CUDA-graph step pays for it). So the group agrees
 only every `interval` steps, and on the other steps the loop runs without any collective or host read of
-its own. The interval is chosen so that a stop still lands within about `target_s` seconds:
+its own. The interval is chosen so that a stop still lands within about `target_s` seconds, and within a
+tenth of the job's steps (a job of fast steps is still stopped inside, not run to its end):
 
     at each agreement   all-reduce (MAX) [stop flag, seconds per step since the last agreement]
                         interval = clamp(floor(target_s / slowest rank's seconds per step), 1, max_interval)
+                        max_interval = max(1, the job's steps // AGREEMENTS_PER_JOB)
 
 Every rank receives the same reduced values and applies the same rule, so every rank agrees after the same
 steps and stops after the same step (a collective's result keyed on identical inputs, principle 5). The
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 
 STOP_AGREEMENT_S = 2.0
 """The aimed-at seconds between two agreements of a job group inside the denoise loop."""
+AGREEMENTS_PER_JOB = 10
+"""The fewest agreements in a job of many fast steps (the interval is at most its steps over this)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -41,8 +45,10 @@ class StopAgreement:
     """steps_done when the loop starts (a resumed job starts past 0)."""
     target_s: float = STOP_AGREEMENT_S
     """Seconds aimed at between agreements."""
+    total_steps: int | None = None
+    """The job's denoising steps: the interval is at most `total_steps // AGREEMENTS_PER_JOB` (None: no cap)."""
     max_interval: int = 1000
-    """The most steps between two agreements (however fast the steps)."""
+    """The most steps between two agreements (however fast the steps); lowered by `total_steps`."""
     interval: int = 1
     """Steps from the last agreement to the next (the same on every rank)."""
     syncs: int = 0
@@ -51,6 +57,8 @@ class StopAgreement:
     _last_time: float = field(init=False)
 
     def __post_init__(self) -> None:
+        if self.total_steps is not None:
+            self.max_interval = max(1, min(self.max_interval, self.total_steps // AGREEMENTS_PER_JOB))
         self._last_step = self.start_step
         self._last_time = time.monotonic()
 

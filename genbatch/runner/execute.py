@@ -145,7 +145,8 @@ class JobExecutor:
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)  # step rows report this job's denoising peak
             last_save = {"step": start_step, "time": time.monotonic()}
-            agreement = StopAgreement(stop=self.stop, group=self.ctx.group, device=device, start_step=start_step)
+            agreement = StopAgreement(stop=self.stop, group=self.ctx.group, device=device, start_step=start_step,
+                                      total_steps=len(trajectory.timesteps))
 
             def after_step(steps_done: int, current) -> bool:
                 if agreement.should_stop(steps_done):  # a blocking sync only every `agreement.interval` steps

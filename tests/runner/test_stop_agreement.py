@@ -96,3 +96,7 @@ def test_the_interval_rule():
     assert agreement.next_interval(3.0) == 1  # slower steps than the target: agree at every step
     assert agreement.next_interval(0.001) == 100
     assert agreement.next_interval(0.0) == 100
+    of_a_job = StopAgreement(stop=None, group=None, device="cpu", target_s=2.0, total_steps=60)
+    assert of_a_job.next_interval(0.001) == 6  # fast steps: still ten agreements in the job
+    assert of_a_job.next_interval(0.5) == 4
+    assert StopAgreement(stop=None, group=None, device="cpu", total_steps=4).next_interval(0.001) == 1
