@@ -137,7 +137,7 @@ def test_a_stop_signal_ends_a_wait():
         fetcher.run(names=list, store=dist.HashStore(), key="k", rank=1, local_rank=1, world_size=2)
 
 
-FETCH_SECONDS = 4.0
+FETCH_SECONDS = 5.0
 """How long the stand-in download takes: twice the collective timeout of the ranks that wait for it."""
 
 
@@ -166,8 +166,8 @@ def _fetch_per_node(rank: int, world_size: int, base: str, source: str) -> dict:
         key="test/hub", rank=rank, local_rank=local_rank, world_size=world_size,
     )
     waited = time.monotonic() - started
-    path = cached_snapshot(parse_hub_id("org/tiny-wan"))
     dist.barrier(group=short)  # the group is whole after waiting twice its timeout
+    path = cached_snapshot(parse_hub_id("org/tiny-wan"))
     return {"failures": failures, "path": path, "waited": waited}
 
 
