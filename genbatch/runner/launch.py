@@ -55,7 +55,7 @@ def launch_local(nproc: int, args: list[str]) -> int:
             # stopped and a rerun continues, as the node launcher under Slurm decides too
             return exit_codes.REQUEUE
         return exit_codes.JOBS_FAILED
-    except SignalException:
-        return exit_codes.REQUEUE
+    except SignalException as stopped:  # torchrun's agent passed the signal on to the workers
+        return exit_codes.INTERRUPTED if stopped.sigval == signal.SIGINT else exit_codes.REQUEUE
     finally:
         signal.signal(signal.SIGUSR1, previous)
