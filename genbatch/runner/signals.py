@@ -55,7 +55,9 @@ class StopRequest:
 
     signal_number: int | None = None
     """The stop signal received (None: none yet)."""
-    _previous: dict = field(default_factory=dict)
+    _previous: dict = field(default_factory=dict, repr=False)
+    """The handlers this request replaced (left out of the repr: each may be an earlier request's, whose repr
+    would hold its own predecessors', three signals each: repeated in-process runs made it exponential)."""
     _waiting: list = field(default_factory=list)
     """Names of the waiting regions the main thread is in (innermost last)."""
     _cleanups: list = field(default_factory=list)
