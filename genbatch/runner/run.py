@@ -1,8 +1,9 @@
 """`gen run`: the process entry point, from options to an exit status.
 
     world    = torchrun/srun environment (or one process)       -> ParallelContext (one DeviceMesh)
-    jobs     = manifest rows, validated (rank 0 reads, all ranks receive the same list)
-    pending  = jobs without a done marker, failed in < --max-attempts runs, in hand-out order (of one share)
+    jobs     = manifest rows, validated column-wise (rank 0 reads them into one Arrow table)
+    pending  = jobs without a done marker, failed in < --max-attempts runs, in hand-out order (of one share);
+               every rank receives them as one Arrow buffer, and builds a JobSpec only for a job it takes
     for job in HandOut(pending):  JobExecutor.run(job)         -> outputs, markers, timings
     rank 0   = results table, run.json, summary                  -> exit status
 """
@@ -20,7 +21,7 @@ import torch.distributed as dist
 
 from genbatch.io.retry import StorageError
 from genbatch.jobs.models import resolve_model
-from genbatch.jobs.schedule import hand_out_order, select_share
+from genbatch.jobs.schedule import OrderKeys, hand_out_positions, share_positions
 from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner import exit_codes
@@ -148,13 +149,25 @@ def _print_rejections(rejected, out: str, shown: int = 5) -> None:
           "`gen validate MANIFEST` lists them all", file=sys.stderr)
 
 
-def _pending(selected, store, max_attempts: int) -> tuple[list, dict[str, int]]:
-    """The jobs to run, in hand-out order: not done, and failed in fewer than `max_attempts` run attempts;
-    and {job id: failed runs} of those left out for having failed too often."""
+def _pending(jobs, share, store, max_attempts: int):
+    """The jobs to run (a JobTable), in hand-out order, of one `share` (None: all): not done, and failed in
+    fewer than `max_attempts` run attempts; with (the jobs in the share, {job id: failed runs} of those left
+    out for having failed too often). One listing of the done markers, whatever the number of jobs."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    keys = OrderKeys(jobs)
+    selected = np.arange(len(jobs), dtype=np.int64) if share is None else share_positions(keys, *share)
     done = store.done_ids()
     failed_runs = {job_id: runs for job_id, runs in store.failed_runs().items() if job_id not in done}
-    given_up = {job.id: failed_runs[job.id] for job in selected if failed_runs.get(job.id, 0) >= max_attempts}
-    return [job for job in hand_out_order(selected) if job.id not in done and job.id not in given_up], given_up
+    ids = jobs.column("id")
+    tried = pa.array([job_id for job_id, runs in failed_runs.items() if runs >= max_attempts], pa.string())
+    selected_ids = ids.take(selected)
+    given_up = {job_id: failed_runs[job_id] for job_id in selected_ids.filter(pc.is_in(selected_ids, tried)).to_pylist()}
+    left_out = pc.is_in(ids, value_set=pa.array([*done, *given_up], pa.string())).to_numpy(zero_copy_only=False)
+    order = hand_out_positions(keys, selected)
+    return jobs.take(order[~left_out[order]]), (len(selected), given_up)
 
 
 def _print_given_up(given_up: dict[str, int], max_attempts: int, out: str, shown: int = 5) -> None:
@@ -183,9 +196,9 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
         return manifest  # a usage error, already reported by rank 0
     jobs, rejected, extra_columns = manifest
     world.shared_value(lambda: _start_up(options, world, store, rejected, run_id, started))  # on rank 0
-    selected = jobs if options.share is None else select_share(jobs, *options.share)
     with stop.waiting("the broadcast of the pending jobs"):
-        pending, given_up = world.shared_value(lambda: _pending(selected, store, options.max_attempts))
+        pending, (selected, given_up) = world.shared_jobs(
+            lambda: _pending(jobs, options.share, store, options.max_attempts))
     if given_up and ctx.rank == 0 and not options.quiet:
         _print_given_up(given_up, options.max_attempts, store.url)
 
@@ -193,7 +206,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     stop.on_exit(writer.flush)  # a signal that ends a waiting rank keeps the finished jobs' uploads
     stop.on_exit(store.flush_timings)
     executor = world.executor(options, store, writer, run_id, stop)
-    progress = RunProgress(total=len(selected), already_done=len(selected) - len(pending), given_up=len(given_up),
+    progress = RunProgress(total=selected, already_done=selected - len(pending), given_up=len(given_up),
                            enabled=ctx.rank == 0 and not options.quiet)
     interrupted = False
     coordination = coordination_store(ctx)

@@ -1,5 +1,6 @@
 """The processes of a run: process-group start-up from the torchrun/srun environment, the mesh, and the few
-things every rank must agree on (the job list, the run id), decided by rank 0 and broadcast.
+things every rank must agree on (the job list, the run id), decided by rank 0 and broadcast (the job list
+as one Arrow buffer: `shared_jobs`).
 """
 
 from __future__ import annotations
@@ -64,10 +65,15 @@ class World:
         return holder[0]
 
     def load_manifest(self, options):
-        """(jobs, rejected, extra_columns) on every rank, or the exit status of a usage error."""
+        """(jobs, rejected, extra_columns) on rank 0, with `jobs` a `JobTable`, and (None, [], []) on the other
+        ranks (the jobs they run reach them with `shared_jobs`); or, on every rank, the exit status of a usage
+        error."""
         from genbatch.manifests import ManifestFileError, read_jobs
 
+        loaded = None
+
         def read():
+            nonlocal loaded
             try:
                 overrides = options.overrides
                 if overrides.model is None:
@@ -75,20 +81,64 @@ class World:
 
                     overrides = replace(overrides, model=options.model)
                 loaded = read_jobs(options.manifest, overrides=overrides, storage_options=options.storage_options)
-                self._validate_layout(loaded.jobs)
-                return loaded.jobs, loaded.rejected, loaded.extra_columns
+                self._validate_layout(loaded.jobs.models())
+                return None
             except (ManifestFileError, UsageError, FileNotFoundError) as error:
                 return f"genbatch: {error}"
 
-        result = self.shared_value(read)
-        if isinstance(result, str):
+        problem = self.shared_value(read)
+        if problem is not None:
             if self.ctx.rank == 0:
-                print(result, file=sys.stderr)
+                print(problem, file=sys.stderr)
             return exit_codes.USAGE
-        return result
+        if loaded is None:
+            return None, [], []
+        return loaded.jobs, loaded.rejected, loaded.extra_columns
 
-    def _validate_layout(self, jobs) -> None:
-        for name in sorted({job.model for job in jobs}):
+    def shared_jobs(self, compute):
+        """`compute()` on rank 0 gives (a `JobTable`, a small value); every rank gets the same two. The table
+        travels as one Arrow IPC buffer and its order as one int64 tensor, read in place: never a pickled
+        list of jobs. A StorageError of `compute` is raised on every rank (as with `shared_value`)."""
+        if not self.ctx.distributed:
+            return compute()
+        import warnings
+
+        import numpy as np
+
+        from genbatch.jobs.table import JobTable
+
+        kept = {}
+
+        def header():
+            jobs, value = compute()
+            if len(jobs) < jobs.table.num_rows // 2:  # most are done or in other shares: send only these
+                jobs = JobTable(jobs.table.take(jobs.order))
+            kept["jobs"], kept["payload"] = jobs, jobs.to_ipc()
+            return kept["payload"].size, len(jobs), value
+
+        size, count, value = self.shared_value(header)
+        device = self.ctx.device
+        if self.ctx.rank == 0:
+            with warnings.catch_warnings():  # read-only Arrow memory: broadcast only reads it on the source
+                warnings.simplefilter("ignore", UserWarning)
+                data = torch.frombuffer(kept["payload"], dtype=torch.uint8)
+            order = torch.from_numpy(kept["jobs"].order)
+        else:
+            data, order = torch.empty(size, dtype=torch.uint8), torch.empty(count, dtype=torch.int64)
+        for tensor in (data, order):
+            if device.type == "cpu":
+                dist.broadcast(tensor, src=0)
+            else:  # nccl broadcasts device memory
+                moved = tensor.to(device)
+                dist.broadcast(moved, src=0)
+                if self.ctx.rank != 0:
+                    tensor.copy_(moved.cpu())
+        if self.ctx.rank == 0:
+            return kept["jobs"], value
+        return JobTable.from_ipc(data.numpy(), np.asarray(order.numpy())), value
+
+    def _validate_layout(self, models: list[str]) -> None:
+        for name in models:
             spec = resolve_model(name)
             try:
                 self.ctx.dims.validate(world_size=self.world_size, num_heads=spec.num_heads, uses_cfg=spec.uses_cfg)
