@@ -1,27 +1,23 @@
 """The parallel layouts a benchmark suite runs (`ParallelDims`), named the way `gen bench --layouts` spells them.
 
-A layout's name lists its degrees above one, joined by dashes: `single` (one process), `dp2`, `ulysses2`,
-`cfg2-ulysses2`, `ring2-fsdp`, ... `parse_layout` reads any such name, so a nightly can run layouts beyond
-its suite's list; `run_args` turns one into `gen run` flags. Whether a layout fits the model (heads, CFG)
-is `gen run`'s check, made when the layout runs.
+A layout's name is `ParallelDims.name` (the one grammar of the runner and the reports): its degrees above
+one, joined by dashes, `single` for one process: `dp2`, `ulysses2`, `cfg2-ulysses2`, `ring2-fsdp`, ...
+`parse_layout` reads any such name, so a nightly can run layouts beyond its suite's list; `run_args` turns
+one into `gen run` flags. Whether a layout fits the model (heads, CFG) is `gen run`'s check, made when the
+layout runs.
 """
 
 from __future__ import annotations
 
-import re
+from genbatch.parallel.axes import AXES, RUNNABLE
+from genbatch.parallel.dims import SINGLE, ParallelDims
 
-from genbatch.parallel.dims import AXES, ParallelDims
-
-SINGLE = "single"
-_PART = re.compile(r"^(dp|cfg|ring|ulysses)([1-9][0-9]*)$")
+__all__ = ["SINGLE", "describe", "layout_name", "multi_device_layouts", "parse_layout", "parse_layouts", "run_args"]
 
 
 def layout_name(dims: ParallelDims) -> str:
     """`single`, `dp2`, `cfg2-ulysses2`, `ring2-fsdp`, ...: what `parse_layout` reads back."""
-    parts = [f"{axis}{getattr(dims, axis)}" for axis in AXES if getattr(dims, axis) > 1]
-    if dims.fsdp:
-        parts.append("fsdp")
-    return "-".join(parts) or SINGLE
+    return dims.name
 
 
 def describe(dims: ParallelDims) -> str:
@@ -32,7 +28,7 @@ def describe(dims: ParallelDims) -> str:
 
 def run_args(dims: ParallelDims) -> list[str]:
     """The `gen run` flags for this layout (`--nproc` when it needs more than one process)."""
-    args = ["--dp", str(dims.dp), "--cfg", str(dims.cfg), "--ring", str(dims.ring), "--ulysses", str(dims.ulysses)]
+    args = [arg for axis in AXES if axis in RUNNABLE for arg in (f"--{axis}", str(getattr(dims, axis)))]
     args.append("--fsdp" if dims.fsdp else "--no-fsdp")
     if dims.world_size > 1:
         args += ["--nproc", str(dims.world_size)]
@@ -41,22 +37,7 @@ def run_args(dims: ParallelDims) -> list[str]:
 
 def parse_layout(name: str) -> ParallelDims:
     """`dp2`, `cfg2-ulysses2`, `ring2-fsdp`, `single`, ... -> ParallelDims; ValueError naming the fix otherwise."""
-    text = name.strip().lower()
-    if text in (SINGLE, "1", "one"):
-        return ParallelDims()
-    degrees: dict[str, int | bool] = {}
-    for part in text.split("-"):
-        if part == "fsdp":
-            degrees["fsdp"] = True
-            continue
-        match = _PART.match(part)
-        if match is None or match.group(1) in degrees:
-            raise ValueError(
-                f"layout {name!r}: cannot read {part!r}; write degrees above one joined by '-', "
-                "e.g. single, dp2, ulysses2, ring2, cfg2, cfg2-ulysses2, ulysses2-fsdp"
-            )
-        degrees[match.group(1)] = int(match.group(2))
-    return ParallelDims(**degrees)
+    return ParallelDims.parse(name)
 
 
 def parse_layouts(text: str) -> list[ParallelDims]:

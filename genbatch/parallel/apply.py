@@ -1,8 +1,21 @@
-"""Parallelising a pipeline for a job group, in a fixed order (model code stays upstream, untouched):
+"""Parallelising a pipeline for a job group, in a fixed order (model code stays upstream, untouched).
 
-    1. sequence parallel   split/gather hooks and the attention swap on each transformer (ring x ulysses)
-    2. FSDP2               fully_shard per block, then the root, on transformers and text encoders,
-                           filled from the group leader's weights (built on the meta device elsewhere)
+The whole order, fixed now; the steps marked (later) belong to axes or features the registry in
+`parallel/axes.py` does not mark runnable yet, and are filled in at their place, never elsewhere:
+
+    1. stage split (pp)    (later) PipeFusion: the transformer's blocks cut into `pp` stages at the
+                           model's stage boundaries; each rank keeps its stage's blocks
+    2. TP and SP plans     (later) tensor parallel: the model's `_tp_plan` shards heads and MLP columns
+                           over `tp`; then sequence parallel: split/gather hooks and the attention swap
+                           on each transformer (ring x ulysses)
+    3. cache hooks         (later) step caching: hooks on the repeated blocks that skip them when the
+                           group agrees the residual is stale
+    4. compile             (later) torch.compile of each compile unit (the repeated blocks), after the
+                           hooks above so that it traces through them, before FSDP so that FSDP's
+                           all-gathers stay outside the compiled regions
+    5. FSDP2               fully_shard per block, then the root, on transformers and text encoders, over
+                           `ctx.fsdp_mesh` (the job group minus tp and pp), filled from the group leader's
+                           weights (built on the meta device elsewhere)
 
 CFG parallel lives in the denoise loop (`genbatch.parallel.cfg`) and patch-parallel VAE decode in the
 decode step (`genbatch.parallel.vae`): they need no change to the modules.
@@ -39,12 +52,12 @@ def apply_sequence_parallel(pipe, ctx: ParallelContext) -> list[SequenceParallel
 
 
 def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
-    """Step 1 on a pipeline loaded whole on every rank (no FSDP)."""
+    """Step 2 (sequence parallel) on a pipeline loaded whole on every rank (no FSDP)."""
     apply_sequence_parallel(pipe, ctx)
 
 
 def load_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype):
-    """Steps 1 and 2 for `--fsdp`: shard components built on the meta device and fill them from the leader."""
+    """Steps 2 and 5 for `--fsdp`: shard components built on the meta device and fill them from the leader."""
     from genbatch.runner.loading import finish_placement, load_pipeline, load_skeleton
 
     leader = ctx.group.rank == 0
@@ -52,8 +65,8 @@ def load_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.d
     full = load_pipeline(spec, torch.device("cpu"), dtype) if leader else None
     apply_sequence_parallel(skeleton, ctx)
     for name, module in _components(skeleton, SHARDED):
-        fsdp.shard(module, ctx.group_mesh, ctx.ledger)
+        fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
         state = fsdp.full_state(getattr(full, name)) if leader else None
-        fsdp.load_shards(module, state, ctx.group, ctx.group_mesh, ctx.device)
+        fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device)
     del full
     return finish_placement(skeleton, spec, ctx.device, skip=SHARDED)

@@ -1,8 +1,11 @@
 """ParallelContext: the one DeviceMesh of a run and the groups taken from it by axis name.
 
-Built once per process from a validated `ParallelDims`. Every group the parallel layer uses comes from here
-(never from module-level globals): `group` (the job group: cfg x ring x ulysses), `cfg`, `sp`
-(ring x ulysses), `ring`, `ulysses`. Each is a `Comm`, so its collectives count bytes into the one ledger.
+Built once per process from a validated `ParallelDims`, over every axis of `parallel/axes.py` (dp, cfg, pp,
+ring, ulysses, tp; those of degree 1 too). Every group the parallel layer uses comes from here (never from
+module-level globals): `group` (the job group: every axis but dp), `cfg`, `sp` (ring x ulysses), `ring`,
+`ulysses`, and the sub-mesh FSDP shards over (`fsdp_mesh`: by default the job group minus tp and pp). Each
+group is a `Comm`, so its collectives count bytes into the one ledger. `parallel/groups.py` computes the same
+groups as a pure function.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import torch
 import torch.distributed as dist
 
 from genbatch.parallel.comm import Comm, CommLedger
-from genbatch.parallel.dims import AXES, ParallelDims
+from genbatch.parallel.axes import AXES, GROUP_AXES, SP_AXES
+from genbatch.parallel.dims import ParallelDims
 
 
 @dataclass(kw_only=True, slots=True)
@@ -25,19 +29,21 @@ class ParallelContext:
     ledger: CommLedger
     """Bytes this rank sent, by collective kind, since the last step boundary."""
     mesh: object | None
-    """The (dp, cfg, ring, ulysses) DeviceMesh; None in a one-process run."""
+    """The DeviceMesh over every axis of `AXES`; None in a one-process run."""
     rank: int
     """Global rank."""
     dp_rank: int
     """Which job group this rank belongs to."""
     group: Comm
-    """The ranks running this rank's job (cfg x ring x ulysses); group rank 0 is the leader."""
+    """The ranks running this rank's job (every axis but dp); group rank 0 is the leader."""
     cfg: Comm
     sp: Comm
     ring: Comm
     ulysses: Comm
     group_mesh: object | None = None
-    """The job group as a 1-D DeviceMesh (what FSDP2 shards over); None in a one-process run."""
+    """The job group as a 1-D DeviceMesh; None in a one-process run."""
+    fsdp_mesh: object | None = None
+    """The 1-D DeviceMesh FSDP2 shards over (`dims.fsdp_axes`); None in a one-process run."""
 
     @property
     def is_leader(self) -> bool:
@@ -67,8 +73,11 @@ def build_context(dims: ParallelDims, device: torch.device) -> ParallelContext:
         return single_process_context(device)
     mesh = init_device_mesh(device.type, dims.shape(), mesh_dim_names=AXES)
     ledger = CommLedger()
-    group_mesh = mesh["cfg", "ring", "ulysses"]._flatten("group")
-    sp_mesh = mesh["ring", "ulysses"]._flatten("sp")
+    group_mesh = mesh[GROUP_AXES]._flatten("group")
+    sp_mesh = mesh[SP_AXES]._flatten("sp")
+    fsdp_axes = tuple(axis for axis in GROUP_AXES if axis in dims.fsdp_axes)
+    same_ranks = all(dims.degree(axis) == 1 for axis in GROUP_AXES if axis not in fsdp_axes)
+    fsdp_mesh = group_mesh if same_ranks else mesh[fsdp_axes]._flatten("fsdp")
 
     def comm(sub_mesh) -> Comm:
         return Comm(sub_mesh.get_group(), ledger)
@@ -86,4 +95,5 @@ def build_context(dims: ParallelDims, device: torch.device) -> ParallelContext:
         ring=comm(mesh["ring"]),
         ulysses=comm(mesh["ulysses"]),
         group_mesh=group_mesh,
+        fsdp_mesh=fsdp_mesh,
     )

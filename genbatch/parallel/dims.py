@@ -1,15 +1,25 @@
-"""ParallelDims: the run's layout, validated once at start-up.
+"""ParallelDims: the run's layout, validated once at start-up, and its one name grammar.
 
-The world is `dp x cfg x ring x ulysses` ranks. A *job group* is the `cfg x ring x ulysses` ranks that run
-one job together; `dp` groups run different jobs side by side. Ulysses is the innermost (fastest-varying)
-axis, so its ranks are contiguous and stay inside a node; ring, cfg and dp go across.
+The world is `dp x cfg x pp x ring x ulysses x tp` ranks (`parallel/axes.py`: the order, outermost first, and
+which axes the runner implements). A *job group* is the `cfg x pp x ring x ulysses x tp` ranks that run one
+job together; `dp` groups run different jobs side by side. The innermost axes vary fastest, so their ranks
+are contiguous and stay inside a node; ring, cfg and dp go across.
+
+A layout's name lists its degrees above one, outermost first, joined by dashes, then `fsdp` when weights are
+sharded: `single` (one process), `dp2`, `cfg2-ulysses2`, `dp2-cfg2-ulysses4-fsdp`. `ParallelDims.name` writes
+it and `ParallelDims.parse` reads it back, for the runner, `gen plan`, `gen bench --layouts` and the reports.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
-AXES = ("dp", "cfg", "ring", "ulysses")
+from genbatch.parallel.axes import AXES, DEFAULT_FSDP_AXES, GROUP_AXES, SP_AXES, check_runnable
+
+SINGLE = "single"
+"""The name of the one-process layout."""
+_NAME_PART = re.compile(r"^(" + "|".join(AXES) + r")([1-9][0-9]*)$")
 
 
 def _divisors(n: int) -> list[int]:
@@ -22,33 +32,86 @@ class ParallelDims:
     """Data-parallel groups: each runs whole jobs on its own."""
     cfg: int = 1
     """CFG parallel degree: 2 runs the conditional and unconditional branches on different ranks."""
+    pp: int = 1
+    """PipeFusion stages (not implemented yet: must be 1)."""
     ring: int = 1
     """Ring-attention degree: K/V blocks passed around a ring, point to point."""
     ulysses: int = 1
     """Ulysses degree: heads scattered and sequence gathered by all-to-all; must divide the head count."""
+    tp: int = 1
+    """Tensor-parallel degree (not implemented yet: must be 1)."""
     fsdp: bool = False
-    """Shard the transformer's and text encoder's weights over the job group with FSDP2."""
+    """Shard the transformer's and text encoder's weights over `fsdp_axes` of the job group with FSDP2."""
+    fsdp_axes: tuple[str, ...] = DEFAULT_FSDP_AXES
+    """The sub-mesh FSDP shards over: by default the job group minus tp and pp."""
+
+    def __post_init__(self) -> None:
+        check_runnable({axis: getattr(self, axis) for axis in AXES})  # never a layout that is silently cut down
+
+    def _product(self, axes: tuple[str, ...]) -> int:
+        size = 1
+        for axis in axes:
+            size *= getattr(self, axis)
+        return size
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.cfg * self.ring * self.ulysses
+        return self._product(AXES)
 
     @property
     def group_size(self) -> int:
         """Ranks that run one job together."""
-        return self.cfg * self.ring * self.ulysses
+        return self._product(GROUP_AXES)
 
     @property
     def sp(self) -> int:
         """Sequence-parallel degree (ring x ulysses)."""
-        return self.ring * self.ulysses
+        return self._product(SP_AXES)
 
-    def shape(self) -> tuple[int, int, int, int]:
-        return (self.dp, self.cfg, self.ring, self.ulysses)
+    @property
+    def fsdp_size(self) -> int:
+        """Ranks each sharded weight is spread over (1 without FSDP)."""
+        return self._product(self.fsdp_axes) if self.fsdp else 1
+
+    def degree(self, axis: str) -> int:
+        return getattr(self, axis)
+
+    def shape(self) -> tuple[int, ...]:
+        """The mesh shape, in the order of `AXES`."""
+        return tuple(getattr(self, axis) for axis in AXES)
 
     def describe(self) -> str:
-        parts = [f"{axis}={getattr(self, axis)}" for axis in AXES]
-        return " x ".join(parts) + (" +fsdp" if self.fsdp else "")
+        shown = [axis for axis in AXES if axis not in ("pp", "tp") or getattr(self, axis) > 1]
+        return " x ".join(f"{axis}={getattr(self, axis)}" for axis in shown) + (" +fsdp" if self.fsdp else "")
+
+    @property
+    def name(self) -> str:
+        """`single`, `dp2`, `cfg2-ulysses2`, `dp2-cfg2-ulysses4-fsdp`, ...: what `parse` reads back."""
+        parts = [f"{axis}{getattr(self, axis)}" for axis in AXES if getattr(self, axis) > 1]
+        if self.fsdp:
+            parts.append("fsdp")
+        return "-".join(parts) or SINGLE
+
+    @classmethod
+    def parse(cls, name: str) -> "ParallelDims":
+        """A layout name (`dp2-cfg2-ulysses4-fsdp`, `single`) -> ParallelDims; ValueError naming the fix."""
+        text = name.strip().lower()
+        if text in (SINGLE, "1", "one"):
+            return cls()
+        degrees: dict[str, int | bool] = {}
+        for part in text.split("-"):
+            if part == "fsdp" and "fsdp" not in degrees:
+                degrees["fsdp"] = True
+                continue
+            match = _NAME_PART.match(part)
+            if match is None or match.group(1) in degrees:
+                raise ValueError(
+                    f"layout {name!r}: cannot read {part!r}; write the degrees above one joined by '-' "
+                    f"(axes {', '.join(AXES)}), then 'fsdp' to shard weights: e.g. single, dp2, ulysses2, "
+                    "cfg2-ulysses2, dp2-ring2-ulysses2-fsdp"
+                )
+            degrees[match.group(1)] = int(match.group(2))
+        return cls(**degrees)
 
     @classmethod
     def infer(
@@ -57,30 +120,39 @@ class ParallelDims:
         *,
         dp: int | None = None,
         cfg: int = 1,
+        pp: int = 1,
         ring: int = 1,
         ulysses: int = 1,
+        tp: int = 1,
         fsdp: bool = False,
     ) -> "ParallelDims":
-        """Fill `dp` from the world size when it is not given ("dp takes the rest")."""
-        for name, value in (("cfg", cfg), ("ring", ring), ("ulysses", ulysses)):
+        """Fill `dp` from the world size when it is not given ("dp takes the rest"). An axis the runner does
+        not implement yet is rejected here, at start-up, naming it."""
+        degrees = {"cfg": cfg, "pp": pp, "ring": ring, "ulysses": ulysses, "tp": tp}
+        for name, value in degrees.items():
             if value < 1:
                 raise ValueError(f"--{name} {value} must be at least 1")
-        group = cfg * ring * ulysses
+        check_runnable(degrees)
+        group = cfg * pp * ring * ulysses * tp
         if dp is None:
             if world_size % group:
+                given = " x ".join(f"{name} {value}" for name, value in degrees.items() if value > 1)
                 raise ValueError(
-                    f"cfg {cfg} x ring {ring} x ulysses {ulysses} = {group} does not divide the world size "
-                    f"{world_size}; choose degrees whose product divides {world_size} "
-                    f"(group sizes that fit: {_divisors(world_size)})"
+                    f"{given} = {group} does not divide the world size {world_size}; choose degrees whose "
+                    f"product divides {world_size} (group sizes that fit: {_divisors(world_size)})"
                 )
             dp = world_size // group
-        return cls(dp=dp, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp)
+        return cls(dp=dp, fsdp=fsdp, **degrees)
 
     def validate(self, *, world_size: int, num_heads: int, uses_cfg: bool) -> None:
         """Raise ValueError naming the bad value and a layout that would work."""
         for axis in AXES:
             if getattr(self, axis) < 1:
                 raise ValueError(f"{axis}={getattr(self, axis)} must be at least 1")
+        check_runnable({axis: getattr(self, axis) for axis in AXES})
+        unknown = [axis for axis in self.fsdp_axes if axis not in GROUP_AXES]
+        if unknown:
+            raise ValueError(f"fsdp_axes {self.fsdp_axes}: {unknown} are not job-group axes ({GROUP_AXES})")
         if self.world_size != world_size:
             fix = (
                 f"use --dp {world_size // self.group_size} with these degrees, or leave --dp out to let it take the rest"

@@ -24,9 +24,11 @@ def test_layout_names_round_trip_and_flags():
                                                  "--no-fsdp", "--nproc", "2"]
     assert "--nproc" not in run_args(ParallelDims(fsdp=True))
     assert parse_layouts("single, dp2,single") == [ParallelDims(), ParallelDims(dp=2)]
-    for bad in ("dp0", "ulysses", "tp2", "dp2-dp2"):
+    for bad in ("dp0", "ulysses", "sp2", "dp2-dp2"):
         with pytest.raises(ValueError, match="e.g. single, dp2"):
             parse_layout(bad)
+    with pytest.raises(ValueError, match="--tp 2 .*not implemented"):  # read, and refused by the runner's registry
+        parse_layout("tp2")
     with pytest.raises(ValueError, match="names no layout"):
         parse_layouts(" , ")
 

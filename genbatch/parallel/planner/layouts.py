@@ -9,9 +9,9 @@ FSDP shards each weight over all ranks of one job's group (cfg x pipefusion x ri
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass
 
+from genbatch.parallel.axes import RUNNABLE
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.planner.hardware import GPUS_PER_SOCKET, Cluster, Link
 from genbatch.parallel.planner.shapes import ModelShape
@@ -19,8 +19,9 @@ from genbatch.parallel.planner.shapes import ModelShape
 AXES = ("dp", "cfg", "pipefusion", "ring", "ulysses", "tp")
 """Mesh axes, outermost first."""
 
-RUNNER_MODULES = {"pipefusion": "genbatch.parallel.pipefusion", "tp": "genbatch.parallel.tensor_parallel"}
-"""Axes the runner may not have yet: the module that would implement each one."""
+RUNNER_AXES = {"pipefusion": "pp", "tp": "tp"}
+"""The planner's axes that the runner's registry (`parallel/axes.py`) may not mark runnable yet, by the
+runner's name for each."""
 
 MIN_STALE_STEPS = 10
 """PipeFusion reuses the previous step's K/V; seed 000 §6 and §11 Q4 rule it out for few-step models (FLUX.1
@@ -70,7 +71,8 @@ class Layout:
         reason = unavailable_reason(self)
         if reason:
             raise ValueError(f"layout {self.label()}: {reason}; pick a layout without them")
-        return ParallelDims(dp=self.dp, cfg=self.cfg, ring=self.ring, ulysses=self.ulysses, fsdp=self.fsdp > 1)
+        return ParallelDims(dp=self.dp, cfg=self.cfg, pp=self.pipefusion, ring=self.ring, ulysses=self.ulysses,
+                            tp=self.tp, fsdp=self.fsdp > 1)
 
     def label(self) -> str:
         parts = [f"{axis}{getattr(self, axis)}" for axis in AXES if getattr(self, axis) > 1]
@@ -162,8 +164,8 @@ def structural_problems(layout: Layout, shape: ModelShape, sequence: int, steps:
 
 def unavailable_reason(layout: Layout) -> str | None:
     """Why genbatch's runner cannot run this layout yet, or None when it can."""
-    missing = [axis for axis, module in RUNNER_MODULES.items()
-               if getattr(layout, axis) > 1 and importlib.util.find_spec(module) is None]
+    missing = [axis for axis, runner_axis in RUNNER_AXES.items()
+               if getattr(layout, axis) > 1 and runner_axis not in RUNNABLE]
     if not missing:
         return None
     return " and ".join(missing) + " not in the runner yet (estimate only)"
