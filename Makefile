@@ -20,7 +20,7 @@ setup-test: $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 
 demo: setup
-	$(BIN)/gen run examples/manifest.parquet --out runs/example
+	$(BIN)/gen run examples/manifest.parquet --out runs/example --model tiny-wan
 
 test: setup-test
 	$(BIN)/python -m pytest -q

@@ -1,12 +1,13 @@
 """Write the shipped example manifest: tiny-wan video rows and tiny-flux image rows, small enough for a CPU.
 
-    python examples/make_manifest.py [OUT]        # default: examples/manifest.parquet next to this script
-    gen validate examples/manifest.parquet        # check it
-    gen run examples/manifest.parquet --out runs/example
+    python examples/make_manifest.py [OUT]                   # default: examples/manifest.parquet by this script
+    gen validate examples/manifest.parquet --model tiny-wan  # check it
+    gen run examples/manifest.parquet --out runs/example --model tiny-wan
 
-Rows without `model` run on the run's model (tiny-wan by default); null settings take the run-level option
-or the model's default; a null `seed` is derived from the row's `id`. `category` and `priority` are extra
-columns: genbatch carries them into the results table untouched.
+Rows without `model` run on the run's `--model` (here the tiny-wan preset; there is no default model, so a
+manifest with such rows needs one); null settings take the run-level option or the model's default; a null
+`seed` is derived from the row's `id`. `category` and `priority` are extra columns: genbatch carries them
+into the results table untouched.
 """
 
 from __future__ import annotations

@@ -13,9 +13,6 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.seeds import job_seed
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
 
-DEFAULT_MODEL = "tiny-wan"
-"""The model of rows that name none when the run names none either: the built-in preset that runs anywhere."""
-
 SOURCES = {"row": "the row's value", "run": "the run-level option", "model": "the model's default"}
 """Where a resolved value came from, in words for messages."""
 
@@ -30,11 +27,10 @@ class Resolved:
     """`row`, `run` or `model` (keys of `SOURCES`)."""
 
 
-def resolve_model_name(row_model: str | None, overrides: JobOverrides) -> str:
-    """The model a row runs on: its own `model`, else the run's `--model`, else `DEFAULT_MODEL`."""
-    if row_model is not None:
-        return row_model
-    return overrides.model if overrides.model is not None else DEFAULT_MODEL
+def resolve_model_name(row_model: str | None, overrides: JobOverrides) -> str | None:
+    """The model a row runs on: its own `model`, else the run's `--model`; None when neither names one (there
+    is no default model: a forgotten `--model` must not quietly run a random-weight preset)."""
+    return row_model if row_model is not None else overrides.model
 
 
 class SettingResolver:

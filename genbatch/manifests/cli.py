@@ -10,9 +10,9 @@ from collections.abc import Callable, Iterable
 
 import click
 
-from genbatch.jobs.resolve import DEFAULT_MODEL
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests.report import validate_manifest
+from genbatch.runner import exit_codes
 
 
 def job_override_options(command: Callable) -> Callable:
@@ -20,9 +20,8 @@ def job_override_options(command: Callable) -> Callable:
     options = [
         click.option(
             "--model",
-            default=DEFAULT_MODEL,
-            show_default=True,
-            help="Model for rows without a `model` value: a preset name or a diffusers pipeline directory.",
+            help="Model for rows without a `model` value: a preset name (tiny-wan, tiny-flux, tiny-sd3) or a "
+            "diffusers pipeline directory. Required unless every row names its model.",
         ),
         click.option("--width", type=click.IntRange(min=1), help="Width in pixels for rows without one."),
         click.option("--height", type=click.IntRange(min=1), help="Height in pixels for rows without one."),
@@ -81,7 +80,8 @@ def validate_command(
 ) -> None:
     """Check MANIFEST (a Parquet file at any fsspec URL) and report every problem without running anything.
 
-    Exit status: 0 every row is valid, 1 some rows are rejected, 2 the file cannot be used at all.
+    Exit status: 0 every row is valid, 1 some rows are rejected, 2 the file cannot be used at all or a
+    run-level option cannot work for any row (a missing --model, a size the model cannot take).
     """
     try:
         overrides = overrides_from_options(options)
@@ -92,5 +92,5 @@ def validate_command(
         click.echo(json.dumps(report.to_json(), indent=2, default=str))
     else:
         for line in report.lines():
-            click.echo(line, err=report.file_error is not None)
+            click.echo(line, err=report.exit_code == exit_codes.USAGE)
     ctx.exit(report.exit_code)

@@ -130,3 +130,12 @@ class ManifestReader:
         for batch in self.record_batches():
             yield first, {name: batch.column(index).to_pylist() for index, name in enumerate(batch.schema.names)}
             first += batch.num_rows
+
+    def column_batches(self, names: list[str]) -> Iterator[pa.RecordBatch]:
+        """Only the named columns as record batches, in file order (a check over a few columns of a large
+        manifest reads nothing else)."""
+        parquet = self._opened()
+        try:
+            yield from parquet.iter_batches(batch_size=self.batch_rows, columns=list(names))
+        except (pa.ArrowException, OSError) as error:
+            raise ManifestFileError(f"{self.url}: cannot be read ({error}); {_WRITE_HINT} again", url=self.url) from error

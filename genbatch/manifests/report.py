@@ -5,7 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from genbatch.jobs.spec import JobOverrides, JobSpec
+from genbatch.manifests.causes import cause_lines
 from genbatch.manifests.loader import iter_checked
+from genbatch.manifests.preflight import RunOptionError, check_options, check_rows_have_model
 from genbatch.manifests.reader import DEFAULT_BATCH_ROWS, ManifestReader
 from genbatch.manifests.schema import ManifestFileError
 from genbatch.manifests.validate import Rejection
@@ -42,19 +44,23 @@ class ValidationReport:
     """The extra columns carried into results."""
     file_error: ManifestFileError | None = None
     """Set when the manifest cannot be read at all; then nothing else is filled."""
+    option_error: RunOptionError | None = None
+    """Set when a run-level option cannot work for any row (`--model`, a size); then no row is checked."""
 
     @property
     def exit_code(self) -> int:
-        """2 for a file-level error, 1 when rows are rejected, 0 when every row is valid."""
-        if self.file_error is not None:
+        """2 for a file-level or run-level error, 1 when rows are rejected, 0 when every row is valid."""
+        if self.file_error is not None or self.option_error is not None:
             return exit_codes.USAGE
         return exit_codes.JOBS_FAILED if self.rejected else exit_codes.OK
 
     def lines(self) -> list[str]:
-        """The report as text: one line per problem, then the summary."""
+        """The report as text: one line per cause (with its row count and first rows), then the summary."""
         if self.file_error is not None:
             return [f"error: {self.file_error}"]
-        lines = [problem.message() for problem in self.problems]
+        if self.option_error is not None:
+            return [f"error: {self.option_error}"]
+        lines = cause_lines(self.problems)
         lines.append(
             f"{self.url}: {self.rows} rows, {self.valid} valid, {self.rejected} rejected"
             + (f" ({len(self.problems)} problems)" if self.problems else "")
@@ -79,6 +85,8 @@ class ValidationReport:
             "by_model": {model: {"valid": c.valid, "rejected": c.rejected} for model, c in self.by_model.items()},
             "extra_columns": self.extra_columns,
             "file_error": None if error is None else {"message": str(error), "column": error.column},
+            "option_error": None if self.option_error is None else {
+                "message": str(self.option_error), "option": self.option_error.option},
             "exit_code": self.exit_code,
         }
 
@@ -90,13 +98,19 @@ def validate_manifest(
     storage_options: dict | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
 ) -> ValidationReport:
-    """Check every row of a manifest without keeping its jobs: memory grows with the problems, not the rows."""
+    """Check every row of a manifest without keeping its jobs: memory grows with the problems, not the rows.
+
+    Run-level options are checked first (see `genbatch.manifests.preflight`): one that cannot work for any
+    row is reported alone, as `option_error`, and no row is checked."""
+    overrides = overrides or JobOverrides()
     report = ValidationReport(url=str(url))
     try:
+        check_options(overrides)
         with ManifestReader(url, storage_options=storage_options, batch_rows=batch_rows) as reader:
+            check_rows_have_model(reader, overrides)
             report.rows = reader.rows
             report.extra_columns = list(reader.schema.extra_columns)
-            for outcome in iter_checked(reader, overrides or JobOverrides()):
+            for outcome in iter_checked(reader, overrides):
                 if isinstance(outcome, JobSpec):
                     report.valid += 1
                     report.by_model.setdefault(outcome.model, ModelCounts()).valid += 1
@@ -106,4 +120,6 @@ def validate_manifest(
                     report.by_model.setdefault(outcome[0].model or "?", ModelCounts()).rejected += 1
     except ManifestFileError as error:
         return ValidationReport(url=str(url), file_error=error)
+    except RunOptionError as error:
+        return ValidationReport(url=str(url), option_error=error)
     return report

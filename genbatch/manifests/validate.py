@@ -112,10 +112,12 @@ class RowChecker:
         self._models: dict[str, _Model | str] = {}
         self._geometry: dict[tuple, list[tuple[str, str]]] = {}
 
-    def _model(self, name: str) -> _Model | str:
+    def _model(self, name: str | None) -> _Model | str:
         """The model, or the reason it cannot be used (cached: a manifest names few models)."""
         if name not in self._models:
-            if not name.strip():
+            if name is None:
+                self._models[name] = "no model: the row names none and the run has no --model; pass --model or fill it"
+            elif not name.strip():
                 self._models[name] = "empty model name; leave it null to use the run's model"
             else:
                 try:

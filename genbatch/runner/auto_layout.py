@@ -19,13 +19,15 @@ def _gpu_key(name: str) -> str | None:
     return max(matches, key=len) if matches else None
 
 
-def auto_dims(model: str, world_size: int, device: torch.device) -> ParallelDims:
+def auto_dims(model: str | None, world_size: int, device: torch.device) -> ParallelDims:
     """The best runnable layout for `model` on `world_size` processes of this kind of device."""
     speak = os.environ.get("RANK", "0") == "0"
     if device.type != "cuda":
         if speak:
             print("genbatch: --layout auto on CPUs: data parallelism over every process", file=sys.stderr)
         return ParallelDims(dp=world_size)
+    if model is None:
+        raise ValueError("--layout auto plans the layout for the run's model: pass --model")
     from genbatch.parallel.planner.rank import plan
 
     properties = torch.cuda.get_device_properties(device)

@@ -39,8 +39,9 @@ class RunOptions:
     """The manifest's URL (any fsspec URL)."""
     out: str
     """Where the run writes (any fsspec URL)."""
-    model: str = "tiny-wan"
-    """The run's model for rows without a `model` value: a preset name or a pipeline directory."""
+    model: str | None = None
+    """The run's model for rows without a `model` value: a preset name or a pipeline directory (None: every
+    row must name its own, or the run stops with exit 2 naming --model)."""
     overrides: JobOverrides = field(default_factory=JobOverrides)
     """Run-level defaults for rows that leave a setting empty."""
     storage_options: dict = field(default_factory=dict)
@@ -141,12 +142,39 @@ def _rejection_record(rejection) -> dict:
 
 
 def _print_rejections(rejected, out: str, shown: int = 5) -> None:
-    """Say at once which rows will not run and why: the first few, and where the rest are."""
-    for rejection in rejected[:shown]:
-        print(f"genbatch: rejected {rejection.message()}", file=sys.stderr)
-    more = f" ({len(rejected) - shown} more not shown)" if len(rejected) > shown else ""
-    print(f"genbatch: {len(rejected)} rejected row(s){more}, each with its reason, in {out}/rejected/; "
+    """Say at once which rows will not run and why: each cause once (with its row count and first rows), the
+    first few causes, and where the full list is."""
+    from genbatch.manifests.causes import group_causes
+
+    causes = group_causes(rejected)
+    for cause in causes[:shown]:
+        print(f"genbatch: rejected {cause.message()}", file=sys.stderr)
+    rows = len({rejection.row for rejection in rejected})
+    more = f" ({len(causes) - shown} more cause(s) not shown)" if len(causes) > shown else ""
+    print(f"genbatch: {rows} rejected row(s){more}, each with its reason, in {out}/rejected/; "
           "`gen validate MANIFEST` lists them all", file=sys.stderr)
+
+
+def _preflight(options: RunOptions, store) -> str | None:
+    """Rank 0's run-level checks before any row is validated (see `genbatch.manifests.preflight`): the message
+    that stops the run with exit 2, or None. A store that does not answer raises its StorageError (on every
+    rank, through `World.shared_value`): exit 75, retry later."""
+    from dataclasses import replace
+
+    from genbatch.manifests import ManifestFileError, ManifestReader
+    from genbatch.manifests.preflight import RunOptionError, check_options, check_rows_have_model, probe_output
+
+    overrides = options.overrides
+    if overrides.model is None:
+        overrides = replace(overrides, model=options.model)
+    try:
+        check_options(overrides)
+        probe_output(store)
+        with ManifestReader(options.manifest, storage_options=options.storage_options) as reader:
+            check_rows_have_model(reader, overrides)
+    except (RunOptionError, ManifestFileError) as error:
+        return f"genbatch: {error}"
+    return None
 
 
 def _pending(jobs, share, store, max_attempts: int):
@@ -190,6 +218,11 @@ def _start_up(options: RunOptions, world: World, store, rejected, run_id: str, s
 def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop) -> int:
     ctx = world.ctx
     started = time.time()
+    problem = world.shared_value(lambda: _preflight(options, store))  # a problem of the run, not of a row
+    if problem is not None:
+        if ctx.rank == 0:
+            print(problem, file=sys.stderr)
+        return exit_codes.USAGE
     with stop.waiting("the manifest broadcast"):
         manifest = world.load_manifest(options)
     if isinstance(manifest, int):
@@ -270,4 +303,8 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     store.write_run_info(info)
     if not options.quiet:
         progress.print_summary(summary, wall_seconds=time.time() - started, out=store.url)
+    if rejected and not jobs:  # nothing was valid, so nothing is or was done: not a success
+        print(f"genbatch: every row of {options.manifest} was rejected, nothing was run (exit "
+              f"{exit_codes.JOBS_FAILED}); fix the causes above and rerun", file=sys.stderr)
+        return exit_codes.JOBS_FAILED
     return exit_codes.JOBS_FAILED if summary.get("failed", 0) else exit_codes.OK

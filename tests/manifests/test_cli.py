@@ -15,7 +15,7 @@ def gen(*args):
 
 def test_clean_manifest_exits_0_with_a_summary(write_manifest):
     path = write_manifest(id=["a", "b"], prompt=["p", "q"], model=[None, "tiny-flux"], category=["x", "y"])
-    result = gen("validate", path)
+    result = gen("validate", path, "--model", "tiny-wan")
     assert result.exit_code == 0, result.output
     assert f"{path}: 2 rows, 2 valid, 0 rejected" in result.output
     assert "tiny-wan: 1 valid, 0 rejected" in result.output and "tiny-flux: 1 valid, 0 rejected" in result.output
@@ -24,7 +24,7 @@ def test_clean_manifest_exits_0_with_a_summary(write_manifest):
 
 def test_rejected_rows_exit_1_and_name_row_id_column(write_manifest):
     path = write_manifest(id=["a", "b", "a"], prompt=["p", "", "r"], width=[64, 100, None])
-    result = gen("validate", path)
+    result = gen("validate", path, "--model", "tiny-wan")
     assert result.exit_code == 1
     lines = result.output.splitlines()
     assert "row 1 (id 'b'): column 'prompt': empty prompt; give the row a prompt" in lines
@@ -57,13 +57,17 @@ def test_not_parquet_exits_2(tmp_path):
 
 
 def test_run_level_options_apply_to_rows_without_values(write_manifest):
-    path = write_manifest(id=["a", "b"], prompt=["p", "q"], width=[64, None])
-    assert gen("validate", path, "--width", "72").exit_code == 1  # 72 is not a multiple of 16: row b only
-    result = gen("validate", path, "--width", "80", "--frames", "13", "--steps", "2", "--guidance", "0", "--fps", "4")
+    path = write_manifest(id=["a", "b"], prompt=["p", "q"], width=[64, None], model=[None, "tiny-wan"])
+    wan = ("--model", "tiny-wan")
+    # 72 is not a multiple of 16: a run-level size the run's model cannot take stops everything (exit 2)
+    assert gen("validate", path, *wan, "--width", "72").exit_code == 2
+    result = gen("validate", path, *wan, "--width", "80", "--frames", "13", "--steps", "2", "--guidance", "0",
+                 "--fps", "4")
     assert result.exit_code == 0, result.output
     assert gen("validate", path, "--model", "tiny-flux").exit_code == 0
-    assert gen("validate", path, "--model", "tiny-flux", "--frames", "10").exit_code == 0  # frames: video only
-    assert gen("validate", path, "--frames", "10").exit_code == 1
+    # frames apply to video only: fine for the run's image model; row b's own video model meets it row by row
+    assert gen("validate", path, "--model", "tiny-flux", "--frames", "10").exit_code == 1
+    assert gen("validate", path, *wan, "--frames", "10").exit_code == 2
 
 
 def test_bad_options_are_usage_errors(write_manifest):
@@ -74,9 +78,16 @@ def test_bad_options_are_usage_errors(write_manifest):
     assert result.exit_code == 2 and "key=value" in result.output
 
 
-def test_unknown_run_model_rejects_rows_without_their_own(write_manifest):
+def test_unknown_run_model_is_a_usage_error(write_manifest):
     path = write_manifest(id=["a", "b"], prompt=["p", "q"], model=[None, "tiny-flux"])
     result = gen("validate", path, "--model", "no-such-model")
+    assert result.exit_code == 2
+    assert result.output.startswith("error: --model 'no-such-model': model 'no-such-model' is not a preset")
+
+
+def test_unknown_row_model_rejects_its_rows(write_manifest):
+    path = write_manifest(id=["a", "b"], prompt=["p", "q"], model=["no-such-model", "tiny-flux"])
+    result = gen("validate", path)
     assert result.exit_code == 1
     assert "row 0 (id 'a'): column 'model': model 'no-such-model' is not a preset" in result.output
     assert "no-such-model: 0 valid, 1 rejected" in result.output
@@ -84,7 +95,7 @@ def test_unknown_run_model_rejects_rows_without_their_own(write_manifest):
 
 def test_json_report(write_manifest):
     path = write_manifest(id=["a", "b"], prompt=["p", ""], category=["x", "y"])
-    result = gen("validate", path, "--json")
+    result = gen("validate", path, "--json", "--model", "tiny-wan")
     assert result.exit_code == 1
     report = json.loads(result.output)
     assert (report["rows"], report["valid"], report["rejected"], report["exit_code"]) == (2, 1, 1, 1)
@@ -92,7 +103,7 @@ def test_json_report(write_manifest):
         {"row": 1, "id": "b", "column": "prompt", "reason": "empty prompt; give the row a prompt", "model": "tiny-wan"}
     ]
     assert report["by_model"] == {"tiny-wan": {"valid": 1, "rejected": 1}}
-    assert report["extra_columns"] == ["category"] and report["file_error"] is None
+    assert report["extra_columns"] == ["category"] and report["file_error"] is None and report["option_error"] is None
 
 
 def test_json_report_of_a_file_error(write_manifest):
@@ -122,7 +133,7 @@ def test_storage_options_reach_the_filesystem(s3_run):
         "--storage-option",
         f"client_kwargs.region_name={options['client_kwargs']['region_name']}",
     ]
-    assert gen("validate", url, *flags).exit_code == 0
+    assert gen("validate", url, *flags, "--model", "tiny-wan").exit_code == 0
     # without the endpoint the file cannot be reached: a file-level error, not a crash
     unreachable = ["endpoint_url=http://127.0.0.1:9", "config_kwargs.retries.max_attempts=1", "retries=1"]
     result = gen("validate", url, *flags[:4], *[arg for item in unreachable for arg in ("--storage-option", item)])

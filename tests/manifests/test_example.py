@@ -26,10 +26,13 @@ def test_shipped_manifest_matches_the_script(tmp_path):
 
 
 def test_shipped_manifest_mixes_video_and_image_rows_and_is_valid():
-    result = read_jobs(str(EXAMPLES / "manifest.parquet"), overrides=JobOverrides())
+    result = read_jobs(str(EXAMPLES / "manifest.parquet"), overrides=JobOverrides(model="tiny-wan"))
     assert not result.rejected and len(result.jobs) == 6
     models = [job.model for job in result.jobs]
     assert models.count("tiny-wan") == 3 and models.count("tiny-flux") == 3
     assert result.extra_columns == ["category", "priority"]
     assert all(job.width * job.height <= 64 * 64 for job in result.jobs)  # small enough for a CPU
-    assert CliRunner().invoke(main, ["validate", str(EXAMPLES / "manifest.parquet")]).exit_code == 0
+    validate = ["validate", str(EXAMPLES / "manifest.parquet")]
+    assert CliRunner().invoke(main, [*validate, "--model", "tiny-wan"]).exit_code == 0  # as `make demo` runs it
+    without = CliRunner().invoke(main, validate)  # its video rows name no model: the run must
+    assert without.exit_code == 2 and "3 of 6 rows have no `model` value" in without.output

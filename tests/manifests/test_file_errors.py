@@ -12,7 +12,7 @@ from .conftest import manifest_table
 
 def refused(path, **kwargs) -> ManifestFileError:
     with pytest.raises(ManifestFileError) as caught:
-        read_jobs(path, overrides=JobOverrides(), **kwargs)
+        read_jobs(path, overrides=JobOverrides(model="tiny-wan"), **kwargs)
     return caught.value
 
 
@@ -86,7 +86,7 @@ def test_accepts_every_integer_and_string_flavour(tmp_path):
         seed=pa.array([None, 3], pa.uint64()),
     )
     pq.write_table(table, tmp_path / "types.parquet")
-    jobs = read_jobs(str(tmp_path / "types.parquet"), overrides=JobOverrides()).jobs
+    jobs = read_jobs(str(tmp_path / "types.parquet"), overrides=JobOverrides(model="tiny-wan")).jobs
     assert [(j.id, j.prompt, j.negative_prompt, j.width, j.height) for j in jobs] == [
         ("a", "a cat", "blurry", 64, 48),
         ("b", "a dog", None, 32, 48),

@@ -28,7 +28,7 @@ def test_local_path_and_file_url_and_memory_url_read_the_same(tmp_path, memory_u
     with fsspec.open(memory_url, "wb") as handle:
         pq.write_table(table, handle)
     results = [
-        read_jobs(url, overrides=JobOverrides())
+        read_jobs(url, overrides=JobOverrides(model="tiny-wan"))
         for url in (str(tmp_path / "m.parquet"), f"file://{tmp_path}/m.parquet", memory_url)
     ]
     records = [[job.record() for job in result.jobs] for result in results]
@@ -98,6 +98,6 @@ def test_s3_manifest_through_storage_options(s3_run):
     url = f"{s3_run.url}/manifest.parquet"
     with fsspec.open(url, "wb", **s3_run.storage_options) as handle:
         pq.write_table(table, handle)
-    result = read_jobs(url, overrides=JobOverrides(), storage_options=s3_run.storage_options)
+    result = read_jobs(url, overrides=JobOverrides(model="tiny-wan"), storage_options=s3_run.storage_options)
     assert [job.id for job in result.jobs] == ["a"] and [r.column for r in result.rejected] == ["prompt"]
     assert result.jobs[0].extra == {"category": "x"}

@@ -3,7 +3,7 @@
 import pytest
 
 from genbatch.jobs.models import resolve_model
-from genbatch.jobs.resolve import DEFAULT_MODEL, Resolved, resolve_model_name, resolve_settings
+from genbatch.jobs.resolve import Resolved, resolve_model_name, resolve_settings
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests import read_jobs
 
@@ -29,7 +29,7 @@ def test_image_models_have_no_video_settings_even_when_the_run_sets_them():
 def test_model_name_precedence():
     assert resolve_model_name("tiny-flux", JobOverrides(model="tiny-wan")) == "tiny-flux"
     assert resolve_model_name(None, JobOverrides(model="tiny-flux")) == "tiny-flux"
-    assert resolve_model_name(None, JobOverrides()) == DEFAULT_MODEL == "tiny-wan"
+    assert resolve_model_name(None, JobOverrides()) is None  # no default model: the run stops naming --model
 
 
 def test_precedence_through_read_jobs(write_manifest):
@@ -43,7 +43,7 @@ def test_precedence_through_read_jobs(write_manifest):
         fps=[4, None, None, None],
         num_frames=[5, None, None, None],
     )
-    jobs = read_jobs(path, overrides=JobOverrides(width=80, num_inference_steps=3)).jobs
+    jobs = read_jobs(path, overrides=JobOverrides(model="tiny-wan", width=80, num_inference_steps=3)).jobs
     by_id = {job.id: job for job in jobs}
     assert (by_id["row-wins"].width, by_id["row-wins"].num_inference_steps) == (32, 2)
     assert (by_id["row-wins"].guidance_scale, by_id["row-wins"].fps, by_id["row-wins"].num_frames) == (1.5, 4, 5)

@@ -9,6 +9,9 @@ from genbatch.jobs.models import UnknownModelError, resolve_model
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import read_jobs
 
+WAN = JobOverrides(model="tiny-wan")
+"""The run's model for rows that name none (there is no default model)."""
+
 
 def problems_of(result, row):
     return {(r.column, r.reason) for r in result.rejected if r.row == row}
@@ -19,7 +22,7 @@ def only_problem(write_manifest, overrides=None, **row):
     columns = {"id": ["good", "bad"], "prompt": ["a cat", "a dog"]}
     for name, value in row.items():
         columns[name] = [columns[name][0] if name in columns else None, value]
-    result = read_jobs(write_manifest(**columns), overrides=overrides or JobOverrides())
+    result = read_jobs(write_manifest(**columns), overrides=overrides or JobOverrides(model="tiny-wan"))
     assert [job.id for job in result.jobs] == ["good"]  # the good row is never affected
     assert {r.row for r in result.rejected} == {1}
     return result.rejected
@@ -52,7 +55,7 @@ def test_each_rejection_reason_names_row_id_and_column(write_manifest, row, colu
     if "seed" in row:  # a uint64 column: int64 cannot hold the value
         rejected = read_jobs(
             write_manifest(id=["good", "bad"], prompt=["a", "b"], seed=pa.array([None, 2**63], pa.uint64())),
-            overrides=JobOverrides(),
+            overrides=JobOverrides(model="tiny-wan"),
         ).rejected
     else:
         rejected = only_problem(write_manifest, **row)
@@ -91,14 +94,16 @@ def test_an_incomplete_pipeline_directory_rejects_its_rows_naming_the_file(write
 
 @pytest.mark.parametrize("bad_id", ["", "  ", None, "a/b", "..", "tab\there", "x" * 201])
 def test_ids_that_cannot_name_files_are_rejected(write_manifest, bad_id):
-    result = read_jobs(write_manifest(id=["good", bad_id], prompt=["a", "b"]), overrides=JobOverrides())
+    result = read_jobs(write_manifest(id=["good", bad_id], prompt=["a", "b"]), overrides=JobOverrides(model="tiny-wan"))
     assert [job.id for job in result.jobs] == ["good"]
     (rejection,) = result.rejected
     assert rejection.column == "id" and rejection.row == 1
 
 
 def test_duplicate_ids_reject_the_second_and_later_occurrences_only(write_manifest):
-    result = read_jobs(write_manifest(id=["a", "b", "a", "a"], prompt=["1", "2", "3", "4"]), overrides=JobOverrides())
+    result = read_jobs(
+        write_manifest(id=["a", "b", "a", "a"], prompt=["1", "2", "3", "4"]), overrides=JobOverrides(model="tiny-wan")
+    )
     assert [(job.id, job.prompt) for job in result.jobs] == [("a", "1"), ("b", "2")]
     assert [(r.row, r.column) for r in result.rejected] == [(2, "id"), (3, "id")]
     assert "first used on row 0" in result.rejected[0].message()
@@ -109,17 +114,20 @@ def test_every_problem_of_a_row_is_reported(write_manifest):
         write_manifest(
             id=["a", "a"], prompt=["ok", ""], width=[None, 0], num_frames=[None, 10], guidance_scale=[None, -1.0]
         ),
-        overrides=JobOverrides(),
+        overrides=JobOverrides(model="tiny-wan"),
     )
     assert {r.column for r in result.rejected} == {"id", "prompt", "width", "guidance_scale"}
     # num_frames=10 is only checked against the model once width/height/frames are themselves positive
-    result = read_jobs(write_manifest(id=["a"], prompt=["p"], width=[40], num_frames=[10]), overrides=JobOverrides())
+    result = read_jobs(
+        write_manifest(id=["a"], prompt=["p"], width=[40], num_frames=[10]), overrides=JobOverrides(model="tiny-wan")
+    )
     assert {r.column for r in result.rejected} == {"width", "num_frames"}
 
 
 def test_a_bad_run_level_value_says_where_it_came_from(write_manifest):
     result = read_jobs(
-        write_manifest(id=["a", "b"], prompt=["p", "q"], width=[64, None]), overrides=JobOverrides(width=72)
+        write_manifest(id=["a", "b"], prompt=["p", "q"], width=[64, None]),
+        overrides=JobOverrides(model="tiny-wan", width=72),
     )
     assert [job.id for job in result.jobs] == ["a"]
     (rejection,) = result.rejected
@@ -129,7 +137,7 @@ def test_a_bad_run_level_value_says_where_it_came_from(write_manifest):
 def test_run_level_frames_do_not_reject_image_rows(write_manifest):
     result = read_jobs(
         write_manifest(id=["v", "i"], prompt=["p", "q"], model=[None, "tiny-flux"]),
-        overrides=JobOverrides(num_frames=5, fps=4),
+        overrides=JobOverrides(model="tiny-wan", num_frames=5, fps=4),
     )
     assert not result.rejected
     assert [(j.num_frames, j.fps) for j in result.jobs] == [(5, 4), (None, None)]
@@ -146,7 +154,7 @@ def test_extra_columns_are_carried_into_jobs_and_rejections(write_manifest):
         meta=[{"k": 1}, {"k": 2}, {"k": 3}],
         when=pa.array([when, None, when], pa.timestamp("us")),
     )
-    result = read_jobs(path, overrides=JobOverrides())
+    result = read_jobs(path, overrides=JobOverrides(model="tiny-wan"))
     assert result.extra_columns == ["category", "score", "tags", "meta", "when"]
     assert result.extra_schema.field("score").type == pa.int16()
     assert result.jobs[0].extra == {
@@ -165,11 +173,11 @@ def test_extra_columns_are_carried_into_jobs_and_rejections(write_manifest):
 def test_seed_is_the_rows_or_derived_from_id(write_manifest):
     from genbatch.jobs.seeds import seed_from_id
 
-    result = read_jobs(write_manifest(id=["a", "b"], prompt=["p", "q"], seed=[123, None]), overrides=JobOverrides())
+    result = read_jobs(write_manifest(id=["a", "b"], prompt=["p", "q"], seed=[123, None]), overrides=WAN)
     assert [job.seed for job in result.jobs] == [123, seed_from_id("b")]
 
 
 def test_rows_keep_their_manifest_index(write_manifest):
-    result = read_jobs(write_manifest(id=["a", "b", "c"], prompt=["p", "", "r"]), overrides=JobOverrides())
+    result = read_jobs(write_manifest(id=["a", "b", "c"], prompt=["p", "", "r"]), overrides=WAN)
     assert [(job.id, job.row) for job in result.jobs] == [("a", 0), ("c", 2)]
     assert result.rows == 3 and result.rejected_rows == [1]

@@ -24,8 +24,8 @@ def finished_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("run")
     manifest = write_manifest(str(root / "m.parquet"), ROWS)
     out = root / "out"
-    first = gen("run", manifest, "--out", str(out))
-    second = gen("run", manifest, "--out", str(out))
+    first = gen("run", manifest, "--out", str(out), "--model", "tiny-wan")  # for the row that names none
+    second = gen("run", manifest, "--out", str(out), "--model", "tiny-wan")
     return manifest, out, first, second
 
 

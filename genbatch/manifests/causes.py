@@ -1,0 +1,66 @@
+"""Rejected rows grouped by cause: one line per (column, reason) with its row count and the first few rows.
+
+A cause shared by many rows (a `model` column naming a missing directory, a size every row leaves to a bad
+default) is said once, not once per row; the full list stays in `OUT/rejected/` and `gen validate --json`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from genbatch.manifests.validate import Rejection
+
+SHOWN_ROWS = 3
+"""Rows named in a cause's line before "and N more"."""
+
+
+def _who(row: int, job_id: str | None) -> str:
+    return f"row {row} ({f'id {job_id!r}' if job_id else 'no id'})"
+
+
+@dataclass(kw_only=True, slots=True)
+class Cause:
+    """One problem shared by one or more rejected rows."""
+
+    column: str
+    """The column at fault."""
+    reason: str
+    """What is wrong and how to fix it (the same for every row of the cause)."""
+    rows: int = 0
+    """Rows rejected for this cause."""
+    first: list[tuple[int, str | None]] = field(default_factory=list)
+    """(row index, id) of the first `SHOWN_ROWS` rows, in manifest order."""
+
+    def message(self) -> str:
+        """One row: exactly `Rejection.message()`; several: `2000 rows: column 'model': ... (row 0 (id 'a'),
+        row 1 (id 'b'), row 2 (id 'c') and 1997 more)`."""
+        if self.rows == 1:
+            return f"{_who(*self.first[0])}: column {self.column!r}: {self.reason}"
+        named = ", ".join(_who(row, job_id) for row, job_id in self.first)
+        more = f" and {self.rows - len(self.first)} more" if self.rows > len(self.first) else ""
+        return f"{self.rows} rows: column {self.column!r}: {self.reason} ({named}{more})"
+
+
+def group_causes(rejections: Iterable[Rejection]) -> list[Cause]:
+    """The distinct causes of `rejections`, in order of first appearance."""
+    causes: dict[tuple[str, str], Cause] = {}
+    for rejection in rejections:
+        key = (rejection.column, rejection.reason)
+        cause = causes.get(key)
+        if cause is None:
+            cause = causes[key] = Cause(column=rejection.column, reason=rejection.reason)
+        cause.rows += 1
+        if len(cause.first) < SHOWN_ROWS:
+            cause.first.append((rejection.row, rejection.job_id))
+    return list(causes.values())
+
+
+def cause_lines(rejections: Iterable[Rejection], shown: int | None = None) -> list[str]:
+    """One line per cause (the first `shown` of them when given, then how many more there are)."""
+    causes = group_causes(rejections)
+    kept = causes if shown is None else causes[:shown]
+    lines = [cause.message() for cause in kept]
+    if len(causes) > len(kept):
+        lines.append(f"... and {len(causes) - len(kept)} more cause(s)")
+    return lines
