@@ -11,8 +11,8 @@ processes. Object stores: one PUT (s3fs is told a chunk size that keeps anything
 markers with If-None-Match (`mode="create"`); a precondition failure (FileExistsError on AWS/moto,
 OSError(22) on Ceph) means "already there". Every call goes through the retry policy (retry.py), each try
 bounded by the time the policy has left (async filesystems take `timeout=`). Once an operation has failed past
-the policy's bound the store counts as down, and later operations get one try each until one succeeds: the run
-is stopping, and its last writes (queued uploads, timings) must not each wait out the bound again.
+the policy's bound the store counts as down, and later operations get one short try each (DOWN_TRY_S) until one
+succeeds: the run is stopping, and its last writes (timings) must not each wait out the bound again.
 """
 
 from __future__ import annotations
@@ -32,6 +32,8 @@ from genbatch.io.retry import RetryPolicy, StorageError, call_with_retries
 
 _SINGLE_PUT_LIMIT = 5 * 2**30  # the largest object S3 accepts in one PUT
 _TEMP_MARK = ".tmp-"
+DOWN_TRY_S = 1.0
+"""The bound on each operation's one try while the store counts as down."""
 
 
 def _is_precondition_failure(exc: BaseException) -> bool:
@@ -62,7 +64,9 @@ class FsspecObjects:
         """True after an operation failed past the policy's bound, until one succeeds."""
 
     def _call(self, op: str, path: str, fn, *args, passthrough=(), **kwargs):
-        policy = dataclasses.replace(self.policy, attempts=1) if self.down else self.policy
+        policy = self.policy
+        if self.down:
+            policy = dataclasses.replace(policy, attempts=1, timeout_s=min(policy.timeout_s or DOWN_TRY_S, DOWN_TRY_S))
         try:
             result = call_with_retries(
                 policy, op, self.url_of(path), fn, *args, passthrough=passthrough, bound=self._bound, **kwargs
