@@ -170,8 +170,9 @@ def _preflight(options: RunOptions, store) -> str | None:
     try:
         check_options(overrides)
         probe_output(store)
-        with ManifestReader(options.manifest, storage_options=options.storage_options) as reader:
-            check_rows_have_model(reader, overrides)
+        if overrides.model is None:  # then every row must name its model (the manifest's own reading follows)
+            with ManifestReader(options.manifest, storage_options=options.storage_options) as reader:
+                check_rows_have_model(reader, overrides)
     except (RunOptionError, ManifestFileError) as error:
         return f"genbatch: {error}"
     return None
