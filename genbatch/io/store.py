@@ -205,20 +205,39 @@ class RunStore:
         data = self.objects.read(self.layout.join("run.json"))
         return None if data is None else json.loads(data)
 
-    def _read_markers(self, folder: str) -> dict[str, dict[str, Any]]:
+    def _read_markers(self, folder: str, known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
+        """Every marker of `folder` by job id; those in `known` (by id) are taken from there, not read."""
+        known = known or {}
         names = [n for n in self.objects.list_names(self.layout.join(folder)) if n.endswith(".json")]
-        paths = {self.layout.join(folder, name): name for name in names}
+        ids = {name: next(iter(RunLayout.ids_from_names([name]))) for name in names}
+        paths = {self.layout.join(folder, name): name for name in names if ids[name] not in known}
         found = self.objects.read_many(list(paths))
         flat = markers.flat_done if folder == "done" else markers.flat_failure
-        return {
-            next(iter(RunLayout.ids_from_names([paths[p]]))): flat(markers.parse(data, self._url_of(p)))
-            for p, data in found.items()
-        }
+        records = {ids[name]: known[ids[name]] for name in names if ids[name] in known}
+        records.update({ids[paths[p]]: flat(markers.parse(data, self._url_of(p))) for p, data in found.items()})
+        return records
+
+    def _results_done(self) -> dict[str, dict[str, Any]]:
+        """The rows the current results table lists as done (a done marker never changes: they stay valid)."""
+        try:
+            table = self.read_results()
+        except (OSError, ValueError, pa.ArrowException):  # unreadable: every marker is read again
+            return {}
+        if table is None or not {"id", "status"} <= set(table.column_names):
+            return {}
+        import pyarrow.compute as pc
+
+        rows = table.filter(pc.equal(table.column("status"), "done")).to_pylist()
+        return {row["id"]: {key: value for key, value in row.items() if key != "status"} for row in rows}
 
     def write_results(self, extra_columns: Iterable[str] = ()) -> str:
-        """Consolidate results/results.parquet (one row per job); return its URI."""
+        """Consolidate results/results.parquet (one row per job); return its URI.
+
+        Jobs the previous table already lists as done keep their rows and only newer done markers are
+        read, so a rerun of a finished run costs one listing and one table, not one read per job."""
         table = tables.build_results(
-            self._read_markers("done"), self._read_markers("failed"), self.read_rejected(), list(extra_columns)
+            self._read_markers("done", known=self._results_done()), self._read_markers("failed"),
+            self.read_rejected(), list(extra_columns),
         )
         path = self.layout.join("results", "results.parquet")
         self.objects.write_whole(path, tables.to_parquet_bytes(table))
