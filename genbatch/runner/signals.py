@@ -119,7 +119,8 @@ class StopRequest:
 
     @property
     def waiting_for(self) -> str | None:
-        return self._waiting[-1] if self._waiting else None
+        """The outermost waiting region (the most specific name: `gen run` names the broadcasts it makes)."""
+        return self._waiting[0] if self._waiting else None
 
     def end(self, status: int, reason: str, cleanup: bool = True) -> None:
         """End the process now with `status` (from any thread): cleanups first (at most CLEANUP_S), output

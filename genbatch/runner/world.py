@@ -41,6 +41,8 @@ class World:
     dtype: torch.dtype
     owns_process_group: bool
     """True when this run started the process group (and so destroys it at the end)."""
+    stop: object = None
+    """The run's StopRequest: a signal while the ranks wait for rank 0's shared values ends the process."""
 
     @property
     def world_size(self) -> int:
@@ -51,6 +53,10 @@ class World:
         (so that all of them stop with the same status, none left waiting for rank 0)."""
         if not self.ctx.distributed:
             return compute()
+        with self.stop.waiting("a start-up broadcast") if self.stop is not None else contextlib.nullcontext():
+            return self._shared_value(compute)
+
+    def _shared_value(self, compute):
         from genbatch.io.retry import StorageError
 
         holder = [None]
@@ -228,4 +234,4 @@ def start_world(options, stop=None) -> World:
             leave_process_group()
         raise UsageError(str(error)) from None
     dtype = DTYPES[options.dtype or default_dtype(device)]
-    return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns)
+    return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop)
