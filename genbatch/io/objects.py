@@ -60,21 +60,25 @@ class FsspecObjects:
         self._put_kwargs = {"chunksize": _SINGLE_PUT_LIMIT} if s3 else {}
         self._get_kwargs = {"max_concurrency": 1} if s3 else {}  # one GET, no HEAD for the size first
         self._bound = "timeout" if isinstance(fs, AsyncFileSystem) else None  # fsspec cancels a call past it
-        self.down = False
-        """True after an operation failed past the policy's bound, until one succeeds."""
+        self.down: StorageError | None = None
+        """The failure that found the store down (an operation failed past the policy's bound), until an
+        operation succeeds again."""
 
     def _call(self, op: str, path: str, fn, *args, passthrough=(), **kwargs):
-        policy = self.policy
-        if self.down:
+        down, policy = self.down, self.policy
+        if down is not None:
             policy = dataclasses.replace(policy, attempts=1, timeout_s=min(policy.timeout_s or DOWN_TRY_S, DOWN_TRY_S))
         try:
             result = call_with_retries(
                 policy, op, self.url_of(path), fn, *args, passthrough=passthrough, bound=self._bound, **kwargs
             )
         except StorageError as error:
-            self.down = self.down or error.transient
-            raise
-        self.down = False
+            if down is None:
+                self.down = error if error.transient else None
+                raise
+            raise StorageError(f"{error} (the store is down since: {down})", url=error.url,
+                               transient=error.transient) from error
+        self.down = None
         return result
 
     def write_whole(self, path: str, data: bytes) -> None:
