@@ -101,3 +101,14 @@ def test_causes_after_the_first_five_are_counted_and_the_valid_rows_run(tmp_path
     assert len(rejected_lines) == 5, result.stderr
     assert rejected_lines[0] == "genbatch: rejected row 0 (id 'r1'): column 'width': 65 is not a multiple of 16 (use 64)"
     assert "7 rejected row(s) (2 more cause(s) not shown), each with its reason" in result.stderr
+
+
+def test_status_counts_rows_against_the_runs_model(big_manifest, tmp_path):
+    """A run started with RunOptions(model=...) keeps the model in run.json, not in its overrides: `gen status`
+    still resolves the rows that name none with it (pending, not rejected)."""
+    from genbatch.io import RunStore
+    from genbatch.runner.status import run_status
+
+    out = str(tmp_path / "out")
+    RunStore(out).write_run_info({"manifest": big_manifest, "model": "tiny-wan", "overrides": {}})
+    assert run_status(out) == {"total": ROWS, "done": 0, "failed": 0, "pending": ROWS, "rejected": 0}
