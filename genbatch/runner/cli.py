@@ -69,8 +69,9 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     \b
     Outputs:  OUT/outputs/<id>.png|.mp4, OUT/results/ (one row per job), OUT/timings/ (every stage
               and denoising step), OUT/rejected/ (invalid rows and why), OUT/run.json.
-    Exit:     0 all valid rows done, 1 some jobs failed, 2 usage or manifest file error, or storage that
-              refuses for good (access denied, no such bucket), 75 stopped with state kept (SIGUSR1/SIGTERM,
+    Exit:     0 all valid rows done, 1 some jobs failed or every row was rejected, 2 usage or manifest
+              file error (a missing --model, a size it cannot take, an --out that cannot be written), or storage
+              that refuses for good (access denied, no such bucket), 75 stopped with state kept (SIGUSR1/SIGTERM,
               a job group failed, storage down past --storage-timeout): rerun to continue.
     Under torchrun or srun every process runs this same command; --nproc starts them here.
     """
