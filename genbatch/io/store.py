@@ -23,7 +23,7 @@ from typing import Any
 import pyarrow as pa
 
 from genbatch.io import markers, tables
-from genbatch.io.layout import RunLayout
+from genbatch.io.layout import RunLayout, encode_id
 from genbatch.io.objects import open_objects
 from genbatch.io.options import open_filesystem
 from genbatch.io.retry import RetryPolicy
@@ -205,11 +205,17 @@ class RunStore:
         data = self.objects.read(self.layout.join("run.json"))
         return None if data is None else json.loads(data)
 
-    def _read_markers(self, folder: str, known: dict[str, dict[str, Any]] | None = None) -> dict[str, dict[str, Any]]:
-        """Every marker of `folder` by job id; those in `known` (by id) are taken from there, not read."""
+    def _read_markers(self, folder: str, known: dict[str, dict[str, Any]] | None = None,
+                      listed: Iterable[str] | None = None) -> dict[str, dict[str, Any]]:
+        """Every marker of `folder` by job id; those in `known` (by id) are taken from there, not read;
+        `listed`: the ids a listing of `folder` just gave (then it is not listed again)."""
         known = known or {}
-        names = [n for n in self.objects.list_names(self.layout.join(folder)) if n.endswith(".json")]
-        ids = {name: next(iter(RunLayout.ids_from_names([name]))) for name in names}
+        if listed is None:
+            names = [n for n in self.objects.list_names(self.layout.join(folder)) if n.endswith(".json")]
+            ids = {name: next(iter(RunLayout.ids_from_names([name]))) for name in names}
+        else:
+            ids = {f"{encode_id(job_id)}.json": job_id for job_id in listed}
+            names = list(ids)
         paths = {self.layout.join(folder, name): name for name in names if ids[name] not in known}
         found = self.objects.read_many(list(paths))
         flat = markers.flat_done if folder == "done" else markers.flat_failure
@@ -230,13 +236,14 @@ class RunStore:
         rows = table.filter(pc.equal(table.column("status"), "done")).to_pylist()
         return {row["id"]: {key: value for key, value in row.items() if key != "status"} for row in rows}
 
-    def write_results(self, extra_columns: Iterable[str] = ()) -> str:
-        """Consolidate results/results.parquet (one row per job); return its URI.
+    def write_results(self, extra_columns: Iterable[str] = (), done_ids: Iterable[str] | None = None) -> str:
+        """Consolidate results/results.parquet (one row per job); return its URI. `done_ids`: what `done_ids()`
+        just gave, when nothing can have been committed since (then done/ is not listed again).
 
         Jobs the previous table already lists as done keep their rows and only newer done markers are
         read, so a rerun of a finished run costs one listing and one table, not one read per job."""
         table = tables.build_results(
-            self._read_markers("done", known=self._results_done()), self._read_markers("failed"),
+            self._read_markers("done", known=self._results_done(), listed=done_ids), self._read_markers("failed"),
             self.read_rejected(), list(extra_columns),
         )
         path = self.layout.join("results", "results.parquet")
@@ -282,8 +289,10 @@ class RunStore:
 
     def remove_done_checkpoints(self) -> int:
         """Delete checkpoints of jobs already done (a kill between commit and delete leaves one)."""
-        done = self.done_ids()
         names = self.objects.list_names(self.layout.join("checkpoints"))
+        if not names:
+            return 0  # nothing to compare: done/ (perhaps 100k markers) is not listed
+        done = self.done_ids()
         stale = [job_id for job_id in RunLayout.ids_from_names(names, ".ckpt") if job_id in done]
         for job_id in stale:
             self.delete_checkpoint(job_id)

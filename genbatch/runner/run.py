@@ -178,10 +178,11 @@ def _preflight(options: RunOptions, store) -> str | None:
     return None
 
 
-def _pending(jobs, share, store, max_attempts: int):
+def _pending(jobs, share, store, max_attempts: int, listing: dict | None = None):
     """The jobs to run (a JobTable), in hand-out order, of one `share` (None: all): not done, and failed in
     fewer than `max_attempts` run attempts; with (the jobs in the share, {job id: failed runs} of those left
-    out for having failed too often). One listing of the done markers, whatever the number of jobs."""
+    out for having failed too often). One listing of the done markers, whatever the number of jobs (kept in
+    `listing["done"]`, for the results when nothing runs)."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -189,6 +190,8 @@ def _pending(jobs, share, store, max_attempts: int):
     keys = OrderKeys(jobs)
     selected = np.arange(len(jobs), dtype=np.int64) if share is None else share_positions(keys, *share)
     done = store.done_ids()
+    if listing is not None:
+        listing["done"] = done
     failed_runs = {job_id: runs for job_id, runs in store.failed_runs().items() if job_id not in done}
     ids = jobs.column("id")
     tried = pa.array([job_id for job_id, runs in failed_runs.items() if runs >= max_attempts], pa.string())
@@ -230,9 +233,10 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
         return manifest  # a usage error, already reported by rank 0
     jobs, rejected, extra_columns = manifest
     world.shared_value(lambda: _start_up(options, world, store, rejected, run_id, started))  # on rank 0
+    listing = {}  # rank 0's listing of the done markers
     with stop.waiting("the broadcast of the pending jobs"):
         pending, (selected, given_up) = world.shared_jobs(
-            lambda: _pending(jobs, options.share, store, options.max_attempts))
+            lambda: _pending(jobs, options.share, store, options.max_attempts, listing))
     if given_up and ctx.rank == 0 and not options.quiet:
         _print_given_up(given_up, options.max_attempts, store.url)
 
@@ -296,7 +300,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
         world.wait_for_all_ranks(run_id, coordination)
     if ctx.rank != 0:
         return exit_codes.OK
-    store.write_results(extra_columns)
+    store.write_results(extra_columns, done_ids=None if len(pending) else listing.get("done"))  # none committed
     summary = _summary(store)
     info = _run_info(options, world, run_id, started)
     info["ended"] = time.time()

@@ -28,3 +28,13 @@ def test_done_rows_are_kept_and_only_new_markers_are_read(tmp_path):
     assert "c" not in second
     assert second["d"]["status"] == "done" and second["d"]["lang"] == "fr" and second["d"]["seconds_denoise"] == 2.0
     assert [row["id"] for row in store.read_results().to_pylist()] == ["a", "b", "d"]
+
+
+def test_a_listing_just_made_is_not_made_again(tmp_path):
+    store = RunStore(str(tmp_path / "run"))
+    for row, job_id in enumerate(("a", "b")):
+        store.commit(job_id, b"png", "png", {"seed": row, "row": row})
+    store.write_results(done_ids={"a"})  # what the caller's listing gave: b is left for the next consolidation
+    assert [row["id"] for row in store.read_results().to_pylist()] == ["a"]
+    store.write_results()
+    assert [row["id"] for row in store.read_results().to_pylist()] == ["a", "b"]
