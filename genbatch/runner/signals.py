@@ -95,7 +95,8 @@ class StopRequest:
         return self
 
     def unwatch(self) -> None:
-        if self._watcher is not None:
+        """Signals only set the flag from here on; after a launcher's death its deadline still holds."""
+        if self._watcher is not None and self._watcher.deadline is None:
             self._watcher.close()
             self._watcher = None
 

@@ -107,3 +107,17 @@ def test_ranks_checkpoint_and_end_when_their_launcher_is_killed_mid_job(tmp_path
     # each rank stopped at a step boundary after the kill and checkpointed there: later than any step before
     assert set(after) == set(before) and all(after[job] > before[job] for job in before), (before, after)
     assert not store.done_ids()
+
+
+def test_sigint_inside_a_job_exits_130(tmp_path):
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [
+        {"id": "long", "prompt": "a fox in the snow", "model": "tiny-wan", "num_inference_steps": LONG}])
+    out = str(tmp_path / "out")
+    store = RunStore(out)
+    process = start_gen("run", manifest, "--out", out, "-q", "--model", "tiny-wan", "--checkpoint-every", "2")
+    wait_until(lambda: os.path.isdir(os.path.join(out, "checkpoints")) and bool(checkpoint_steps(store)), process,
+               what="a one-process run")  # inside the job: it checkpointed
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == exit_codes.INTERRUPTED, stderr
+    assert "interrupted (SIGINT)" in stderr and not store.done_ids()
