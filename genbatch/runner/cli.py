@@ -154,14 +154,21 @@ def _args_without_nproc(argv: list[str]) -> list[str]:
 @click.argument("out")
 @click.option("--manifest", help="Count pending jobs against this manifest (default: the one in OUT/run.json).")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE")
+@click.option("--storage-timeout", type=click.FloatRange(min=0, min_open=True), default=120, show_default=True,
+              metavar="SECONDS", help="How long one read of OUT may keep failing before the command gives up (exit 75).")
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
-def status_command(out: str, manifest: str | None, storage_option: tuple[str, ...], as_json: bool) -> None:
+def status_command(out: str, manifest: str | None, storage_option: tuple[str, ...], storage_timeout: float,
+                   as_json: bool) -> None:
     """Done / failed / rejected / pending counts of the run in OUT."""
+    from genbatch.io import StorageError
     from genbatch.runner.status import run_status
 
     options = storage_options_from(storage_option)
     try:
-        counts = run_status(out, manifest=manifest, storage_options=options)
+        counts = run_status(out, manifest=manifest, storage_options=options, storage_timeout=storage_timeout)
+    except StorageError as error:  # down past the bound: 75, try again later; refused for good: 2
+        click.echo(f"genbatch: {error}", err=True)
+        sys.exit(exit_codes.REQUEUE if error.transient else exit_codes.USAGE)
     except (FileNotFoundError, ValueError) as error:
         click.echo(f"genbatch: {error}", err=True)
         sys.exit(exit_codes.USAGE)

@@ -7,12 +7,14 @@ import json
 from genbatch.jobs.spec import JobOverrides
 
 
-def run_status(out: str, *, manifest: str | None = None, storage_options: dict | None = None) -> dict:
-    """Counts of done / failed / rejected / pending jobs (pending: valid rows not yet done)."""
-    from genbatch.io import RunStore
+def run_status(out: str, *, manifest: str | None = None, storage_options: dict | None = None,
+               storage_timeout: float = 120.0) -> dict:
+    """Counts of done / failed / rejected / pending jobs (pending: valid rows not yet done); a store that keeps
+    failing for `storage_timeout` seconds raises StorageError."""
+    from genbatch.io import RetryPolicy, RunStore
     from genbatch.manifests import read_jobs
 
-    store = RunStore(out, storage_options=storage_options)
+    store = RunStore(out, storage_options=storage_options, retry=RetryPolicy(timeout_s=storage_timeout))
     info = store.read_run_info()
     if info is None and manifest is None:
         raise FileNotFoundError(f"{out} has no run.json: pass --manifest to count against a manifest")

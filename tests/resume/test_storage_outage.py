@@ -21,6 +21,7 @@ import pytest
 from genbatch.io import RunStore
 from genbatch.runner import exit_codes
 from tests.resume.common import encoded_by_attempt, wait_until
+from tests.support.distributed import free_port
 from tests.support.faulty_proxy import FaultyProxy
 from tests.support.runs import gen, run_cli, start_gen, write_manifest
 from tests.support.s3 import MotoServer
@@ -116,3 +117,12 @@ def test_access_denied_exits_2_naming_the_credentials(moto_with_auth, tmp_path):
                      "--storage-option=key=AKIANOTAREALKEY00000", "--storage-option=secret=wrong")
     assert result.returncode == exit_codes.USAGE, result.stderr
     assert "credentials" in result.stderr and time.monotonic() - started < 30, "a 403 must not be retried"
+
+
+def test_status_of_a_run_on_a_store_that_is_down_exits_75_within_its_bound():
+    started = time.monotonic()
+    result = run_cli("status", "s3://bucket/run", "--storage-timeout", "1",
+                     f"--storage-option=endpoint_url=http://127.0.0.1:{free_port()}",
+                     "--storage-option=key=testing", "--storage-option=secret=testing")
+    assert result.returncode == exit_codes.REQUEUE, result.stderr
+    assert "s3://bucket/run" in result.stderr and time.monotonic() - started < 10
