@@ -19,7 +19,7 @@ import pytest
 
 from genbatch.io import RunStore
 from genbatch.runner import exit_codes
-from tests.resume.common import checkpoint_steps, wait_until
+from tests.resume.common import checkpoint_steps, steps_by_attempt, wait_until
 from tests.resume.harness import _alive, _descendants
 from tests.support.distributed import free_port
 from tests.support.runs import REPO, start_gen, write_manifest
@@ -56,12 +56,12 @@ def test_a_signal_during_the_rendezvous_ends_the_rank_at_once(signum, status, tm
     assert f"{signal.Signals(signum).name} received during the rendezvous" in stderr
 
 
-def _start_launcher(manifest: str, out: str) -> subprocess.Popen:
+def _start_launcher(manifest: str, out: str, *args: str) -> subprocess.Popen:
     """`gen run --nproc 2` as the leader of a process group of its own (so the test can kill the group)."""
     env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "genbatch", "run", manifest, "--out", out, "-q", "--model", "tiny-wan",
-         "--nproc", "2", "--checkpoint-every", "5"],
+         "--nproc", "2", "--checkpoint-every", "5", *args],
         env=env, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
 
@@ -87,26 +87,33 @@ def test_ranks_end_when_their_launcher_is_killed_during_start_up(tmp_path):
     assert _kill_group_and_wait(launcher, ranks) < LIMIT_S, launcher.stderr.read()[-3000:]
 
 
-def test_ranks_checkpoint_and_end_when_their_launcher_is_killed_mid_job(tmp_path):
+@pytest.mark.parametrize(("args", "groups"), [
+    ((), 2),
+    pytest.param(("--ulysses", "2"), 1, marks=pytest.mark.slow),  # one group of two: they agree on the stop
+], ids=["dp2", "ulysses2"])
+def test_ranks_checkpoint_and_end_when_their_launcher_is_killed_mid_job(args, groups, tmp_path):
     rows = [{"id": f"long-{index}", "prompt": f"a fox in the snow, view {index}", "model": "tiny-wan",
-             "num_inference_steps": LONG} for index in range(2)]
+             "num_inference_steps": LONG} for index in range(4)]  # two jobs a group: the groups overlap in one
     manifest = write_manifest(str(tmp_path / "m.parquet"), rows)
     out = str(tmp_path / "out")
     store = RunStore(out)
-    launcher = _start_launcher(manifest, out)
+    launcher = _start_launcher(manifest, out, *args)
 
-    def both_ranks_early_in_a_job() -> bool:  # a periodic checkpoint each, with many steps left
+    def every_group_inside_a_job() -> bool:  # a periodic checkpoint each, with steps left to stop in
         steps = checkpoint_steps(store) if os.path.isdir(os.path.join(out, "checkpoints")) else {}
-        return len(steps) == 2 and all(step <= LONG - 25 for step in steps.values())
+        return len(steps) == groups and all(step <= LONG - 10 for step in steps.values())
 
-    wait_until(both_ranks_early_in_a_job, launcher, what="gen run --nproc 2")
+    wait_until(every_group_inside_a_job, launcher, what="gen run --nproc 2")
     ranks = _descendants(launcher.pid)
     before = checkpoint_steps(store)
     assert _kill_group_and_wait(launcher, ranks) < LIMIT_S, launcher.stderr.read()[-3000:]
     after = checkpoint_steps(store)
     # each rank stopped at a step boundary after the kill and checkpointed there: later than any step before
     assert set(after) == set(before) and all(after[job] > before[job] for job in before), (before, after)
-    assert not store.done_ids()
+    assert not store.done_ids() & set(after)
+    for job_id, step in after.items():  # every rank of the group timed the same steps, up to the checkpoint
+        (ranks,) = steps_by_attempt(store)[job_id].values()
+        assert len(ranks) == 2 // groups and all(steps == list(range(step)) for steps in ranks.values()), ranks
 
 
 def test_sigint_inside_a_job_exits_130(tmp_path):
