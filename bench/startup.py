@@ -128,8 +128,9 @@ def first_done(manifest: Path, out: Path, timeout_s: float = 600) -> tuple[float
 
 
 def write_markers(store, ids: list[str]) -> float:
-    """Done markers for every id, written directly (as a finished run leaves them); seconds taken."""
-    from genbatch.io import markers
+    """What a finished run leaves, written directly: a done marker for every id and the results table that
+    consolidates them; seconds taken."""
+    from genbatch.io import markers, tables
 
     started = time.perf_counter()
     bodies = {
@@ -139,6 +140,9 @@ def write_markers(store, ids: list[str]) -> float:
         )
         for row, job_id in enumerate(ids)
     }
+    records = {job_id: markers.flat_done(json.loads(bodies[store.layout.done(job_id)])) for job_id in ids}
+    results = tables.to_parquet_bytes(tables.build_results(records, {}, [], ["category"]))
+    store.objects.write_whole(store.layout.join("results", "results.parquet"), results)
     if store.fs.protocol == "file" or "file" in store.fs.protocol:
         os.makedirs(store.layout.join("done"), exist_ok=True)
         for path, body in bodies.items():

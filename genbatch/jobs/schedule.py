@@ -38,6 +38,10 @@ def _check_share(index: int, count: int) -> None:
         raise ValueError(f"share {index}/{count} is out of range: use 0 <= index < count, e.g. --share 0/{max(count, 1)}")
 
 
+_KEY_ROWS = 65_536
+"""Rows whose order keys are computed at a time."""
+
+
 class OrderKeys:
     """What the hand-out order sorts a `JobTable`'s jobs by, one NumPy entry per job: model, cost, row."""
 
@@ -46,22 +50,33 @@ class OrderKeys:
     def __init__(self, jobs: JobTable) -> None:
         import pyarrow.compute as pc
 
-        encoded = pc.dictionary_encode(jobs.column("model"))
-        self.model = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        table = jobs.table
+        codes: dict[str, int] = {}
+        model = np.zeros(table.num_rows, dtype=np.int64)
+        flops = np.zeros(table.num_rows, dtype=np.float64)
+        for start in range(0, table.num_rows, _KEY_ROWS):  # a piece at a time: temporaries stay small
+            piece = table.slice(start, _KEY_ROWS)
+            encoded = pc.dictionary_encode(piece.column("model").combine_chunks())
+            known = np.array([codes.setdefault(name, len(codes)) for name in encoded.dictionary.to_pylist()], np.int64)
+            local = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+            model[start : start + piece.num_rows] = known[local]
+            numbers = {name: piece.column(name).fill_null(fill).to_numpy() for name, fill in (
+                ("width", 0), ("height", 0), ("num_frames", 1), ("num_inference_steps", 0), ("guidance_scale", 0.0))}
+            for code, name in enumerate(encoded.dictionary.to_pylist()):
+                mine = local == code
+                flops[start : start + piece.num_rows][mine] = estimated_flops_array(
+                    resolve_model(name), numbers["width"][mine], numbers["height"][mine],
+                    numbers["num_frames"][mine], numbers["num_inference_steps"][mine], numbers["guidance_scale"][mine],
+                )
+        order = jobs.order
+        self.model = model[order]
         """Each job's model, as an index into `models`."""
-        self.models: list[str] = encoded.dictionary.to_pylist()
+        self.models: list[str] = list(codes)
         """The distinct models."""
         self.row = jobs.numbers("row")
         """Each job's manifest row."""
-        self.flops = np.zeros(len(jobs), dtype=np.float64)
+        self.flops = flops[order]
         """Each job's `estimated_flops`."""
-        width, height, frames = jobs.numbers("width"), jobs.numbers("height"), jobs.numbers("num_frames", 1)
-        steps, guidance = jobs.numbers("num_inference_steps"), jobs.numbers("guidance_scale", 0.0)
-        for code, name in enumerate(self.models):
-            mine = self.model == code
-            self.flops[mine] = estimated_flops_array(
-                resolve_model(name), width[mine], height[mine], frames[mine], steps[mine], guidance[mine]
-            )
 
     def order(self, positions: np.ndarray) -> np.ndarray:
         """`positions` in hand-out order (as `hand_out_order` sorts those jobs)."""

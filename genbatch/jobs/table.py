@@ -5,7 +5,8 @@ holds the resolved columns (`COLUMNS`, then the manifest's extra columns) once, 
 `JobTable` is that table seen through an order (positions into it), so ordering, choosing a share and
 leaving out the done jobs move integers, never rows. `jobs[i]` builds the i-th `JobSpec` on demand.
 
-The table crosses processes as one Arrow IPC buffer (`to_ipc` / `from_ipc`), read back without a copy.
+The table crosses processes as Arrow IPC streams of `IPC_ROWS` rows each (`ipc_piece` / `from_ipc`), read
+back without a copy.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ job is built); `num_frames` and `fps` are null for image models."""
 
 _ITER_ROWS = 4096
 """Rows turned into Python objects at a time when iterating."""
+IPC_ROWS = 65_536
+"""Rows per piece of the table sent between processes (about 10 MB for short prompts)."""
 
 
 class JobTable(Sequence[JobSpec]):
@@ -104,16 +107,23 @@ class JobTable(Sequence[JobSpec]):
 
         return sorted(pc.unique(self.column("model")).to_pylist())
 
-    # ---- one buffer between processes -----------------------------------------------------------------
-    def to_ipc(self) -> pa.Buffer:
-        """The underlying table as one Arrow IPC stream (the order travels separately: `order`)."""
+    # ---- between processes, a piece at a time -------------------------------------------------------
+    def ipc_pieces(self) -> int:
+        """How many pieces `ipc_piece` cuts the underlying table into (at least one)."""
+        return max(1, -(-self._table.num_rows // IPC_ROWS))
+
+    def ipc_piece(self, index: int) -> pa.Buffer:
+        """Piece `index` of the underlying table (`IPC_ROWS` rows) as one Arrow IPC stream; the order travels
+        separately (`order`). Sent piece by piece, the table is never copied whole."""
+        piece = self._table.slice(index * IPC_ROWS, IPC_ROWS).unify_dictionaries()
         sink = pa.BufferOutputStream()
-        table = self._table.unify_dictionaries().combine_chunks()
-        with pa.ipc.new_stream(sink, table.schema) as writer:
-            writer.write_table(table)
+        with pa.ipc.new_stream(sink, piece.schema) as writer:
+            writer.write_table(piece)
         return sink.getvalue()
 
     @classmethod
-    def from_ipc(cls, buffer, order: np.ndarray) -> JobTable:
-        """The table of `to_ipc`, read in place from `buffer` (anything with the buffer protocol), in `order`."""
-        return cls(pa.ipc.open_stream(pa.py_buffer(buffer)).read_all(), order)
+    def from_ipc(cls, pieces: Sequence, order: np.ndarray) -> JobTable:
+        """The table of the `ipc_piece`s (anything with the buffer protocol), read in place, in `order`."""
+        batches = [batch for piece in pieces for batch in pa.ipc.open_stream(pa.py_buffer(piece))]
+        schema = pa.ipc.open_stream(pa.py_buffer(pieces[0])).schema
+        return cls(pa.Table.from_batches(batches, schema=schema), order)

@@ -6,7 +6,7 @@ reason, in the same order) are the ones `RowChecker` gives. Valid rows never bec
 come out as a record batch of resolved columns (`genbatch.jobs.table.COLUMNS`, then the extra columns).
 Models are resolved once per distinct name, sizes once per distinct size (the `RowChecker` caches).
 
-Duplicate ids need the whole id column: `first_uses` gives, for every row, the first row with its id.
+Duplicate ids need the whole id column: `first_uses` gives the rows whose id an earlier row has, and that row.
 """
 
 from __future__ import annotations
@@ -56,25 +56,34 @@ def _ints(array: pa.Array, dtype: np.dtype) -> np.ndarray:
     return array.cast(pa.from_numpy_dtype(dtype)).fill_null(0).to_numpy(zero_copy_only=False)
 
 
-def first_uses(ids: pa.ChunkedArray | pa.Array) -> np.ndarray:
-    """For each row, the index of the first row with the same id (its own index for a null id)."""
+def first_uses(ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
+    """(the rows whose id an earlier row already has, ascending; that earlier row's index, the first with the
+    id). Sorting, not hashing: the memory is a few arrays of one entry per row, whatever the ids."""
     ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
     ids = _plain(ids).cast(pa.string())
-    codes = pc.dictionary_encode(ids).indices.fill_null(-1).to_numpy(zero_copy_only=False).astype(np.int64)
-    own = np.arange(len(codes), dtype=np.int64)
-    if not len(codes):
-        return own
-    known = codes >= 0
-    _, first = np.unique(codes[known], return_index=True)  # first[k]: first position, among known, of code k
-    result = own.copy()
-    result[known] = own[known][first][codes[known]]
-    return result
+    if len(ids) < 2:
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    order = pc.sort_indices(ids).to_numpy().astype(np.int64)  # stable (rows ascending), nulls at the end
+    ordered = ids.take(order)
+    repeats = np.flatnonzero(_flags(pc.equal(ordered.slice(1), ordered.slice(0, len(ids) - 1)))) + 1
+    if not len(repeats):
+        return np.zeros(0, np.int64), np.zeros(0, np.int64)
+    starts = np.flatnonzero(np.diff(repeats) != 1) + 1  # runs of consecutive repeats: one run per repeated id
+    run_start = np.zeros(len(repeats), dtype=np.int64)
+    run_start[starts] = 1
+    run = np.cumsum(run_start)
+    first_position = (repeats[np.r_[0, starts]] - 1)[run]  # the sorted position just before each run
+    rows, firsts = order[repeats], order[first_position]
+    by_row = np.argsort(rows, kind="stable")
+    return rows[by_row], firsts[by_row]
 
 
 class ColumnChecker:
     """Checks record batches in manifest order against the rules of `RowChecker`."""
 
-    def __init__(self, *, overrides: JobOverrides, extra_columns: Sequence[str], first_use: np.ndarray) -> None:
+    def __init__(
+        self, *, overrides: JobOverrides, extra_columns: Sequence[str], first_use: tuple[np.ndarray, np.ndarray]
+    ) -> None:
         self.overrides = overrides
         """The run-level options."""
         self.extra_columns = tuple(extra_columns)
@@ -127,10 +136,11 @@ class ColumnChecker:
             if problem:
                 problems.append((offset, _ORDER["id"], "id", problem))
                 bad[offset] = True
-        first = self.first_use[first_row : first_row + len(ids)]
-        duplicates = np.flatnonzero(~bad & (first != np.arange(first_row, first_row + len(ids))))
-        for offset in duplicates.tolist():
-            problems.append((offset, _ORDER["id"], "id", validate._duplicate_problem(int(first[offset]))))
+        rows, firsts = self.first_use
+        low, high = np.searchsorted(rows, [first_row, first_row + len(ids)])
+        for row, first in zip(rows[low:high].tolist(), firsts[low:high].tolist(), strict=True):
+            if not bad[row - first_row]:
+                problems.append((row - first_row, _ORDER["id"], "id", validate._duplicate_problem(first)))
 
     @staticmethod
     def _prompts(prompts: pa.Array, problems: list) -> None:

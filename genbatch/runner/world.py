@@ -103,13 +103,11 @@ class World:
 
     def shared_jobs(self, compute):
         """`compute()` on rank 0 gives (a `JobTable`, a small value); every rank gets the same two. The table
-        travels as one Arrow IPC buffer and its order as one int64 tensor, read in place: never a pickled
-        list of jobs. A StorageError of `compute` is raised on every rank (as with `shared_value`)."""
+        travels as Arrow IPC pieces and its order as one int64 tensor, read in place: never a pickled list of
+        jobs, and never a second whole copy on rank 0. A StorageError of `compute` is raised on every rank."""
         if not self.ctx.distributed:
             return compute()
         import warnings
-
-        import numpy as np
 
         from genbatch.jobs.table import JobTable
 
@@ -119,29 +117,40 @@ class World:
             jobs, value = compute()
             if len(jobs) < jobs.table.num_rows // 2:  # most are done or in other shares: send only these
                 jobs = JobTable(jobs.table.take(jobs.order))
-            kept["jobs"], kept["payload"] = jobs, jobs.to_ipc()
-            return kept["payload"].size, len(jobs), value
+            kept["jobs"] = jobs
+            return jobs.ipc_pieces(), len(jobs), value
 
-        size, count, value = self.shared_value(header)
-        device = self.ctx.device
-        if self.ctx.rank == 0:
-            with warnings.catch_warnings():  # read-only Arrow memory: broadcast only reads it on the source
-                warnings.simplefilter("ignore", UserWarning)
-                data = torch.frombuffer(kept["payload"], dtype=torch.uint8)
-            order = torch.from_numpy(kept["jobs"].order)
-        else:
-            data, order = torch.empty(size, dtype=torch.uint8), torch.empty(count, dtype=torch.int64)
-        for tensor in (data, order):
-            if device.type == "cpu":
-                dist.broadcast(tensor, src=0)
-            else:  # nccl broadcasts device memory
-                moved = tensor.to(device)
-                dist.broadcast(moved, src=0)
-                if self.ctx.rank != 0:
-                    tensor.copy_(moved.cpu())
-        if self.ctx.rank == 0:
+        pieces, count, value = self.shared_value(header)
+        source = self.ctx.rank == 0
+        order = torch.from_numpy(kept["jobs"].order) if source else torch.empty(count, dtype=torch.int64)
+        self._broadcast(order)
+        received = []
+        for index in range(pieces):
+            payload = kept["jobs"].ipc_piece(index) if source else None
+            size = torch.tensor([payload.size if source else 0], dtype=torch.int64)
+            self._broadcast(size)
+            if source:
+                with warnings.catch_warnings():  # read-only Arrow memory: the source only reads it
+                    warnings.simplefilter("ignore", UserWarning)
+                    data = torch.frombuffer(payload, dtype=torch.uint8)
+            else:
+                data = torch.empty(int(size.item()), dtype=torch.uint8)
+            self._broadcast(data)
+            if not source:
+                received.append(data.numpy())
+        if source:
             return kept["jobs"], value
-        return JobTable.from_ipc(data.numpy(), np.asarray(order.numpy())), value
+        return JobTable.from_ipc(received, order.numpy()), value
+
+    def _broadcast(self, tensor: torch.Tensor) -> None:
+        """Rank 0's `tensor` into every rank's (CPU tensors; nccl broadcasts through device memory)."""
+        if self.ctx.device.type == "cpu":
+            dist.broadcast(tensor, src=0)
+            return
+        moved = tensor.to(self.ctx.device)
+        dist.broadcast(moved, src=0)
+        if self.ctx.rank != 0:
+            tensor.copy_(moved.cpu())
 
     def _validate_layout(self, models: list[str]) -> None:
         for name in models:

@@ -61,6 +61,8 @@ def _manifest(path, types, drop=()) -> str:
         arrays["prompt"] = arrays["prompt"].cast(pa.large_string())
     arrays["category"] = pa.array([f"c{i % 5}" if i % 7 else None for i in range(ROWS)])
     arrays["score"] = pa.array(np.arange(ROWS) % 300, pa.int16())
+    if types is ODD:
+        arrays["category"] = arrays["category"].dictionary_encode()
     pq.write_table(pa.table(arrays), path, row_group_size=1100)
     return str(path)
 
@@ -117,11 +119,19 @@ def test_the_whitespace_class_is_pythons():
     assert set(WHITESPACE) == {chr(c) for c in range(sys.maxunicode + 1) if chr(c).isspace()}
 
 
-def test_a_job_table_crosses_processes_as_one_buffer(tmp_path):
-    url = _manifest(tmp_path / "m.parquet", PLAIN)
+def test_a_job_table_crosses_processes_in_pieces(tmp_path):
+    url = _manifest(tmp_path / "m.parquet", ODD)  # a dictionary column too
     jobs = read_jobs(url, overrides=JobOverrides(model="tiny-wan")).jobs
     view = jobs.take(np.arange(len(jobs))[::-7])
     from genbatch.jobs.table import JobTable
 
-    copy = JobTable.from_ipc(memoryview(view.to_ipc()), view.order)
+    import genbatch.jobs.table as table_module
+
+    table_module.IPC_ROWS, rows = 50, table_module.IPC_ROWS  # several pieces
+    try:
+        pieces = [memoryview(view.ipc_piece(index)) for index in range(view.ipc_pieces())]
+    finally:
+        table_module.IPC_ROWS = rows
+    assert len(pieces) == -(-jobs.table.num_rows // 50) > 1
+    copy = JobTable.from_ipc(pieces, view.order)
     assert list(copy) == list(view) and copy.extra_columns == ("category", "score")

@@ -62,6 +62,9 @@ def _share_jobs(rank: int, world_size: int, manifest: str):
     from genbatch.parallel.dims import ParallelDims
     from genbatch.runner.world import World
 
+    import genbatch.jobs.table
+
+    genbatch.jobs.table.IPC_ROWS = 4096  # the table travels in several pieces
     world = World(ctx=build_context(ParallelDims.infer(world_size), torch.device("cpu")), dtype=torch.float32,
                   owns_process_group=False)
 
