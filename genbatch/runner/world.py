@@ -27,6 +27,20 @@ class UsageError(ValueError):
     """Options that cannot run (a bad layout, an unreadable manifest): exit status 2, nothing runs."""
 
 
+def _return_freed_memory() -> None:
+    """Give the memory Arrow's pool and the C heap hold but no longer use back to the system (glibc's
+    malloc_trim; a no-op where there is none), so that start-up's peak does not add to the run's."""
+    import ctypes
+
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _device() -> torch.device:
     if torch.cuda.is_available():
         index = int(os.environ.get("LOCAL_RANK", "0"))
@@ -106,7 +120,9 @@ class World:
         travels as Arrow IPC pieces and its order as one int64 tensor, read in place: never a pickled list of
         jobs, and never a second whole copy on rank 0. A StorageError of `compute` is raised on every rank."""
         if not self.ctx.distributed:
-            return compute()
+            jobs, value = compute()
+            _return_freed_memory()
+            return jobs, value
         import warnings
 
         from genbatch.jobs.table import JobTable
@@ -138,9 +154,9 @@ class World:
             self._broadcast(data)
             if not source:
                 received.append(data.numpy())
-        if source:
-            return kept["jobs"], value
-        return JobTable.from_ipc(received, order.numpy()), value
+        jobs = kept.pop("jobs") if source else JobTable.from_ipc(received, order.numpy())
+        _return_freed_memory()  # what reading, checking and ordering freed, before the model loads
+        return jobs, value
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's `tensor` into every rank's (CPU tensors; nccl broadcasts through device memory)."""
