@@ -69,13 +69,14 @@ class OrderKeys:
                     numbers["num_frames"][mine], numbers["num_inference_steps"][mine], numbers["guidance_scale"][mine],
                 )
         order = jobs.order
-        self.model = model[order]
+        whole = len(order) == table.num_rows and jobs.table is table and np.array_equal(order, np.arange(len(order)))
+        self.model = model if whole else model[order]
         """Each job's model, as an index into `models`."""
         self.models: list[str] = list(codes)
         """The distinct models."""
         self.row = jobs.numbers("row")
         """Each job's manifest row."""
-        self.flops = flops[order]
+        self.flops = flops if whole else flops[order]
         """Each job's `estimated_flops`."""
 
     def order(self, positions: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ IPC_ROWS = 65_536
 class JobTable(Sequence[JobSpec]):
     """Jobs in some order over one table of resolved columns; `len`, indexing and iteration give `JobSpec`s."""
 
-    __slots__ = ("_table", "_order", "extra_columns")
+    __slots__ = ("_table", "_order", "_whole", "extra_columns")
 
     def __init__(self, table: pa.Table, order: np.ndarray | None = None) -> None:
         missing = [name for name in COLUMNS if name not in table.column_names]
@@ -40,6 +40,7 @@ class JobTable(Sequence[JobSpec]):
             raise ValueError(f"a job table needs the columns {', '.join(missing)}; build it with read_jobs")
         self._table = table
         self._order = np.arange(table.num_rows, dtype=np.int64) if order is None else np.asarray(order, np.int64)
+        self._whole = order is None  # every row in table order: columns need no reordering copy
         self.extra_columns: tuple[str, ...] = tuple(name for name in table.column_names if name not in COLUMNS)
         """The manifest's extra columns, in file order (each job's `extra` has exactly these keys)."""
 
@@ -92,14 +93,16 @@ class JobTable(Sequence[JobSpec]):
         """The jobs whose entry in the boolean array `keep` (one per job of this view) is true, in order."""
         return JobTable(self._table, self._order[np.asarray(keep, dtype=bool)])
 
-    def column(self, name: str) -> pa.Array:
+    def column(self, name: str) -> pa.ChunkedArray:
         """One column for this view's jobs, in this view's order."""
-        return self._table.column(name).take(self._order).combine_chunks()
+        if self._whole:
+            return self._table.column(name)
+        return self._table.column(name).take(self._order)
 
     def numbers(self, name: str, fill=0) -> np.ndarray:
         """A numeric column for this view's jobs as a NumPy array, nulls replaced by `fill`."""
         column = self._table.column(name).fill_null(fill).to_numpy()
-        return column[self._order]
+        return column if self._whole else column[self._order]
 
     def models(self) -> list[str]:
         """The distinct models of these jobs, sorted."""

@@ -59,8 +59,10 @@ def _ints(array: pa.Array, dtype: np.dtype) -> np.ndarray:
 def first_uses(ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
     """(the rows whose id an earlier row already has, ascending; that earlier row's index, the first with the
     id). Sorting, not hashing: the memory is a few arrays of one entry per row, whatever the ids."""
-    ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
-    ids = _plain(ids).cast(pa.string())
+    if pa.types.is_dictionary(ids.type):
+        ids = ids.combine_chunks() if isinstance(ids, pa.ChunkedArray) else ids
+        ids = ids.dictionary_decode()
+    ids = ids.cast(pa.string())
     if len(ids) < 2:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
     order = pc.sort_indices(ids).to_numpy().astype(np.int64)  # stable (rows ascending), nulls at the end

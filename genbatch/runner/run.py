@@ -195,7 +195,7 @@ def _pending(jobs, share, store, max_attempts: int, listing: dict | None = None)
     failed_runs = {job_id: runs for job_id, runs in store.failed_runs().items() if job_id not in done}
     ids = jobs.column("id")
     tried = pa.array([job_id for job_id, runs in failed_runs.items() if runs >= max_attempts], pa.string())
-    selected_ids = ids.take(selected)
+    selected_ids = ids if share is None else ids.take(selected)
     given_up = {job_id: failed_runs[job_id] for job_id in selected_ids.filter(pc.is_in(selected_ids, tried)).to_pylist()}
     left_out = pc.is_in(ids, value_set=pa.array([*done, *given_up], pa.string())).to_numpy(zero_copy_only=False)
     order = hand_out_positions(keys, selected)
