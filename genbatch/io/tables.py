@@ -7,7 +7,6 @@ their types in the results without a declared schema.
 
 from __future__ import annotations
 
-import io
 import json
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -122,7 +121,11 @@ def to_parquet_bytes(table: pa.Table) -> bytes:
 
 
 def from_parquet_bytes(data: bytes) -> pa.Table:
-    return pq.read_table(io.BytesIO(data))
+    """The table in `data`, read in this thread from an Arrow buffer. (Not `pq.read_table` over a Python file:
+    its dataset scanner can drop the last reference to the file on one of Arrow's threads after returning,
+    and that thread then needs the GIL; in a process that is finalizing, CPython ends it inside a C++
+    destructor and the process aborts.)"""
+    return pq.ParquetFile(pa.BufferReader(data)).read()
 
 
 def concat(tables: Sequence[pa.Table]) -> pa.Table:
