@@ -77,6 +77,15 @@ class RunOptions:
     """Finished jobs whose uploads may be in flight while the next job runs."""
     quiet: bool = False
 
+    def row_defaults(self) -> JobOverrides:
+        """The defaults for rows that leave a setting empty: the run-level overrides, with `model` as the model
+        of rows that name none (what the run-level checks and the manifest's validation both apply)."""
+        if self.overrides.model is not None:
+            return self.overrides
+        from dataclasses import replace
+
+        return replace(self.overrides, model=self.model)
+
 
 def _run_info(options: RunOptions, world: World, run_id: str, started: float) -> dict:
     import diffusers
@@ -159,14 +168,10 @@ def _preflight(options: RunOptions, store) -> str | None:
     """Rank 0's run-level checks before any row is validated (see `genbatch.manifests.preflight`): the message
     that stops the run with exit 2, or None. A store that does not answer raises its StorageError (on every
     rank, through `World.shared_value`): exit 75, retry later."""
-    from dataclasses import replace
-
     from genbatch.manifests import ManifestFileError, ManifestReader
     from genbatch.manifests.preflight import RunOptionError, check_options, check_rows_have_model, probe_output
 
-    overrides = options.overrides
-    if overrides.model is None:
-        overrides = replace(overrides, model=options.model)
+    overrides = options.row_defaults()
     try:
         check_options(overrides)
         probe_output(store)

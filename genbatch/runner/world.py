@@ -41,6 +41,11 @@ def _return_freed_memory() -> None:
         pass
 
 
+def _waiting(stop, what: str):
+    """`stop.waiting(what)`, or nothing for a caller that installed no StopRequest."""
+    return stop.waiting(what) if stop is not None else contextlib.nullcontext()
+
+
 def _device() -> torch.device:
     if torch.cuda.is_available():
         index = int(os.environ.get("LOCAL_RANK", "0"))
@@ -67,7 +72,7 @@ class World:
         (so that all of them stop with the same status, none left waiting for rank 0)."""
         if not self.ctx.distributed:
             return compute()
-        with self.stop.waiting("a start-up broadcast") if self.stop is not None else contextlib.nullcontext():
+        with _waiting(self.stop, "a start-up broadcast"):
             return self._shared_value(compute)
 
     def _shared_value(self, compute):
@@ -95,12 +100,8 @@ class World:
         def read():
             nonlocal loaded
             try:
-                overrides = options.overrides
-                if overrides.model is None:
-                    from dataclasses import replace
-
-                    overrides = replace(overrides, model=options.model)
-                loaded = read_jobs(options.manifest, overrides=overrides, storage_options=options.storage_options)
+                loaded = read_jobs(options.manifest, overrides=options.row_defaults(),
+                                   storage_options=options.storage_options)
                 self._validate_layout(loaded.jobs.models())
                 return None
             except (ManifestFileError, UsageError, FileNotFoundError) as error:
@@ -234,7 +235,7 @@ def start_world(options, stop=None) -> World:
     owns = False
     if world_size > 1 and not dist.is_initialized():
         backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
-        with stop.waiting("the rendezvous") if stop is not None else contextlib.nullcontext():
+        with _waiting(stop, "the rendezvous"):
             dist.init_process_group(backend, timeout=timedelta(seconds=options.collective_timeout))
         owns = True
     elif dist.is_initialized():
