@@ -45,17 +45,16 @@ def hub_ids(names: Iterable[str | None]) -> list[HubId]:
 def manifest_model_names(url: str, storage_options: dict | None = None) -> list[str]:
     """The distinct values of the manifest's `model` column (empty when it has none or cannot be read: the
     manifest's own reading reports that)."""
-    import fsspec
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+
+    from genbatch.manifests import ManifestReader
 
     try:
-        with fsspec.open(url, "rb", **(storage_options or {})) as handle:
-            parquet = pq.ParquetFile(handle)
-            if "model" not in parquet.schema_arrow.names:
+        with ManifestReader(url, storage_options=storage_options) as reader:
+            if "model" not in reader.schema.arrow.names:
                 return []
             values: set[str] = set()
-            for batch in parquet.iter_batches(columns=["model"], batch_size=65_536):
+            for batch in reader.column_batches(["model"]):
                 values.update(value for value in pc.unique(batch.column(0)).to_pylist() if isinstance(value, str))
             return sorted(values)
     except Exception:  # noqa: BLE001 - a missing or broken manifest is reported by the manifest reader
