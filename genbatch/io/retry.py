@@ -173,8 +173,12 @@ def call_with_retries(
             transient = is_transient(exc)
             wait = policy.delay(attempt - 1)
             tries_left = policy.attempts is None or attempt < policy.attempts
-            time_left = deadline is None or clock() + wait < deadline
-            if transient and tries_left and time_left:
+            left = None if deadline is None else deadline - clock()
+            if transient and tries_left and bound is not None and left is not None and wait >= left:
+                wait = left / 2 if left >= 2 * _LAST_TRY_S else None  # a bounded try fits: use the time left
+            elif not (left is None or wait < left):
+                wait = None  # the drawn wait would end past the deadline
+            if transient and tries_left and wait is not None:
                 sleep(wait)
                 continue
             raise StorageError(
@@ -183,6 +187,10 @@ def call_with_retries(
                 url=url,
                 transient=transient,
             ) from exc
+
+
+_LAST_TRY_S = 0.05
+"""The least time a bounded try is given; less left before the deadline, and the operation fails."""
 
 
 def _spent(tries: int, seconds: float, policy: RetryPolicy) -> str:
