@@ -19,7 +19,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from genbatch.runner import preset_configs
+from genbatch.models import tiny_configs
 
 BENCH_WAN_TRANSFORMER = dict(
     patch_size=(1, 2, 2), num_attention_heads=8, attention_head_dim=48, in_channels=16, out_channels=16,
@@ -102,8 +102,8 @@ def _wan21_1_3b():
                        transformer=transformer)
 
 
-_TINY_RECIPE = {"preset": "tiny-wan", "transformer": preset_configs.TINY_WAN_TRANSFORMER,
-                "vae": preset_configs.TINY_WAN_VAE}
+_TINY_RECIPE = {"preset": "tiny-wan", "transformer": tiny_configs.TINY_WAN_TRANSFORMER,
+                "vae": tiny_configs.TINY_WAN_VAE}
 
 MODELS: dict[str, BenchModel] = {
     model.name: model

@@ -158,7 +158,7 @@ def _spec_from_configs(
 
 
 def _preset_specs() -> dict[str, ModelSpec]:
-    from genbatch.runner import preset_configs as cfg
+    from genbatch.models import tiny_configs as cfg
 
     configs = {
         "tiny-wan": ("wan", cfg.TINY_WAN_TRANSFORMER, cfg.TINY_WAN_VAE),

@@ -13,7 +13,7 @@ from collections.abc import Callable, Collection
 
 import torch
 
-from genbatch.runner import preset_configs as configs
+from genbatch.models import tiny_configs as configs
 
 PRESETS: dict[str, Callable[..., object]] = {}
 

@@ -83,7 +83,7 @@ CASES = [
 def _build(case: Case):
     from diffusers import AutoencoderKL, AutoencoderKLWan
 
-    from genbatch.runner.preset_configs import TINY_FLUX_VAE, TINY_WAN_VAE
+    from genbatch.models.tiny_configs import TINY_FLUX_VAE, TINY_WAN_VAE
 
     torch.manual_seed(0)
     if case.family == "wan":

@@ -10,7 +10,7 @@ from diffusers.models.attention_processor import AttnProcessor
 
 from genbatch.parallel.vae import decode_fallback, peak_memory, supports_parallel_decode, unsupported_reason
 from genbatch.parallel.vae.tiles import TileGrid, plan_grid, split_bounds
-from genbatch.runner.preset_configs import TINY_FLUX_VAE, TINY_WAN_VAE
+from genbatch.models.tiny_configs import TINY_FLUX_VAE, TINY_WAN_VAE
 
 
 def test_split_bounds_uneven_first_longer():

@@ -80,11 +80,11 @@ def wan22_directory(tmp_path_factory):
     """A Wan 2.2-style pipeline: two transformers switched at a boundary timestep, saved to a directory."""
     from diffusers import WanPipeline, WanTransformer3DModel
 
-    from genbatch.runner import preset_configs
+    from genbatch.models import tiny_configs
 
     base = load_pipeline(resolve_model("tiny-wan"), torch.device("cpu"), torch.float32)
     torch.manual_seed(5)
-    low_noise = WanTransformer3DModel(**preset_configs.TINY_WAN_TRANSFORMER).eval()
+    low_noise = WanTransformer3DModel(**tiny_configs.TINY_WAN_TRANSFORMER).eval()
     pipe = WanPipeline(
         tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae, scheduler=base.scheduler,
         transformer=base.transformer, transformer_2=low_noise, boundary_ratio=0.6,

@@ -175,9 +175,9 @@ def _read_config(directory: str) -> dict:
 
 
 def _preset_transformer(name: str) -> dict:
-    from genbatch.runner import preset_configs
+    from genbatch.models import tiny_configs
 
-    return {"tiny-wan": preset_configs.TINY_WAN_TRANSFORMER, "tiny-flux": preset_configs.TINY_FLUX_TRANSFORMER}.get(
+    return {"tiny-wan": tiny_configs.TINY_WAN_TRANSFORMER, "tiny-flux": tiny_configs.TINY_FLUX_TRANSFORMER}.get(
         name, {}
     )
 
