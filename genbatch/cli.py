@@ -34,7 +34,7 @@ def _register() -> None:
     """Each subcommand's click command lives beside the code it drives."""
     from genbatch.benchmark.cli import bench_command
     from genbatch.manifests.cli import validate_command
-    from genbatch.parallel.planner.cli import plan_command
+    from genbatch.planner.cli import plan_command
     from genbatch.runner.cli import run_command, status_command
     from genbatch.slurm.cli import submit_command
 

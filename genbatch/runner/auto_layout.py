@@ -12,7 +12,7 @@ from genbatch.parallel.dims import ParallelDims
 
 def _gpu_key(name: str) -> str | None:
     """'NVIDIA H200' -> 'h200': the longest planner GPU key found in the device name."""
-    from genbatch.parallel.planner.hardware import GPUS
+    from genbatch.planner.hardware import GPUS
 
     lowered = name.lower().replace(" ", "")
     matches = [key for key in GPUS if key in lowered]
@@ -28,7 +28,7 @@ def auto_dims(model: str | None, world_size: int, device: torch.device) -> Paral
         return ParallelDims(dp=world_size)
     if model is None:
         raise ValueError("--layout auto plans the layout for the run's model: pass --model")
-    from genbatch.parallel.planner.rank import plan
+    from genbatch.planner.rank import plan
 
     properties = torch.cuda.get_device_properties(device)
     gpu = _gpu_key(properties.name) or "h100"

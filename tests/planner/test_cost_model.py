@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from genbatch.parallel.planner.cost import estimate
-from genbatch.parallel.planner.hardware import make_cluster
-from genbatch.parallel.planner.layouts import Layout
-from genbatch.parallel.planner.shapes import resolve_shape
-from genbatch.parallel.planner.workload import make_workload
+from genbatch.planner.cost import estimate
+from genbatch.planner.hardware import make_cluster
+from genbatch.planner.layouts import Layout
+from genbatch.planner.shapes import resolve_shape
+from genbatch.planner.workload import make_workload
 
 # seed 000 §1, "xDiT 实测（FLUX.1-dev 28 步，torch.compile）": seconds on H100s
 XDIT_FLUX = {

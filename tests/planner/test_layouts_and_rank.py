@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from genbatch.parallel.planner import best_layout, plan
-from genbatch.parallel.planner.hardware import make_cluster
-from genbatch.parallel.planner.layouts import AXES, Layout, axis_link, enumerate_layouts, unavailable_reason
+from genbatch.planner import best_layout, plan
+from genbatch.planner.hardware import make_cluster
+from genbatch.planner.layouts import AXES, Layout, axis_link, enumerate_layouts, unavailable_reason
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 6, 8, 16])

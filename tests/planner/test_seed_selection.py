@@ -6,12 +6,12 @@ including PipeFusion and TP that genbatch's runner does not have yet; "runnable"
 
 from __future__ import annotations
 
-from genbatch.parallel.planner import best_layout, plan
-from genbatch.parallel.planner.cost import estimate
-from genbatch.parallel.planner.hardware import make_cluster
-from genbatch.parallel.planner.layouts import Layout, crosses_nodes
-from genbatch.parallel.planner.shapes import resolve_shape
-from genbatch.parallel.planner.workload import make_workload
+from genbatch.planner import best_layout, plan
+from genbatch.planner.cost import estimate
+from genbatch.planner.hardware import make_cluster
+from genbatch.planner.layouts import Layout, crosses_nodes
+from genbatch.planner.shapes import resolve_shape
+from genbatch.planner.workload import make_workload
 
 
 def _overall(model, gpus, **options):

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from genbatch.jobs.models import UnknownModelError, resolve_model
-from genbatch.parallel.planner.hardware import GPUS, make_cluster
-from genbatch.parallel.planner.shapes import PUBLISHED, resolve_shape
+from genbatch.models import UnknownModelError, resolve_model
+from genbatch.planner.hardware import GPUS, make_cluster
+from genbatch.planner.shapes import PUBLISHED, resolve_shape
 
 
 def test_published_token_counts_match_seed():

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from genbatch.parallel.planner.hardware import PCIE, Cluster, Link
-from genbatch.parallel.planner.layouts import Layout, axis_link, link_for_extent
-from genbatch.parallel.planner.memory import memory_per_rank
-from genbatch.parallel.planner.workload import BYTES_PER_VALUE, Workload
+from genbatch.planner.hardware import PCIE, Cluster, Link
+from genbatch.planner.layouts import Layout, axis_link, link_for_extent
+from genbatch.planner.memory import memory_per_rank
+from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
 # Fitted together by least squares on log time to xDiT's FLUX.1-dev table (seed 000 §1: 1xH100 4.30 s,
 # Ulysses-2 2.68, Ring-2 2.60, Ulysses-2 x Ring-2 1.80, Ulysses-4 1.63, Ring-4 1.98; tests/planner checks it).

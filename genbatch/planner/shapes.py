@@ -14,7 +14,8 @@ import os
 import struct
 from dataclasses import dataclass, replace
 
-from genbatch.jobs.models import ModelSpec, UnknownModelError, resolve_model
+from genbatch.jobs.models import ModelSpec, UnknownModelError
+from genbatch.models import resolve_model
 
 IMAGE_VAE_MFLOP_PER_PIXEL = 9.9
 """FLUX/SD3 AutoencoderKL decoder (channels 512,512,256,128; 3 resnets a stage): counting its 3x3 convs gives

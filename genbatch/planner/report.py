@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from genbatch.parallel.planner.layouts import AXES
-from genbatch.parallel.planner.rank import STALE_MARGIN, Candidate, Plan
+from genbatch.planner.layouts import AXES
+from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan
 
 SCHEMA_VERSION = 1
 """Bumped when a field of `plan_to_dict` changes meaning or goes away."""

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from genbatch.jobs.models import ModelSpec
-from genbatch.parallel.planner.cost import Estimate, estimate
-from genbatch.parallel.planner.hardware import Cluster, make_cluster
-from genbatch.parallel.planner.layouts import Layout, enumerate_layouts, structural_problems, unavailable_reason
-from genbatch.parallel.planner.shapes import ModelShape, resolve_shape
-from genbatch.parallel.planner.workload import Workload, make_workload
+from genbatch.planner.cost import Estimate, estimate
+from genbatch.planner.hardware import Cluster, make_cluster
+from genbatch.planner.layouts import Layout, enumerate_layouts, structural_problems, unavailable_reason
+from genbatch.planner.shapes import ModelShape, resolve_shape
+from genbatch.planner.workload import Workload, make_workload
 
 OBJECTIVES = ("throughput", "latency")
 STALE_MARGIN = 0.10

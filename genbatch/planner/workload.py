@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from genbatch.parallel.planner.shapes import ModelShape
+from genbatch.planner.shapes import ModelShape
 
 BYTES_PER_VALUE = 2
 """bf16 weights, activations and messages."""

@@ -8,6 +8,6 @@ Modules: `shapes` (model facts), `hardware` (GPUs and links), `workload` (one jo
 `report` (table and JSON), `cli` (`gen plan`).
 """
 
-from genbatch.parallel.planner.rank import Plan, best_layout, plan
+from genbatch.planner.rank import Plan, best_layout, plan
 
 __all__ = ["Plan", "best_layout", "plan"]

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from genbatch.parallel.axes import RUNNABLE
 from genbatch.parallel.dims import ParallelDims
-from genbatch.parallel.planner.hardware import GPUS_PER_SOCKET, Cluster, Link
-from genbatch.parallel.planner.shapes import ModelShape
+from genbatch.planner.hardware import GPUS_PER_SOCKET, Cluster, Link
+from genbatch.planner.shapes import ModelShape
 
 AXES = ("dp", "cfg", "pipefusion", "ring", "ulysses", "tp")
 """Mesh axes, outermost first."""

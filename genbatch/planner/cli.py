@@ -7,10 +7,10 @@ import json
 import click
 
 from genbatch.jobs.models import UnknownModelError
-from genbatch.parallel.planner.hardware import GPUS, NETWORKS, NODE_LINKS
-from genbatch.parallel.planner.rank import OBJECTIVES, plan
-from genbatch.parallel.planner.report import format_table, plan_to_dict
-from genbatch.parallel.planner.shapes import PUBLISHED
+from genbatch.planner.hardware import GPUS, NETWORKS, NODE_LINKS
+from genbatch.planner.rank import OBJECTIVES, plan
+from genbatch.planner.report import format_table, plan_to_dict
+from genbatch.planner.shapes import PUBLISHED
 from genbatch.runner.exit_codes import USAGE
 
 

@@ -9,9 +9,9 @@ group (§7.1).
 
 from __future__ import annotations
 
-from genbatch.parallel.planner.hardware import GIB
-from genbatch.parallel.planner.layouts import Layout
-from genbatch.parallel.planner.workload import BYTES_PER_VALUE, Workload
+from genbatch.planner.hardware import GIB
+from genbatch.planner.layouts import Layout
+from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
 ACTIVATION_TENSORS = 20
 """Denoise activation peak in [N, d] bf16 tensors: seed 000 §8.3 gives Wan2.1-14B 720p 81 frames 14.4 GiB
