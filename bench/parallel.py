@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--fp32", action="store_true", help="fp32 instead of bf16 (bytes double)")
     args = parser.parse_args()
 
-    from genbatch.jobs.models import resolve_model
+    from genbatch.models import resolve_model
     from genbatch.parallel.formulas import StepShape, bytes_per_step
 
     dtype = "fp32" if args.fp32 else "bf16"

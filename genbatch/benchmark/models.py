@@ -88,7 +88,7 @@ def _wan21_1_3b():
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
-    from genbatch.runner.presets import character_tokenizer
+    from genbatch.models.tiny import character_tokenizer
 
     tokenizer = character_tokenizer(model_max_length=512)
     torch.manual_seed(0)

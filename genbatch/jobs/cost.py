@@ -2,21 +2,22 @@
 
 Per step and branch, a DiT block costs about 24 N d^2 FLOPs in its linear layers (QKV, output, a 4x MLP)
 and 4 N^2 d in attention, for N tokens of width d. The estimate orders jobs (largest first) and balances
-work across data-parallel groups; only its ratios matter.
+work across data-parallel groups; only its ratios matter. The caller resolves the job's model once
+(`genbatch.models.resolve_model`) and passes its spec.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from genbatch.jobs.models import resolve_model
+from genbatch.jobs.models import ModelSpec, latent_shape, token_count
 from genbatch.jobs.spec import JobSpec
 
 
-def estimated_flops(job: JobSpec) -> float:
-    spec = resolve_model(job.model)
+def estimated_flops(job: JobSpec, spec: ModelSpec) -> float:
+    """The FLOPs of `job`, whose model is `spec`."""
     tokens = spec.tokens(job.width, job.height, job.num_frames)
-    if spec.family in ("flux", "sd3"):
+    if spec.joint_text:
         tokens += spec.text_tokens  # joint attention over text and image tokens
     width = spec.hidden_size
     per_layer = 24.0 * tokens * width * width + 4.0 * tokens * tokens * width
@@ -27,14 +28,10 @@ def estimated_flops(job: JobSpec) -> float:
 def estimated_flops_array(spec, width, height, num_frames, num_inference_steps, guidance_scale) -> np.ndarray:
     """`estimated_flops` of many jobs of one model at once (NumPy arrays, one entry per job; `num_frames`
     is ignored for image models), computed in the same order of operations, so the values are identical."""
-    vae = spec.vae_spatial
-    shape = [height // vae, width // vae]
-    if spec.is_video:
-        shape.insert(0, (num_frames - 1) // spec.frame_multiple + 1)
-    tokens = np.ones(len(width), dtype=np.int64)
-    for extent, patch in zip(shape, spec.patch_size[-len(shape) :]):
-        tokens = tokens * np.maximum(extent // patch, 1)
-    if spec.family in ("flux", "sd3"):
+    shape = latent_shape(width, height, num_frames, vae_spatial=spec.vae_spatial, vae_temporal=spec.frame_multiple,
+                         is_video=spec.is_video)
+    tokens = token_count(shape, spec.patch_size)
+    if spec.joint_text:
         tokens = tokens + spec.text_tokens
     hidden = spec.hidden_size
     per_layer = 24.0 * tokens * hidden * hidden + 4.0 * tokens * tokens * hidden

@@ -3,34 +3,40 @@
 Pure functions of the job list: every rank computes the same order from the same jobs. `hand_out_order`
 and `select_share` take `JobSpec`s; `hand_out_positions` and `share_positions` give the same orders for a
 `JobTable` as positions, from its columns (a million jobs are ordered without building one `JobSpec`).
+Each takes `spec_of`, which resolves a model name to its `ModelSpec` (`genbatch.models.resolve_model`); it
+is called once per distinct model, never per job.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from genbatch.jobs.cost import estimated_flops, estimated_flops_array
-from genbatch.jobs.models import resolve_model
+from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.jobs.table import JobTable
 
+SpecOf = Callable[[str], ModelSpec]
+"""Resolves a model name to its spec (`genbatch.models.resolve_model`)."""
 
-def hand_out_order(jobs: Sequence[JobSpec]) -> list[JobSpec]:
+
+def hand_out_order(jobs: Sequence[JobSpec], spec_of: SpecOf) -> list[JobSpec]:
     """Largest estimated cost first (longest-processing-time order), grouped by model so that each
     group loads each model once; ties broken by manifest row, so the order is deterministic."""
     first_row: dict[str, int] = {}
     for job in jobs:
         first_row.setdefault(job.model, job.row)
-    return sorted(jobs, key=lambda job: (first_row[job.model], -estimated_flops(job), job.row))
+    specs = {name: spec_of(name) for name in first_row}
+    return sorted(jobs, key=lambda job: (first_row[job.model], -estimated_flops(job, specs[job.model]), job.row))
 
 
-def select_share(jobs: Sequence[JobSpec], index: int, count: int) -> list[JobSpec]:
+def select_share(jobs: Sequence[JobSpec], index: int, count: int, spec_of: SpecOf) -> list[JobSpec]:
     """Share `index` of `count` (0-based): every count-th job of the cost order, so shares get similar
     work. Which share a job belongs to depends only on the manifest, never on what is already done."""
     _check_share(index, count)
-    return hand_out_order(jobs)[index::count]
+    return hand_out_order(jobs, spec_of)[index::count]
 
 
 def _check_share(index: int, count: int) -> None:
@@ -47,11 +53,12 @@ class OrderKeys:
 
     __slots__ = ("model", "models", "flops", "row")
 
-    def __init__(self, jobs: JobTable) -> None:
+    def __init__(self, jobs: JobTable, spec_of: SpecOf) -> None:
         import pyarrow.compute as pc
 
         table = jobs.table
         codes: dict[str, int] = {}
+        specs: dict[str, ModelSpec] = {}
         model = np.zeros(table.num_rows, dtype=np.int64)
         flops = np.zeros(table.num_rows, dtype=np.float64)
         for start in range(0, table.num_rows, _KEY_ROWS):  # a piece at a time: temporaries stay small
@@ -64,8 +71,10 @@ class OrderKeys:
                 ("width", 0), ("height", 0), ("num_frames", 1), ("num_inference_steps", 0), ("guidance_scale", 0.0))}
             for code, name in enumerate(encoded.dictionary.to_pylist()):
                 mine = local == code
+                if name not in specs:
+                    specs[name] = spec_of(name)
                 flops[start : start + piece.num_rows][mine] = estimated_flops_array(
-                    resolve_model(name), numbers["width"][mine], numbers["height"][mine],
+                    specs[name], numbers["width"][mine], numbers["height"][mine],
                     numbers["num_frames"][mine], numbers["num_inference_steps"][mine], numbers["guidance_scale"][mine],
                 )
         order = jobs.order

@@ -12,9 +12,10 @@ from __future__ import annotations
 import difflib
 import uuid
 
-from genbatch.jobs.models import ModelSpec, preset_names, resolve_model
+from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests.reader import ManifestReader
+from genbatch.models import preset_names, resolve_model
 
 _SIZE_FLAGS = {"width": "--width", "height": "--height", "num_frames": "--frames"}
 """The run-level size settings and the flags that set them."""

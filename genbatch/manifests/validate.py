@@ -11,10 +11,11 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from genbatch.jobs.models import ModelSpec, UnknownModelError, resolve_model
+from genbatch.jobs.models import ModelSpec, UnknownModelError
 from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver, build_job, resolve_model_name
 from genbatch.jobs.seeds import INT64_MAX, INT64_MIN
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
+from genbatch.models import resolve_model
 
 MAX_ID_BYTES = 200
 """Ids name files (`outputs/<id>.mp4`, done markers); file names stop at 255 bytes on most filesystems."""

@@ -1,1 +1,39 @@
-"""One module per model family: spec reading, denoise hooks, blocks and attention streams, sequence-parallel plans, VAE decode rules and planner shape facts."""
+"""One module per model family: spec reading, denoise hooks, blocks and attention streams, sequence-parallel
+plans, VAE decode rules, tiny presets and planner shape facts.
+
+The API a family module is written against (`genbatch/models/wan.py` is the model to copy):
+- `base.ModelFamily`: the one record a family module builds, as `FAMILY`; its fields say which layer reads
+  them. With it: `Blocks` (before / repeated / after), `AttentionSite` (pattern, `SELF`/`JOINT`/`CROSS`,
+  streams), `TransformerPlan` (blocks, attention, the sequence plan's key, and the empty room for the
+  tensor-parallel plan, compile units and stage boundaries), `TinyPreset` (configs from `tiny_configs`,
+  defaults, a `build(meta)` function), and the text encoders' `T5_ENCODER` / `CLIP_TEXT_ENCODER` blocks.
+- `hooks`: the `Family` protocol the denoise hooks implement (encode, trajectory, predict, combine,
+  vae_input, postprocess), with `Conditioning`, `Trajectory`, `COND` / `UNCOND`, `classifier_free_guidance`.
+- `shapes.ModelShape`: a published model as the planner sees it (`ModelFamily.published`).
+- `vae_rules`: decoder class -> rule kind tables (`AUTOENCODER_KL`, `AUTOENCODER_KL_WAN`).
+- `tiny`: what tiny presets are built from (an in-memory tokenizer, small T5 / CLIP configs, `placed`).
+Adding a family is its module, one line in `registry.FAMILY_MODULES`, and its tests.
+
+Lookups: `family(name)`, `families()`, `family_for_pipeline(class_name)`, `presets()`; `resolve_model(name)`
+resolves a preset, a pipeline directory or a cached hub id to its `genbatch.jobs.models.ModelSpec`, once per
+name. Nothing in this package imports torch at module level (`gen validate` and `gen plan` stay torch-free),
+and it imports only `genbatch.io` and `genbatch.jobs` from the rest of genbatch.
+"""
+
+from genbatch.jobs.models import ModelSpec, UnknownModelError
+from genbatch.models.base import ModelFamily
+from genbatch.models.registry import families, family, family_for_pipeline, presets
+from genbatch.models.resolve import model_directory, preset_names, resolve_model
+
+__all__ = [
+    "ModelFamily",
+    "ModelSpec",
+    "UnknownModelError",
+    "families",
+    "family",
+    "family_for_pipeline",
+    "model_directory",
+    "preset_names",
+    "presets",
+    "resolve_model",
+]

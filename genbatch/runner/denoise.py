@@ -17,7 +17,7 @@ from typing import Protocol
 
 import torch
 
-from genbatch.runner.families import Conditioning, Family, Trajectory
+from genbatch.models.hooks import Conditioning, Family, Trajectory
 from genbatch.runner.timing import JobTimer
 
 

@@ -29,7 +29,7 @@ class DownloadStopped(Exception):
 
 def hub_ids(names: Iterable[str | None]) -> list[HubId]:
     """The distinct hub ids among `names`, in first-seen order (presets and existing directories are none)."""
-    from genbatch.jobs.models import preset_names
+    from genbatch.models import preset_names
 
     presets = set(preset_names())
     found: dict[str, HubId] = {}

@@ -3,6 +3,9 @@
 Every rank of the group runs `JobExecutor.run` for the same job at the same time and issues the same
 collectives in the same order. The group leader resumes from the job's checkpoint (if any), shares it with
 the group, and alone encodes and writes the media and the done marker.
+
+A job's model (spec, family, pipeline) is resolved once, when the job starts (`JobExecutor.model_for`), and
+carried through its stages and checkpoints as a `JobModel`.
 """
 
 from __future__ import annotations
@@ -15,14 +18,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from genbatch.jobs.models import resolve_model
+from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
+from genbatch import models
+from genbatch.models import resolve_model
+from genbatch.models.hooks import Family, to_uint8
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
 from genbatch.runner.decode import Decoder
 from genbatch.runner.denoise import BranchExchange, denoise
-from genbatch.runner.families import family_of, to_uint8
 from genbatch.runner.loading import PipelineCache
 from genbatch.runner.signals import StopRequest
 from genbatch.runner.timing import JobTimer
@@ -49,6 +54,18 @@ class CheckpointPolicy:
 
     def due(self, steps_since: int, seconds_since: float) -> bool:
         return self.every_steps > 0 and steps_since >= self.every_steps and seconds_since >= self.every_seconds
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class JobModel:
+    """A job's model, resolved once when the job starts and carried with it through every stage."""
+
+    spec: ModelSpec
+    """The model's spec."""
+    family: Family
+    """Its family's denoise hooks."""
+    pipe: object
+    """Its pipeline, loaded and parallelised for this rank's group."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -101,7 +118,12 @@ class JobExecutor:
             return None  # the row changed since the checkpoint was taken: start over
         return checkpoint
 
-    def _save_checkpoint(self, job: JobSpec, steps_done: int, latents, generator) -> None:
+    def model_for(self, job: JobSpec) -> JobModel:
+        """Resolve the job's model: its spec, its family's hooks and its pipeline (loaded on first use)."""
+        spec = resolve_model(job.model)
+        return JobModel(spec=spec, family=models.family(spec.family).hooks, pipe=self.pipelines.get(spec))
+
+    def _save_checkpoint(self, job: JobSpec, model: JobModel, steps_done: int, latents, generator) -> None:
         if not self.ctx.is_leader:
             return
         checkpoint = DenoiseCheckpoint(
@@ -109,23 +131,24 @@ class JobExecutor:
             fingerprint=fingerprint(job),
             steps_done=steps_done,
             latents=latents.detach().to("cpu", copy=True),
-            scheduler=scheduler_state(self.pipelines.get(resolve_model(job.model)).scheduler),
+            scheduler=scheduler_state(model.pipe.scheduler),
             rng={"torch_cpu": torch.get_rng_state(), "generator": generator.get_state()},
         )
         self.writer.submit(self.store.save_checkpoint, job.id, checkpoint.to_bytes())
 
-    def generate(self, job: JobSpec, timer: JobTimer) -> np.ndarray | None:
+    def generate(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> np.ndarray | None:
         """Encode, denoise (resuming from a checkpoint), decode: [0, 1] frames on the leader, None elsewhere.
+        `model`: the job's resolved model (None: resolved here).
 
         Raises JobInterrupted when the run is asked to stop (after checkpointing the job)."""
-        return self.decode(job, self.denoise(job, timer), timer)
+        model = model or self.model_for(job)
+        return self.decode(job, self.denoise(job, timer, model), timer, model)
 
-    def denoise(self, job: JobSpec, timer: JobTimer) -> torch.Tensor:
+    def denoise(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
         """Encode the prompt and denoise (from the job's checkpoint when there is one): the final latents,
-        identical on every rank of the group."""
-        spec = resolve_model(job.model)
-        family = family_of(spec.family)
-        pipe = self.pipelines.get(spec)
+        identical on every rank of the group. `model`: the job's resolved model (None: resolved here)."""
+        model = model or self.model_for(job)
+        family, pipe = model.family, model.pipe
         device = self.ctx.device
         generator = torch.Generator("cpu").manual_seed(job.seed)
 
@@ -150,11 +173,11 @@ class JobExecutor:
 
             def after_step(steps_done: int, current) -> bool:
                 if agreement.should_stop(steps_done):  # a blocking sync only every `agreement.interval` steps
-                    self._save_checkpoint(job, steps_done, current, generator)
+                    self._save_checkpoint(job, model, steps_done, current, generator)
                     return True
                 if self.checkpoints.due(steps_done - last_save["step"], time.monotonic() - last_save["time"]):
                     if steps_done < len(trajectory.timesteps):
-                        self._save_checkpoint(job, steps_done, current, generator)
+                        self._save_checkpoint(job, model, steps_done, current, generator)
                     last_save.update(step=steps_done, time=time.monotonic())
                 return False
 
@@ -172,11 +195,12 @@ class JobExecutor:
                 )
         return result.latents
 
-    def decode(self, job: JobSpec, latents: torch.Tensor, timer: JobTimer) -> np.ndarray | None:
-        """Final latents -> [0, 1] frames on the leader (decoded patch-parallel over the group), None elsewhere."""
-        spec = resolve_model(job.model)
-        family = family_of(spec.family)
-        pipe = self.pipelines.get(spec)
+    def decode(self, job: JobSpec, latents: torch.Tensor, timer: JobTimer, model: JobModel | None = None
+               ) -> np.ndarray | None:
+        """Final latents -> [0, 1] frames on the leader (decoded patch-parallel over the group), None elsewhere.
+        `model`: the job's resolved model (None: resolved here)."""
+        model = model or self.model_for(job)
+        family, pipe = model.family, model.pipe
         with torch.no_grad():
             with timer.stage("vae_decode"):
                 decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, latents))
@@ -188,8 +212,9 @@ class JobExecutor:
     def run(self, job: JobSpec) -> JobResult:
         """Generate the job and, on the leader, hand its media and done marker to the writer."""
         timer = JobTimer(self.ctx.device)
+        model = self.model_for(job)
         try:
-            frames = self.generate(job, timer)
+            frames = self.generate(job, timer, model)
         except JobInterrupted:
             self.store.append_timings(timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank))
             raise
@@ -197,7 +222,7 @@ class JobExecutor:
         if not self.ctx.is_leader:
             return JobResult(record=record, timings=timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank))
         with timer.stage("encode_media"):
-            media, ext = self._encode(to_uint8(frames), job, resolve_model(job.model).is_video)
+            media, ext = self._encode(to_uint8(frames), job, model.spec.is_video)
         record["output_uri"] = self.store.output_uri(job.id, ext)
         seconds = timer.seconds_by_stage()
         record.update({f"{stage}_s": value for stage, value in seconds.items()})

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from genbatch.io.retry import StorageError
-from genbatch.jobs.models import resolve_model
+from genbatch.models import resolve_model
 from genbatch.jobs.schedule import OrderKeys, hand_out_positions, share_positions
 from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.context import ParallelContext
@@ -192,7 +192,7 @@ def _pending(jobs, share, store, max_attempts: int, listing: dict | None = None)
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    keys = OrderKeys(jobs)
+    keys = OrderKeys(jobs, resolve_model)
     selected = np.arange(len(jobs), dtype=np.int64) if share is None else share_positions(keys, *share)
     done = store.done_ids()
     if listing is not None:

@@ -15,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from genbatch.jobs.models import resolve_model
+from genbatch.models import resolve_model
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.teardown import leave_process_group

@@ -123,7 +123,7 @@ def test_gpu_suite_model_is_the_published_architecture():
 
 
 def test_suites_manifests_are_valid():
-    from genbatch.jobs.models import resolve_model
+    from genbatch.models import resolve_model
 
     spec = resolve_model("tiny-wan")
     for suite in SUITES.values():

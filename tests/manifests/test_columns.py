@@ -13,6 +13,7 @@ from genbatch.jobs.schedule import OrderKeys, hand_out_order, hand_out_positions
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests import ManifestReader, RowChecker, read_jobs
 from genbatch.manifests.columns import WHITESPACE
+from genbatch.models import resolve_model
 
 ROWS = 3000
 POOLS = {
@@ -107,12 +108,12 @@ def test_column_checks_equal_the_row_rules(tmp_path, types, drop, overrides):
             assert part in reasons, part
 
     # the hand-out order and every share, from the columns, equal those of the JobSpecs
-    keys = OrderKeys(result.jobs)
-    assert list(result.jobs.take(hand_out_positions(keys))) == hand_out_order(expected_jobs)
+    keys = OrderKeys(result.jobs, resolve_model)
+    assert list(result.jobs.take(hand_out_positions(keys))) == hand_out_order(expected_jobs, resolve_model)
     for index in range(3):
-        assert list(result.jobs.take(share_positions(keys, index, 3))) == select_share(expected_jobs, index, 3)
+        assert list(result.jobs.take(share_positions(keys, index, 3))) == select_share(expected_jobs, index, 3, resolve_model)
     share = share_positions(keys, 1, 3)
-    assert list(result.jobs.take(hand_out_positions(keys, share))) == hand_out_order(select_share(expected_jobs, 1, 3))
+    assert list(result.jobs.take(hand_out_positions(keys, share))) == hand_out_order(select_share(expected_jobs, 1, 3, resolve_model), resolve_model)
 
 
 def test_the_whitespace_class_is_pythons():

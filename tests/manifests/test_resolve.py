@@ -2,7 +2,7 @@
 
 import pytest
 
-from genbatch.jobs.models import resolve_model
+from genbatch.models import resolve_model
 from genbatch.jobs.resolve import Resolved, resolve_model_name, resolve_settings
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests import read_jobs

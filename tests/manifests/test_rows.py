@@ -5,7 +5,7 @@ import datetime
 import pyarrow as pa
 import pytest
 
-from genbatch.jobs.models import UnknownModelError, resolve_model
+from genbatch.models import UnknownModelError, resolve_model
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import read_jobs
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from genbatch.jobs.models import resolve_model
+from genbatch.models import resolve_model
 from genbatch.parallel.fsdp import parameter_bytes
 from genbatch.runner.presets import build_preset
 from genbatch.runner.timing import JobTimer

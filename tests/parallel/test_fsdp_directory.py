@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genbatch.jobs.models import resolve_model
+from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks

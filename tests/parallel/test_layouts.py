@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from genbatch.runner.families import to_uint8
+from genbatch.models.hooks import to_uint8
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor

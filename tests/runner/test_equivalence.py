@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from genbatch.jobs.models import resolve_model
+from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.support.runs import job, job_executor

@@ -30,7 +30,7 @@ def tiny_wan_dir(tmp_path_factory) -> str:
 @pytest.fixture
 def hub_cache(tmp_path, tiny_wan_dir, monkeypatch):
     """HF_HUB_CACHE with org/tiny-wan at MAIN (refs/main) and at V2 (refs/v2)."""
-    from genbatch.jobs.models import resolve_model
+    from genbatch.models import resolve_model
 
     cache = str(tmp_path / "hub")
     add_snapshot(cache, "org/tiny-wan", tiny_wan_dir, MAIN)
@@ -43,7 +43,7 @@ def hub_cache(tmp_path, tiny_wan_dir, monkeypatch):
 
 
 def test_a_hub_id_resolves_offline_from_the_cache(hub_cache):
-    from genbatch.jobs.models import resolve_model
+    from genbatch.models import resolve_model
 
     spec = resolve_model("org/tiny-wan")
     assert spec.name == "org/tiny-wan" and spec.family == "wan" and spec.is_video
@@ -53,7 +53,7 @@ def test_a_hub_id_resolves_offline_from_the_cache(hub_cache):
 
 @pytest.mark.parametrize("revision", ["v2", V2])
 def test_a_revision_picks_its_snapshot(hub_cache, revision):
-    from genbatch.jobs.models import resolve_model
+    from genbatch.models import resolve_model
 
     spec = resolve_model(f"org/tiny-wan@{revision}")
     assert spec.path == os.path.join(hub_cache, "models--org--tiny-wan", "snapshots", V2)
@@ -63,7 +63,7 @@ def test_a_revision_picks_its_snapshot(hub_cache, revision):
 def test_an_existing_directory_of_that_name_wins(hub_cache, tiny_wan_dir, tmp_path, monkeypatch):
     import shutil
 
-    from genbatch.jobs.models import resolve_model
+    from genbatch.models import resolve_model
 
     shutil.copytree(tiny_wan_dir, tmp_path / "work" / "org" / "tiny-wan")
     monkeypatch.chdir(tmp_path / "work")
@@ -73,7 +73,7 @@ def test_an_existing_directory_of_that_name_wins(hub_cache, tiny_wan_dir, tmp_pa
 @pytest.mark.parametrize(("name", "command"), [("org/absent", "hf download org/absent"),
                                                ("org/tiny-wan@v9", "hf download org/tiny-wan --revision v9")])
 def test_a_miss_names_the_cache_and_the_command_that_fills_it(hub_cache, name, command):
-    from genbatch.jobs.models import UnknownModelError, resolve_model
+    from genbatch.models import UnknownModelError, resolve_model
 
     with pytest.raises(UnknownModelError) as error:
         resolve_model(name)

@@ -141,16 +141,16 @@ def test_an_out_of_memory_job_fails_naming_the_fix_and_the_run_goes_on(tmp_path,
     failed with the error and what to change, the next job runs."""
     import torch
 
-    from genbatch.runner.families.wan import WanFamily
+    from genbatch.models.wan import WanHooks
 
-    real_predict = WanFamily.predict
+    real_predict = WanHooks.predict
 
     def predict(self, pipe, trajectory, latents, t, step, branch):
         if latents.shape[-1] * latents.shape[-2] > 64:  # only the big job's latents
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
         return real_predict(self, pipe, trajectory, latents, t, step, branch)
 
-    monkeypatch.setattr(WanFamily, "predict", predict)
+    monkeypatch.setattr(WanHooks, "predict", predict)
     rows = [
         {"id": "too-big", "prompt": "x", "model": "tiny-wan", "width": 128, "height": 128, "num_inference_steps": 2},
         {"id": "fits", "prompt": "y", "model": "tiny-wan", "width": 32, "height": 32, "num_inference_steps": 2},

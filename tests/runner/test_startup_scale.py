@@ -12,6 +12,7 @@ from genbatch.io.markers import done_marker
 from genbatch.jobs.schedule import select_share
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import read_jobs
+from genbatch.models import resolve_model
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import gen
 
@@ -35,7 +36,8 @@ def test_a_20k_row_run_does_only_its_shares_undone_jobs(tmp_path):
     manifest = _manifest(tmp_path / "m.parquet")
     out = tmp_path / "out"
     share = select_share(list(read_jobs(manifest, overrides=JobOverrides(model="tiny-flux", width=32, height=32,
-                                                                          num_inference_steps=1)).jobs), 1, 2)
+                                                                          num_inference_steps=1)).jobs), 1, 2,
+                         resolve_model)
     todo = [share[k].id for k in (0, 1, 2, len(share) // 2, len(share) - 1)]
     store = RunStore(str(out))
     (out / "done").mkdir(parents=True)

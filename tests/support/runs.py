@@ -25,7 +25,7 @@ def write_manifest(path: str, rows: list[dict], row_group_size: int | None = Non
 
 def job(preset: str = "tiny-wan", **fields) -> JobSpec:
     """A resolved job with the preset's small sizes unless given (`model=` may name a saved copy)."""
-    from genbatch.jobs.models import resolve_model
+    from genbatch.models import resolve_model
 
     defaults = resolve_model(preset).defaults
     video = resolve_model(preset).is_video

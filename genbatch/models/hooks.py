@@ -5,17 +5,21 @@ one transformer forward for one branch, combines the branches, and turns final l
 loop itself (timing, checkpoints, preemption, CFG-parallel exchange) is family-agnostic: see
 `genbatch/runner/denoise.py`. Every family reproduces its diffusers pipeline's `__call__` exactly, so a
 genbatch output equals the pipeline's own for the same model, prompt, seed and settings.
+
+Importing this module does not import torch: the hooks of each family import torch and diffusers inside
+their methods, so a family's data can be read where torch is not loaded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
-import torch
+if TYPE_CHECKING:
+    import numpy as np
+    import torch
 
-from genbatch.jobs.spec import JobSpec
+    from genbatch.jobs.spec import JobSpec
 
 COND = "cond"
 UNCOND = "uncond"
@@ -76,4 +80,6 @@ def classifier_free_guidance(predictions: dict[str, torch.Tensor], guidance_scal
 
 def to_uint8(frames: np.ndarray) -> np.ndarray:
     """[0, 1] floats -> uint8 pixels, rounded the way diffusers' `numpy_to_pil` rounds."""
+    import numpy as np
+
     return (frames * 255).round().astype(np.uint8)

@@ -1,0 +1,160 @@
+"""The record a model family fills in: everything genbatch knows about one family, as data plus its hooks.
+
+A family module (`genbatch/models/wan.py`, ...) builds one `ModelFamily` named `FAMILY` and is listed once in
+`genbatch.models.registry`. Nothing here imports torch: specs, shapes and plans are plain data, and the
+family's denoise hooks (`ModelFamily.hooks`, see `genbatch.models.hooks`) import torch and diffusers inside
+their methods, so `gen validate` and `gen plan` read a family without loading either.
+
+What each field is for, by reader:
+- spec resolution (`genbatch.models.resolve`): `pipelines`, `call_defaults`, `read_spec`, `presets`;
+- the denoise loop (`genbatch.runner`): `hooks`;
+- FSDP per block, compile units and stage splits (`genbatch.parallel`): `transformers[cls].blocks`,
+  `text_encoders`;
+- sequence parallel: `transformers[cls].attention` and `transformers[cls].sequence_plan`;
+- patch-parallel VAE decode (`genbatch.parallel.vae`): `vae_classes`, `vae_rules`;
+- the planner (`genbatch.planner`): `published` (and the spec itself for presets and directories).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from genbatch.jobs.models import ModelSpec
+
+if TYPE_CHECKING:
+    from genbatch.models.hooks import Family
+    from genbatch.models.shapes import ModelShape
+
+ReadSpec = Callable[[str, Mapping[str, Any], Mapping[str, Any], "Mapping[str, float | int] | None", "str | None"],
+                    ModelSpec]
+"""read_spec(name, transformer_config, vae_config, defaults, path) -> ModelSpec. `defaults` is None for a
+pipeline directory (the family's `call_defaults` apply, with sizes derived from the config where the
+pipeline derives them), or a preset's own defaults."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Blocks:
+    """A module's forward, cut where per-block work (FSDP units, compile units, stages) can cut it."""
+
+    before: tuple[str, ...] = ()
+    """Submodules run once before the repeated blocks (embeddings, projections), in forward order."""
+    repeated: tuple[str, ...] = ()
+    """Dotted paths of the `ModuleList`s of repeated blocks, in forward order (e.g. `("blocks",)`)."""
+    after: tuple[str, ...] = ()
+    """Submodules run once after the repeated blocks (final norm, output projection), in forward order."""
+
+
+SELF = "self"
+"""An attention module over one split stream's tokens."""
+JOINT = "joint"
+"""An attention module over several streams' tokens concatenated (MMDiT text + image)."""
+CROSS = "cross"
+"""Cross-attention from split queries to replicated keys/values (text): needs no communication."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class AttentionSite:
+    """The attention modules matching one name pattern, and the token streams they see."""
+
+    pattern: str
+    """Glob over the module's `named_modules()` names, e.g. `"blocks.*.attn1"`."""
+    kind: str
+    """`SELF`, `JOINT` or `CROSS`."""
+    streams: tuple[str, ...]
+    """The split streams whose tokens make up the attended sequence, in the order the module concatenates
+    them: an input's name (`"hidden_states"`) or `"<module>:<output index>"` for a split module output.
+    Empty for `CROSS` (its keys are replicated)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TransformerPlan:
+    """One denoising transformer class: its blocks, its attention, and the plans parallelism applies to it."""
+
+    blocks: Blocks
+    """Before / repeated / after."""
+    attention: tuple[AttentionSite, ...]
+    """Every attention module of the class, with the streams it sees."""
+    sequence_plan: str | None = None
+    """The key of its split/gather plan in `genbatch.parallel.plans.SEQUENCE_PLANS` (None: no sequence
+    parallelism for this class)."""
+    tensor_plan: Mapping[str, str] = field(default_factory=dict)
+    """Module name pattern -> tensor-parallel sharding style. Filled by the tensor-parallel work; empty now."""
+    compile_units: tuple[str, ...] = ()
+    """Module name patterns compiled one unit each. Filled by the compile work; empty now."""
+    stage_boundaries: tuple[int, ...] = ()
+    """Indices into the repeated blocks where pipeline stages may start. Filled by the PipeFusion work;
+    empty now."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TinyPreset:
+    """A built-in tiny model of the family: real diffusers classes, small configs, seeded random weights."""
+
+    name: str
+    """The preset's name (`tiny-wan`), used as `--model` or a manifest's `model` value."""
+    transformer: Mapping[str, Any]
+    """The transformer's config (from `genbatch.models.tiny_configs`)."""
+    vae: Mapping[str, Any]
+    """The VAE's config."""
+    defaults: Mapping[str, float | int]
+    """Per-job defaults, small enough to run in seconds on a CPU."""
+    build: Callable[[frozenset[str]], Any]
+    """build(meta) -> the whole diffusers pipeline on the CPU in fp32, components named in `meta` on the
+    meta device. The same call always gives the same weights. Imports torch when called."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelFamily:
+    """Everything genbatch knows about one model family."""
+
+    name: str
+    """The family's name, e.g. `wan` (`ModelSpec.family`)."""
+    pipelines: tuple[str, ...]
+    """The diffusers pipeline class names (`model_index.json`'s `_class_name`) this family runs."""
+    call_defaults: Mapping[str, float | int | None]
+    """The defaults of the pipeline's `__call__` (None: derived from the model's config)."""
+    read_spec: ReadSpec
+    """Builds a `ModelSpec` from the transformer's and VAE's configs."""
+    hooks: Family
+    """The denoise hooks: encode, trajectory (noise and scheduler), predict, combine, VAE input, postprocess."""
+    transformers: Mapping[str, TransformerPlan]
+    """Transformer class name -> its plan (the denoising components, e.g. Wan 2.2's two experts)."""
+    denoisers: tuple[str, ...] = ("transformer",)
+    """Pipeline components that run the denoising forward."""
+    text_encoders: Mapping[str, Blocks] = field(default_factory=dict)
+    """Text encoder class name -> its blocks (FSDP shards them per block too)."""
+    vae_classes: tuple[str, ...] = ()
+    """Qualified names (`module:Class`) of the VAE classes patch-parallel decode covers; empty: the VAE
+    decodes on one rank."""
+    vae_rules: Mapping[str, str] = field(default_factory=dict)
+    """Qualified decoder module class name -> rule kind (`genbatch.models.vae_rules`); the rules
+    themselves are implemented in `genbatch.parallel.vae`."""
+    presets: tuple[TinyPreset, ...] = ()
+    """The family's tiny presets."""
+    published: tuple[ModelShape, ...] = ()
+    """Published models of the family as the planner sees them, by name (`gen plan flux.1-dev`)."""
+
+    def transformer_plan(self, class_name: str) -> TransformerPlan:
+        """The plan of one of the family's transformer classes; ValueError naming the known ones."""
+        try:
+            return self.transformers[class_name]
+        except KeyError:
+            raise ValueError(
+                f"{class_name} is not a transformer of the {self.name} family (it has {sorted(self.transformers)}); "
+                "add its TransformerPlan to the family module"
+            ) from None
+
+
+T5_ENCODER = Blocks(before=("shared",), repeated=("encoder.block",), after=("encoder.final_layer_norm",))
+"""A T5 / UMT5 text encoder (`T5EncoderModel`, `UMT5EncoderModel`)."""
+CLIP_TEXT_ENCODER = Blocks(before=("text_model.embeddings",), repeated=("text_model.encoder.layers",),
+                           after=("text_model.final_layer_norm",))
+"""A CLIP text encoder (`CLIPTextModel`, `CLIPTextModelWithProjection`; the latter adds `text_projection`)."""
+
+
+def mlp_and_out_channels(transformer: Mapping[str, Any], hidden_size: int) -> tuple[int, int]:
+    """(MLP inner width, predicted latent channels) from a transformer config: `ffn_dim` where the config has
+    one (else an MLP ratio of 4, as FLUX's and SD3's blocks use), `out_channels` where set (else 16)."""
+    return int(transformer.get("ffn_dim") or 4 * hidden_size), int(transformer.get("out_channels") or 16)

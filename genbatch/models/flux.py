@@ -1,0 +1,201 @@
+"""FLUX.1 text-to-image, guidance-distilled (`diffusers.FluxPipeline`): everything genbatch knows about the
+family. The denoise hooks reproduce `FluxPipeline.__call__` exactly."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from genbatch.jobs.models import ModelSpec
+from genbatch.jobs.spec import JobSpec
+from genbatch.models import tiny_configs, vae_rules
+from genbatch.models.base import (
+    CLIP_TEXT_ENCODER,
+    JOINT,
+    T5_ENCODER,
+    AttentionSite,
+    Blocks,
+    ModelFamily,
+    TinyPreset,
+    TransformerPlan,
+    mlp_and_out_channels,
+)
+from genbatch.models.hooks import COND, Conditioning, Trajectory
+from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models.tiny import character_tokenizer, clip_config, placed, t5_config
+
+MAX_SEQUENCE_LENGTH = 512  # FluxPipeline.__call__'s default
+
+CALL_DEFAULTS = {"width": None, "height": None, "num_inference_steps": 28, "guidance_scale": 3.5}
+"""FluxPipeline.__call__'s defaults (sizes: the transformer's default sample size times the VAE factor)."""
+
+SAMPLE_SIZE = 128
+"""FluxPipeline's default_sample_size (latent pixels)."""
+
+
+def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
+              defaults: Mapping[str, float | int] | None, path: str | None) -> ModelSpec:
+    spatial = 2 ** (len(vae["block_out_channels"]) - 1)
+    patch = (2, 2)  # the pipeline packs 2x2 latent pixels into one token
+    heads, head_dim = transformer["num_attention_heads"], transformer["attention_head_dim"]
+    ffn, out_channels = mlp_and_out_channels(transformer, heads * head_dim)
+    if defaults is None:
+        defaults = {**CALL_DEFAULTS, "width": SAMPLE_SIZE * spatial, "height": SAMPLE_SIZE * spatial}
+    return ModelSpec(
+        name=name,
+        family="flux",
+        is_video=False,
+        uses_cfg=False,
+        size_multiple=spatial * patch[0],
+        frame_multiple=1,
+        vae_spatial=spatial,
+        patch_size=patch,
+        num_layers=transformer["num_layers"] + transformer["num_single_layers"],
+        num_heads=heads,
+        head_dim=head_dim,
+        text_tokens=MAX_SEQUENCE_LENGTH,
+        joint_text=True,
+        ffn_dim=ffn,
+        out_channels=out_channels,
+        defaults=dict(defaults),
+        path=path,
+    )
+
+
+class FluxHooks:
+    """FLUX.1 [dev]/[schnell]: one branch per step; the guidance scale is an input of the transformer."""
+
+    name = "flux"
+
+    def encode(self, pipe, job: JobSpec, device) -> Conditioning:
+        prompt_embeds, pooled, text_ids = pipe.encode_prompt(
+            prompt=job.prompt, prompt_2=None, device=device, num_images_per_prompt=1,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+        )
+        branch = {"encoder_hidden_states": prompt_embeds, "pooled_projections": pooled, "txt_ids": text_ids}
+        return Conditioning(branches={COND: branch}, guidance_scale=job.guidance_scale)
+
+    def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
+        import numpy as np
+        import torch
+        from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
+
+        channels = pipe.transformer.config.in_channels // 4
+        dtype = pipe.text_encoder_2.dtype if pipe.text_encoder_2 is not None else pipe.transformer.dtype
+        latents, image_ids = pipe.prepare_latents(1, channels, job.height, job.width, dtype, device, generator)
+        steps = job.num_inference_steps
+        sigmas = np.linspace(1.0, 1 / steps, steps)
+        if getattr(pipe.scheduler.config, "use_flow_sigmas", False):
+            sigmas = None
+        config = pipe.scheduler.config
+        mu = calculate_shift(
+            latents.shape[1],
+            config.get("base_image_seq_len", 256),
+            config.get("max_image_seq_len", 4096),
+            config.get("base_shift", 0.5),
+            config.get("max_shift", 1.15),
+        )
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, steps, device, sigmas=sigmas, mu=mu)
+        guidance = None
+        if pipe.transformer.config.guidance_embeds:
+            guidance = torch.full([1], job.guidance_scale, device=device, dtype=torch.float32).expand(latents.shape[0])
+        pipe.scheduler.set_begin_index(0)
+        return Trajectory(latents=latents, timesteps=timesteps, shared={"img_ids": image_ids, "guidance": guidance})
+
+    def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch):
+        timestep = t.expand(latents.shape[0]).to(latents.dtype)
+        return pipe.transformer(
+            hidden_states=latents,
+            timestep=timestep / 1000,
+            guidance=trajectory.shared["guidance"],
+            img_ids=trajectory.shared["img_ids"],
+            joint_attention_kwargs={},
+            return_dict=False,
+            **branch,
+        )[0]
+
+    def combine(self, predictions, guidance_scale: float, t):
+        return predictions[COND]
+
+    def vae_input(self, pipe, job: JobSpec, latents):
+        latents = pipe._unpack_latents(latents, job.height, job.width, pipe.vae_scale_factor)
+        latents = latents / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
+        return latents.to(next(pipe.vae.parameters()).device)
+
+    def postprocess(self, pipe, decoded):
+        # (1, c, h, w) -> (h, w, c) in [0, 1]
+        return pipe.image_processor.postprocess(decoded, output_type="np")[0]
+
+
+def build_tiny(meta: frozenset[str] = frozenset()):
+    """FLUX.1 text-to-image, guidance-distilled: FluxTransformer2DModel, AutoencoderKL, CLIP + T5, flow Euler."""
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+
+    clip_tokenizer = character_tokenizer(model_max_length=77)
+    t5_tokenizer = character_tokenizer(model_max_length=512)
+    torch.manual_seed(0)
+    with placed("text_encoder", meta):
+        clip = CLIPTextModel(clip_config(len(clip_tokenizer))).eval()
+    torch.manual_seed(1)
+    with placed("text_encoder_2", meta):
+        t5 = T5EncoderModel(T5Config(**t5_config(len(t5_tokenizer)))).eval()
+    torch.manual_seed(2)
+    with placed("transformer", meta):
+        transformer = FluxTransformer2DModel(**tiny_configs.TINY_FLUX_TRANSFORMER).eval()
+    torch.manual_seed(3)
+    vae = AutoencoderKL(**tiny_configs.TINY_FLUX_VAE).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(
+        base_image_seq_len=256,
+        base_shift=0.5,
+        max_image_seq_len=4096,
+        max_shift=1.15,
+        use_dynamic_shifting=True,
+        shift=3.0,
+    )
+    return FluxPipeline(
+        scheduler=scheduler,
+        vae=vae,
+        text_encoder=clip,
+        tokenizer=clip_tokenizer,
+        text_encoder_2=t5,
+        tokenizer_2=t5_tokenizer,
+        transformer=transformer,
+    )
+
+
+_JOINT = ("encoder_hidden_states", "hidden_states")  # the pipeline's order: [text, image]
+
+FAMILY = ModelFamily(
+    name="flux",
+    pipelines=("FluxPipeline",),
+    call_defaults=CALL_DEFAULTS,
+    read_spec=read_spec,
+    hooks=FluxHooks(),
+    transformers={
+        "FluxTransformer2DModel": TransformerPlan(
+            blocks=Blocks(before=("pos_embed", "time_text_embed", "context_embedder", "x_embedder"),
+                          repeated=("transformer_blocks", "single_transformer_blocks"),
+                          after=("norm_out", "proj_out")),
+            # joint attention over [text, image] in the double- and single-stream blocks; both streams split
+            attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=_JOINT),
+                       AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT, streams=_JOINT)),
+            sequence_plan="FluxTransformer2DModel",
+        ),
+    },
+    text_encoders={"CLIPTextModel": CLIP_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},
+    vae_classes=("diffusers:AutoencoderKL",),
+    vae_rules=vae_rules.AUTOENCODER_KL,
+    presets=(TinyPreset(name="tiny-flux", transformer=tiny_configs.TINY_FLUX_TRANSFORMER,
+                        vae=tiny_configs.TINY_FLUX_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-flux"],
+                        build=build_tiny),),
+    published=(
+        ModelShape(name="flux.1-dev", is_video=False, uses_cfg=False, num_layers=19 + 38, num_heads=24,
+                   head_dim=128, ffn_dim=12288, parameters=11.9e9,
+                   text_encoder_parameters=4.88e9,  # T5-XXL encoder 4.76B + CLIP-L 0.12B
+                   vae_parameters=0.084e9, joint_text=True, text_tokens=512, patch_size=(2, 2), vae_spatial=8,
+                   vae_temporal=1, out_channels=16, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
+                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, width=1024, height=1024, frames=None, steps=28),
+    ),
+)

@@ -1,0 +1,186 @@
+"""Stable Diffusion 3 / 3.5 text-to-image (`diffusers.StableDiffusion3Pipeline`): everything genbatch knows
+about the family.
+
+The pipeline batches the two guidance branches into one forward of batch 2; genbatch runs them as two
+forwards so that CFG parallelism can put them on different ranks. The result equals the pipeline's within
+float rounding (a batch-2 matmul is not always bit-identical to two batch-1 matmuls).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from genbatch.jobs.models import ModelSpec
+from genbatch.jobs.spec import JobSpec
+from genbatch.models import tiny_configs, vae_rules
+from genbatch.models.base import (
+    CLIP_TEXT_ENCODER,
+    JOINT,
+    SELF,
+    T5_ENCODER,
+    AttentionSite,
+    Blocks,
+    ModelFamily,
+    TinyPreset,
+    TransformerPlan,
+    mlp_and_out_channels,
+)
+from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
+from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models.tiny import character_tokenizer, clip_config, placed, t5_config
+
+MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline.__call__'s default
+CLIP_TOKENS = 77
+
+CALL_DEFAULTS = {"width": None, "height": None, "num_inference_steps": 28, "guidance_scale": 7.0}
+"""StableDiffusion3Pipeline.__call__'s defaults (sizes: the transformer's sample size times the VAE factor)."""
+
+
+def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
+              defaults: Mapping[str, float | int] | None, path: str | None) -> ModelSpec:
+    spatial = 2 ** (len(vae["block_out_channels"]) - 1)
+    patch = (transformer["patch_size"],) * 2
+    heads, head_dim = transformer["num_attention_heads"], transformer["attention_head_dim"]
+    ffn, out_channels = mlp_and_out_channels(transformer, heads * head_dim)
+    if defaults is None:
+        sample = transformer["sample_size"]
+        defaults = {**CALL_DEFAULTS, "width": sample * spatial, "height": sample * spatial}
+    return ModelSpec(
+        name=name,
+        family="sd3",
+        is_video=False,
+        uses_cfg=True,
+        size_multiple=spatial * patch[0],
+        frame_multiple=1,
+        vae_spatial=spatial,
+        patch_size=patch,
+        num_layers=transformer["num_layers"],
+        num_heads=heads,
+        head_dim=head_dim,
+        text_tokens=CLIP_TOKENS + MAX_SEQUENCE_LENGTH,  # CLIP tokens, then T5's
+        joint_text=True,
+        ffn_dim=ffn,
+        out_channels=out_channels,
+        defaults=dict(defaults),
+        path=path,
+    )
+
+
+class SD3Hooks:
+    name = "sd3"
+
+    def encode(self, pipe, job: JobSpec, device) -> Conditioning:
+        use_cfg = job.guidance_scale > 1.0
+        embeds, negative_embeds, pooled, negative_pooled = pipe.encode_prompt(
+            prompt=job.prompt, prompt_2=None, prompt_3=None, device=device, num_images_per_prompt=1,
+            do_classifier_free_guidance=use_cfg, negative_prompt=job.negative_prompt,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+        )
+        branches = {COND: {"encoder_hidden_states": embeds, "pooled_projections": pooled}}
+        if use_cfg:
+            branches[UNCOND] = {"encoder_hidden_states": negative_embeds, "pooled_projections": negative_pooled}
+        return Conditioning(branches=branches, guidance_scale=job.guidance_scale)
+
+    def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
+        from diffusers.pipelines.stable_diffusion_3.pipeline_stable_diffusion_3 import (
+            calculate_shift,
+            retrieve_timesteps,
+        )
+
+        transformer = pipe.transformer
+        dtype = pipe.text_encoder.dtype if pipe.text_encoder is not None else transformer.dtype
+        latents = pipe.prepare_latents(1, transformer.config.in_channels, job.height, job.width, dtype, device,
+                                       generator)
+        config = pipe.scheduler.config
+        extra = {}
+        if config.get("use_dynamic_shifting", None):
+            patch = transformer.config.patch_size
+            sequence = (latents.shape[2] // patch) * (latents.shape[3] // patch)
+            extra["mu"] = calculate_shift(sequence, config.get("base_image_seq_len", 256),
+                                          config.get("max_image_seq_len", 4096), config.get("base_shift", 0.5),
+                                          config.get("max_shift", 1.16))
+        timesteps, _ = retrieve_timesteps(pipe.scheduler, job.num_inference_steps, device, **extra)
+        return Trajectory(latents=latents, timesteps=timesteps)
+
+    def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch):
+        return pipe.transformer(hidden_states=latents, timestep=t.expand(latents.shape[0]),
+                                joint_attention_kwargs=None, return_dict=False, **branch)[0]
+
+    def combine(self, predictions, guidance_scale: float, t):
+        return classifier_free_guidance(predictions, guidance_scale)
+
+    def vae_input(self, pipe, job: JobSpec, latents):
+        return latents / pipe.vae.config.scaling_factor + pipe.vae.config.shift_factor
+
+    def postprocess(self, pipe, decoded):
+        # (1, c, h, w) -> (h, w, c) in [0, 1]
+        return pipe.image_processor.postprocess(decoded, output_type="np")[0]
+
+
+def build_tiny(meta: frozenset[str] = frozenset()):
+    """Stable Diffusion 3 (a CFG model): SD3Transformer2DModel (joint attention), two CLIPs + T5, flow Euler."""
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
+    from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
+
+    tokenizers = [character_tokenizer(model_max_length=77) for _ in range(2)]
+    t5_tokenizer = character_tokenizer(model_max_length=256)
+    encoders = []
+    for index, (name, tokenizer) in enumerate(zip(("text_encoder", "text_encoder_2"), tokenizers)):
+        torch.manual_seed(10 + index)
+        with placed(name, meta):
+            encoders.append(CLIPTextModelWithProjection(clip_config(len(tokenizer))).eval())
+    torch.manual_seed(12)
+    with placed("text_encoder_3", meta):
+        t5 = T5EncoderModel(T5Config(**t5_config(len(t5_tokenizer)))).eval()
+    torch.manual_seed(13)
+    with placed("transformer", meta):
+        transformer = SD3Transformer2DModel(**tiny_configs.TINY_SD3_TRANSFORMER).eval()
+    torch.manual_seed(14)
+    vae = AutoencoderKL(**tiny_configs.TINY_SD3_VAE).eval()
+    return StableDiffusion3Pipeline(
+        scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
+        vae=vae,
+        text_encoder=encoders[0],
+        tokenizer=tokenizers[0],
+        text_encoder_2=encoders[1],
+        tokenizer_2=tokenizers[1],
+        text_encoder_3=t5,
+        tokenizer_3=t5_tokenizer,
+        transformer=transformer,
+    )
+
+
+_IMAGE, _TEXT = "pos_embed:0", "context_embedder:0"  # image tokens split after patch embedding, text after projection
+
+FAMILY = ModelFamily(
+    name="sd3",
+    pipelines=("StableDiffusion3Pipeline",),
+    call_defaults=CALL_DEFAULTS,
+    read_spec=read_spec,
+    hooks=SD3Hooks(),
+    transformers={
+        "SD3Transformer2DModel": TransformerPlan(
+            blocks=Blocks(before=("pos_embed", "time_text_embed", "context_embedder"), repeated=("transformer_blocks",),
+                          after=("norm_out", "proj_out")),
+            # joint attention over both streams, and SD3.5's extra self-attention `attn2` over the image alone
+            attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=(_IMAGE, _TEXT)),
+                       AttentionSite(pattern="transformer_blocks.*.attn2", kind=SELF, streams=(_IMAGE,))),
+            sequence_plan="SD3Transformer2DModel",
+        ),
+    },
+    text_encoders={"CLIPTextModelWithProjection": CLIP_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},
+    vae_classes=("diffusers:AutoencoderKL",),
+    vae_rules=vae_rules.AUTOENCODER_KL,
+    presets=(TinyPreset(name="tiny-sd3", transformer=tiny_configs.TINY_SD3_TRANSFORMER, vae=tiny_configs.TINY_SD3_VAE,
+                        defaults=tiny_configs.PRESET_DEFAULTS["tiny-sd3"], build=build_tiny),),
+    published=(
+        ModelShape(name="sd3-medium", is_video=False, uses_cfg=True, num_layers=24, num_heads=24, head_dim=64,
+                   ffn_dim=6144, parameters=2.03e9,
+                   text_encoder_parameters=5.58e9,  # T5-XXL encoder 4.76B, CLIP-L 0.12B, OpenCLIP-bigG 0.69B
+                   vae_parameters=0.084e9, joint_text=True, text_tokens=77 + 256, patch_size=(2, 2), vae_spatial=8,
+                   vae_temporal=1, out_channels=16, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
+                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, width=1024, height=1024, frames=None, steps=28),
+    ),
+)

@@ -1,0 +1,98 @@
+"""A model as the planner's cost model sees it (`ModelShape`), and the VAE cost constants published shapes use.
+
+Plain data, no torch: `gen plan` reads shapes without loading a model. Each family module lists its
+published models' shapes (`ModelFamily.published`); `genbatch.planner.shapes` turns a preset's or a pipeline
+directory's `ModelSpec` into a shape. Token counts come from `genbatch.jobs.models.token_count`, the same
+derivation the cost estimate and the runner use.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from genbatch.jobs.models import latent_shape, token_count
+
+IMAGE_VAE_MFLOP_PER_PIXEL = 9.9
+"""FLUX/SD3 AutoencoderKL decoder (channels 512,512,256,128; 3 resnets a stage): counting its 3x3 convs gives
+10.4 TFLOP for a 1024x1024 image, 9.9 MFLOP per output pixel."""
+WAN_VAE_MFLOP_PER_PIXEL = 8.5
+"""Wan 2.1 VAE decoder (channels 384,384,192,96; 3x3x3 causal convs, 3 resnets a stage): 8.5 MFLOP per output
+pixel and frame, counted the same way."""
+HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL = 25.0
+"""HunyuanVideo and CogVideoX 3D VAE decoders (channels 512,512,256,128 with 3x3x3 convs): about 25 MFLOP per
+output pixel and frame, counted the same way."""
+IMAGE_VAE_GIB_PER_MPX = 2.0 / 1.048576
+"""VAE decode peak memory for images: seed 000 §7.1, 2 GiB at 1024x1024 and 8 GiB at 2048x2048."""
+VIDEO_VAE_GIB_PER_MPX = 107.0 / (1280 * 720 * 81 / 1e6)
+"""VAE decode peak for video, per million pixel-frames: seed 000 §7.1, 107 GiB for Wan 720p 81 frames
+(used for the other video VAEs too, which publish no figure)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelShape:
+    """One model as the cost model sees it."""
+
+    name: str
+    """The name it was asked for by."""
+    is_video: bool
+    """True when outputs are videos (frames count)."""
+    uses_cfg: bool
+    """True when each step runs a conditional and an unconditional forward (CFG parallel applies)."""
+    num_layers: int
+    """Transformer blocks, all kinds together."""
+    num_heads: int
+    """Attention heads (Ulysses and TP degrees must divide it)."""
+    head_dim: int
+    """Channels per head; hidden size = heads x head dim."""
+    ffn_dim: int
+    """MLP inner width."""
+    parameters: float
+    """Transformer parameters."""
+    text_encoder_parameters: float
+    """Parameters of all text encoders together (kept on every rank)."""
+    vae_parameters: float
+    """VAE parameters."""
+    joint_text: bool
+    """True when text tokens join the image tokens in self-attention (MMDiT); False for cross-attention (Wan)."""
+    text_tokens: int
+    """Text tokens per prompt."""
+    patch_size: tuple[int, ...]
+    """Transformer patch over the latent: (t, h, w) for video, (h, w) for images."""
+    vae_spatial: int
+    """Pixels per latent pixel, along height and width."""
+    vae_temporal: int
+    """Frames per latent frame (video); 1 for images."""
+    out_channels: int
+    """Latent channels the transformer predicts per latent pixel (the CFG exchange carries these)."""
+    vae_mflop_per_pixel: float
+    """VAE decode work per output pixel (and frame), MFLOP."""
+    vae_gib_per_mpx: float
+    """VAE decode peak memory per million output pixels (and frames), GiB."""
+    width: int
+    """Default width."""
+    height: int
+    """Default height."""
+    frames: int | None
+    """Default frames (video), None for images."""
+    steps: int
+    """Default denoising steps."""
+    pads_frames_to_patch: bool = False
+    """True when the pipeline pads the latent frames up to a multiple of the temporal patch before patching
+    (CogVideoX 1.5 does); False when the patch embedding sees the latent as it is."""
+
+    @property
+    def hidden_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    def image_tokens(self, width: int, height: int, frames: int | None) -> int:
+        """Tokens of the latent after patching (`genbatch.jobs.models.token_count`)."""
+        latent = latent_shape(width, height, max(frames or 1, 1), vae_spatial=self.vae_spatial,
+                              vae_temporal=self.vae_temporal, is_video=self.is_video)
+        if self.is_video and self.pads_frames_to_patch:
+            patch_t = self.patch_size[0]
+            latent = (-(-latent[0] // patch_t) * patch_t, *latent[1:])
+        return token_count(latent, self.patch_size)
+
+    def sequence(self, width: int, height: int, frames: int | None) -> int:
+        """Tokens in self-attention: image tokens, plus text tokens for MMDiT models."""
+        return self.image_tokens(width, height, frames) + (self.text_tokens if self.joint_text else 0)

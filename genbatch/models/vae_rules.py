@@ -1,0 +1,62 @@
+"""Patch-parallel VAE decode rules as data: decoder module class (qualified `module:Class`) -> rule kind.
+
+A family names its VAE classes and the rule kind of every module class met in their decoders
+(`ModelFamily.vae_classes`, `ModelFamily.vae_rules`); `genbatch.parallel.vae.plan` implements each kind.
+A class no family lists makes the VAE unsupported (it decodes on one rank), so a new upstream layer can
+never silently give a wrong image.
+"""
+
+from __future__ import annotations
+
+LOCAL = "local"
+"""Per-pixel or per-channel work, or a container: runs on a tile unchanged."""
+RESNET = "resnet"
+"""A ResnetBlock2D: local if it has no up/down sampling or time embedding of its own."""
+UPSAMPLE = "upsample"
+"""An Upsample2D: local if it interpolates (not a transposed convolution)."""
+WAN_RESAMPLE = "wan_resample"
+"""A WanResample: local in its upsampling modes."""
+CONV2D = "conv2d"
+"""A zero-padded 'same' 2-D convolution: gets halos from the neighbouring tiles."""
+CAUSAL_CONV3D = "causal_conv3d"
+"""Wan's causal 3-D convolution: halos in height and width, its own causal padding in time."""
+GROUP_NORM = "group_norm"
+"""GroupNorm: statistics over the whole image, gathered from the tiles."""
+WAN_ATTENTION = "wan_attention"
+"""Wan's mid-block attention: keys and values gathered from every tile."""
+IMAGE_ATTENTION = "image_attention"
+"""diffusers' mid-block self-attention over pixels: keys and values gathered from every tile."""
+
+KINDS = (LOCAL, RESNET, UPSAMPLE, WAN_RESAMPLE, CONV2D, CAUSAL_CONV3D, GROUP_NORM, WAN_ATTENTION, IMAGE_ATTENTION)
+
+TORCH_LAYERS: dict[str, str] = {
+    **{f"torch.nn:{name}": LOCAL for name in ("Sequential", "ModuleList", "Identity", "Dropout", "SiLU", "GELU",
+                                               "ReLU", "Mish")},
+    "torch.nn:Conv2d": CONV2D,
+    "torch.nn:GroupNorm": GROUP_NORM,
+}
+"""The torch layers the decoders below are built from."""
+
+AUTOENCODER_KL: dict[str, str] = {
+    **TORCH_LAYERS,
+    "diffusers.models.autoencoders.vae:Decoder": LOCAL,
+    "diffusers.models.unets.unet_2d_blocks:UNetMidBlock2D": LOCAL,
+    "diffusers.models.unets.unet_2d_blocks:UpDecoderBlock2D": LOCAL,
+    "diffusers.models.resnet:ResnetBlock2D": RESNET,
+    "diffusers.models.upsampling:Upsample2D": UPSAMPLE,
+    "diffusers.models.attention_processor:Attention": IMAGE_ATTENTION,
+}
+"""The decoder of diffusers' `AutoencoderKL` (FLUX, SD3)."""
+
+_WAN = "diffusers.models.autoencoders.autoencoder_kl_wan"
+AUTOENCODER_KL_WAN: dict[str, str] = {
+    **TORCH_LAYERS,
+    **{f"{_WAN}:{name}": LOCAL for name in ("WanDecoder3d", "WanMidBlock", "WanUpBlock", "WanResidualUpBlock",
+                                            "WanResidualBlock", "DupUp3D")},
+    f"{_WAN}:WanUpsample": LOCAL,  # nearest-exact x2: output row i reads input row i // 2
+    f"{_WAN}:WanRMS_norm": LOCAL,  # normalises over channels, per pixel
+    f"{_WAN}:WanResample": WAN_RESAMPLE,
+    f"{_WAN}:WanCausalConv3d": CAUSAL_CONV3D,
+    f"{_WAN}:WanAttentionBlock": WAN_ATTENTION,
+}
+"""The decoder of diffusers' `AutoencoderKLWan` (Wan 2.1 / 2.2)."""

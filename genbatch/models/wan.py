@@ -1,0 +1,192 @@
+"""Wan 2.1 / 2.2 text-to-video (`diffusers.WanPipeline`): everything genbatch knows about the family.
+
+The denoise hooks reproduce `WanPipeline.__call__` exactly (Wan 2.2's second expert below the boundary
+timestep, TI2V's per-token timesteps included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from genbatch.jobs.models import ModelSpec
+from genbatch.jobs.spec import JobSpec
+from genbatch.models import tiny_configs, vae_rules
+from genbatch.models.base import (
+    CROSS,
+    SELF,
+    T5_ENCODER,
+    AttentionSite,
+    Blocks,
+    ModelFamily,
+    TinyPreset,
+    TransformerPlan,
+    mlp_and_out_channels,
+)
+from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
+from genbatch.models.shapes import VIDEO_VAE_GIB_PER_MPX, WAN_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models.tiny import character_tokenizer, placed, t5_config
+
+MAX_SEQUENCE_LENGTH = 512  # WanPipeline.__call__'s default
+
+CALL_DEFAULTS = {"width": 832, "height": 480, "num_frames": 81, "num_inference_steps": 50, "guidance_scale": 5.0,
+                 "fps": 16}
+"""WanPipeline.__call__'s defaults (fps: the pipeline's export default)."""
+
+
+def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
+              defaults: Mapping[str, float | int] | None, path: str | None) -> ModelSpec:
+    spatial = vae.get("scale_factor_spatial", 8)
+    patch = tuple(transformer["patch_size"])
+    heads, head_dim = transformer["num_attention_heads"], transformer["attention_head_dim"]
+    ffn, out_channels = mlp_and_out_channels(transformer, heads * head_dim)
+    return ModelSpec(
+        name=name,
+        family="wan",
+        is_video=True,
+        uses_cfg=True,
+        size_multiple=spatial * patch[1],
+        frame_multiple=vae.get("scale_factor_temporal", 4),
+        vae_spatial=spatial,
+        patch_size=patch,
+        num_layers=transformer["num_layers"],
+        num_heads=heads,
+        head_dim=head_dim,
+        text_tokens=MAX_SEQUENCE_LENGTH,
+        joint_text=False,
+        ffn_dim=ffn,
+        out_channels=out_channels,
+        defaults=dict(defaults or CALL_DEFAULTS),
+        path=path,
+    )
+
+
+class WanHooks:
+    name = "wan"
+
+    @staticmethod
+    def _transformer_dtype(pipe):
+        model = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+        return model.dtype
+
+    def encode(self, pipe, job: JobSpec, device) -> Conditioning:
+        use_cfg = job.guidance_scale > 1.0
+        prompt_embeds, negative_embeds = pipe.encode_prompt(
+            prompt=job.prompt,
+            negative_prompt=job.negative_prompt,
+            do_classifier_free_guidance=use_cfg,
+            num_videos_per_prompt=1,
+            max_sequence_length=MAX_SEQUENCE_LENGTH,
+            device=device,
+        )
+        dtype = self._transformer_dtype(pipe)
+        branches = {COND: {"encoder_hidden_states": prompt_embeds.to(dtype)}}
+        if use_cfg:
+            branches[UNCOND] = {"encoder_hidden_states": negative_embeds.to(dtype)}
+        return Conditioning(branches=branches, guidance_scale=job.guidance_scale)
+
+    def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
+        import torch
+
+        pipe.scheduler.set_timesteps(job.num_inference_steps, device=device)
+        model = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
+        latents = pipe.prepare_latents(
+            1, model.config.in_channels, job.height, job.width, job.num_frames, torch.float32, device, generator
+        )
+        pipe.scheduler.set_begin_index(0)
+        boundary = pipe.config.boundary_ratio
+        shared = {"boundary_timestep": boundary * pipe.scheduler.config.num_train_timesteps if boundary else None}
+        return Trajectory(latents=latents, timesteps=pipe.scheduler.timesteps, shared=shared)
+
+    def _model_at(self, pipe, trajectory: Trajectory, t):
+        """Wan 2.2 switches to `transformer_2` below the boundary timestep (guidance_scale_2 = guidance_scale)."""
+        boundary = trajectory.shared["boundary_timestep"]
+        if boundary is None or t >= boundary:
+            return pipe.transformer
+        return pipe.transformer_2
+
+    def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch):
+        import torch
+
+        model = self._model_at(pipe, trajectory, t)
+        model_input = latents.to(self._transformer_dtype(pipe))
+        if pipe.config.expand_timesteps:
+            # Wan 2.2 TI2V: one timestep per token. (b, c, f, h, w) -> (b, f * h/2 * w/2)
+            mask = torch.ones(latents.shape, dtype=torch.float32, device=latents.device)
+            timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
+        else:
+            timestep = t.expand(latents.shape[0])
+        return model(hidden_states=model_input, timestep=timestep, return_dict=False, **branch)[0]
+
+    def combine(self, predictions, guidance_scale: float, t):
+        return classifier_free_guidance(predictions, guidance_scale)
+
+    def vae_input(self, pipe, job: JobSpec, latents):
+        import torch
+
+        vae = pipe.vae
+        latents = latents.to(device=next(vae.parameters()).device, dtype=vae.dtype)
+        z_dim = vae.config.z_dim
+        mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents.device, latents.dtype)
+        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents.device, latents.dtype)
+        return latents / inv_std + mean
+
+    def postprocess(self, pipe, decoded):
+        # (1, c, f, h, w) -> (f, h, w, c) in [0, 1]
+        return pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
+
+
+def build_tiny(meta: frozenset[str] = frozenset()):
+    """Wan 2.1 text-to-video (a CFG model): WanTransformer3DModel, AutoencoderKLWan, UMT5, UniPC flow scheduler."""
+    import torch
+    from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
+    from transformers import UMT5Config, UMT5EncoderModel
+
+    tokenizer = character_tokenizer(model_max_length=512)
+    torch.manual_seed(0)
+    with placed("text_encoder", meta):
+        text_encoder = UMT5EncoderModel(UMT5Config(**t5_config(len(tokenizer)))).eval()
+    torch.manual_seed(1)
+    with placed("transformer", meta):
+        transformer = WanTransformer3DModel(**tiny_configs.TINY_WAN_TRANSFORMER).eval()
+    torch.manual_seed(2)
+    vae = AutoencoderKLWan(**tiny_configs.TINY_WAN_VAE).eval()
+    scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
+    return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer)
+
+
+_PUBLISHED_COMMON = dict(is_video=True, uses_cfg=True, head_dim=128, patch_size=(1, 2, 2), vae_spatial=8,
+                         vae_temporal=4, out_channels=16, joint_text=False, text_tokens=512,
+                         text_encoder_parameters=5.68e9,  # UMT5-XXL encoder
+                         vae_parameters=0.127e9, vae_mflop_per_pixel=WAN_VAE_MFLOP_PER_PIXEL,
+                         vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, frames=81, steps=50)
+
+FAMILY = ModelFamily(
+    name="wan",
+    pipelines=("WanPipeline",),
+    call_defaults=CALL_DEFAULTS,
+    read_spec=read_spec,
+    hooks=WanHooks(),
+    transformers={
+        "WanTransformer3DModel": TransformerPlan(
+            blocks=Blocks(before=("rope", "patch_embedding", "condition_embedder"), repeated=("blocks",),
+                          after=("norm_out", "proj_out")),
+            # self-attention `attn1` over the video tokens; `attn2` cross-attends to the replicated text
+            attention=(AttentionSite(pattern="blocks.*.attn1", kind=SELF, streams=("hidden_states",)),
+                       AttentionSite(pattern="blocks.*.attn2", kind=CROSS, streams=())),
+            sequence_plan="WanTransformer3DModel",
+        ),
+    },
+    denoisers=("transformer", "transformer_2"),  # Wan 2.2: a second expert below the boundary timestep
+    text_encoders={"UMT5EncoderModel": T5_ENCODER},
+    vae_classes=("diffusers:AutoencoderKLWan",),
+    vae_rules=vae_rules.AUTOENCODER_KL_WAN,
+    presets=(TinyPreset(name="tiny-wan", transformer=tiny_configs.TINY_WAN_TRANSFORMER, vae=tiny_configs.TINY_WAN_VAE,
+                        defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan"], build=build_tiny),),
+    published=(
+        ModelShape(name="wan2.1-1.3b", num_layers=30, num_heads=12, ffn_dim=8960, parameters=1.42e9, width=832,
+                   height=480, **_PUBLISHED_COMMON),
+        ModelShape(name="wan2.1-14b", num_layers=40, num_heads=40, ffn_dim=13824, parameters=14.29e9, width=1280,
+                   height=720, **_PUBLISHED_COMMON),
+    ),
+)
