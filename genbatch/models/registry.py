@@ -15,6 +15,8 @@ FAMILY_MODULES = (
     "genbatch.models.wan",
     "genbatch.models.flux",
     "genbatch.models.sd3",
+    "genbatch.models.qwen_image",
+    "genbatch.models.hunyuan_video",
 )
 """The modules that each define one `FAMILY` (a `ModelFamily`), in the order they are listed to users."""
 
