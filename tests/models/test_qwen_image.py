@@ -1,0 +1,116 @@
+"""Qwen-Image: a job's output equals `QwenImagePipeline`'s own (identical pixels), with true CFG (a negative
+prompt) and without (one branch, as the pipeline runs a row without a negative prompt), from the preset and
+from a saved directory; and a cfg 2 layout runs a row without a negative prompt as one process does."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from genbatch.models import family
+from genbatch.models.hooks import COND, UNCOND
+from genbatch.runner.loading import load_pipeline
+from genbatch.runner.timing import JobTimer
+from tests.models.pipeline_outputs import genbatch_frames, pipeline_frames, saved_preset
+from tests.support.distributed import run_on_ranks
+from tests.support.runs import job, job_executor
+
+PRESET = "tiny-qwen-image"
+
+
+@pytest.fixture(scope="module")
+def directory(tmp_path_factory):
+    return saved_preset(PRESET, tmp_path_factory.mktemp("qwen") / "model")
+
+
+@pytest.mark.parametrize("negative", [None, "blurry, low quality"], ids=["one-branch", "true-cfg"])
+@pytest.mark.parametrize("from_directory", [False, True], ids=["preset", "directory"])
+def test_output_equals_the_diffusers_pipeline(negative, from_directory, directory, tmp_path):
+    model = directory if from_directory else PRESET
+    spec_job = job(PRESET, model=model, seed=1234, negative_prompt=negative, guidance_scale=4.0)
+    ours = genbatch_frames(model, spec_job, str(tmp_path / "out"))
+    call = {"true_cfg_scale": spec_job.guidance_scale}  # the manifest's guidance_scale is true CFG's scale
+    if negative is not None:
+        call["negative_prompt"] = negative
+    theirs = pipeline_frames(model, spec_job, **call)
+    assert ours.shape == theirs.shape == (64, 64, 3)
+    np.testing.assert_array_equal(ours, theirs)
+    assert ours.std() > 0.01  # a real image, not a constant
+
+
+def test_true_cfg_needs_a_negative_prompt_and_a_scale_above_one():
+    import torch
+
+    hooks = family("qwen-image").hooks
+    from genbatch.models import resolve_model
+
+    pipe = load_pipeline(resolve_model(PRESET), torch.device("cpu"), torch.float32)
+    branches = {
+        (negative, scale): sorted(hooks.encode(pipe, job(PRESET, negative_prompt=negative, guidance_scale=scale),
+                                               torch.device("cpu")).branches)
+        for negative in (None, "grey") for scale in (1.0, 4.0)
+    }
+    assert branches == {(None, 1.0): [COND], (None, 4.0): [COND], ("grey", 1.0): [COND],
+                        ("grey", 4.0): sorted([COND, UNCOND])}
+
+
+def test_true_cfg_rescales_to_the_conditional_norm():
+    import torch
+
+    cond, uncond = torch.randn(1, 16, 8), torch.randn(1, 16, 8)
+    guided = family("qwen-image").hooks.combine({COND: cond, UNCOND: uncond}, 4.0, None)
+    torch.testing.assert_close(guided.norm(dim=-1), cond.norm(dim=-1))
+    direction = uncond + 4.0 * (cond - uncond)
+    torch.testing.assert_close(guided / guided.norm(dim=-1, keepdim=True),
+                               direction / direction.norm(dim=-1, keepdim=True))
+    assert family("qwen-image").hooks.combine({COND: cond}, 4.0, None) is cond
+
+
+ONE_BRANCH = job(PRESET, seed=21, num_inference_steps=3, negative_prompt=None)
+TWO_BRANCHES = job(PRESET, seed=22, num_inference_steps=3, negative_prompt="grey")
+
+
+def _run(spec_job, out, **layout):
+    """(latents, frames or None, transformer forwards on this rank, cfg-exchange bytes, decode warnings)."""
+    from genbatch.models import resolve_model
+
+    with job_executor(out, **layout) as (world, executor):
+        transformer = executor.pipelines.get(resolve_model(spec_job.model)).transformer
+        forwards = []
+        handle = transformer.register_forward_pre_hook(lambda *_: forwards.append(1))
+        timer = JobTimer(world.ctx.device)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            latents = executor.denoise(spec_job, timer)
+            frames = executor.decode(spec_job, latents, timer)
+        handle.remove()
+    exchanged = sum(interval.extra.get("bytes_cfg_exchange", 0) for interval in timer.intervals)
+    return latents, frames, len(forwards), exchanged, [str(w.message) for w in caught]
+
+
+def _cfg_two(rank, world_size, out):
+    return [_run(spec_job, f"{out}/{index}", dp=1, cfg=2) for index, spec_job in enumerate((ONE_BRANCH, TWO_BRANCHES))]
+
+
+def test_cfg_2_runs_a_row_without_a_negative_prompt_as_one_process(tmp_path):
+    """Such a row has one branch: both cfg ranks run it (one forward a step each, no exchange), as a CFG family's
+    row with guidance_scale <= 1 runs; a row with a negative prompt splits its two branches over the halves."""
+    references = [_run(spec_job, str(tmp_path / f"ref{index}"))
+                  for index, spec_job in enumerate((ONE_BRANCH, TWO_BRANCHES))]
+    per_rank = run_on_ranks(_cfg_two, 2, args=(str(tmp_path / "cfg2"),), timeout_s=60)
+    steps = ONE_BRANCH.num_inference_steps
+    for index, (ref_latents, ref_frames, ref_forwards, _, _) in enumerate(references):
+        assert ref_forwards == steps * (index + 1)  # one process: one forward a branch a step
+        for rank, results in enumerate(per_rank):
+            latents, frames, forwards, exchanged, caught = results[index]
+            assert (latents - ref_latents).abs().max().item() <= 1e-5, f"job {index} rank {rank}"
+            assert forwards == steps, f"job {index} rank {rank}: one forward a step"
+            assert (exchanged > 0) == (index == 1), f"job {index} rank {rank}: exchange only with two branches"
+            if rank == 0:
+                assert np.abs(frames - ref_frames).max() <= 1e-4
+                # the VAE has no patch-parallel decode: the leader decodes alone, with a warning
+                assert any("no patch-parallel decode for AutoencoderKLQwenImage" in m for m in caught), caught
+            else:
+                assert frames is None
