@@ -13,7 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from genbatch.runner import exit_codes
+from genbatch.jobs import exit_codes
 
 REGRESSION = 3
 """Exit status when a metric got worse than the baseline by more than the threshold."""

@@ -12,7 +12,7 @@ import click
 
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests.report import validate_manifest
-from genbatch.runner import exit_codes
+from genbatch.jobs import exit_codes
 
 
 def job_override_options(command: Callable) -> Callable:

@@ -11,7 +11,7 @@ from genbatch.manifests.preflight import RunOptionError, check_options, check_ro
 from genbatch.manifests.reader import DEFAULT_BATCH_ROWS, ManifestReader
 from genbatch.manifests.schema import ManifestFileError
 from genbatch.manifests.validate import Rejection
-from genbatch.runner import exit_codes
+from genbatch.jobs import exit_codes
 
 
 @dataclass(kw_only=True, slots=True)

@@ -15,7 +15,8 @@ The whole order, fixed now; the steps marked (later) belong to axes or features 
                            all-gathers stay outside the compiled regions
     5. FSDP2               fully_shard per block, then the root, on transformers and text encoders, over
                            `ctx.fsdp_mesh` (the job group minus tp and pp), filled from the group leader's
-                           weights (built on the meta device elsewhere)
+                           weights (the runner builds the components on the meta device and loads the
+                           leader's copy: `genbatch.runner.loading.load_sharded_pipeline`)
 
 CFG parallel lives in the denoise loop (`genbatch.parallel.cfg`) and patch-parallel VAE decode in the
 decode step (`genbatch.parallel.vae`): they need no change to the modules.
@@ -56,17 +57,13 @@ def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
     apply_sequence_parallel(pipe, ctx)
 
 
-def load_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype):
-    """Steps 2 and 5 for `--fsdp`: shard components built on the meta device and fill them from the leader."""
-    from genbatch.runner.loading import finish_placement, load_pipeline, load_skeleton
-
+def shard_pipeline(skeleton, full, ctx: ParallelContext) -> None:
+    """Steps 2 and 5 for `--fsdp`: sequence parallel on `skeleton` (its `SHARDED` components built on the meta
+    device), then each of those components sharded over `ctx.fsdp_mesh` and filled from `full`, the whole
+    pipeline the group leader loaded on the CPU (None on the other ranks)."""
     leader = ctx.group.rank == 0
-    skeleton = load_skeleton(spec, dtype, meta=SHARDED)
-    full = load_pipeline(spec, torch.device("cpu"), dtype) if leader else None
     apply_sequence_parallel(skeleton, ctx)
     for name, module in _components(skeleton, SHARDED):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
         state = fsdp.full_state(getattr(full, name)) if leader else None
         fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device)
-    del full
-    return finish_placement(skeleton, spec, ctx.device, skip=SHARDED)

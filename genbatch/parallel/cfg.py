@@ -8,13 +8,35 @@ branch on both halves.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.context import ParallelContext
 
 
+class BranchExchange(Protocol):
+    """Decides which guidance branches this rank computes and completes the set after computing them."""
+
+    def local_branches(self, names: list[str]) -> list[str]: ...
+
+    def complete(self, predictions: dict[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]: ...
+
+
+class LocalBranches:
+    """No CFG parallelism: this rank computes every branch."""
+
+    def local_branches(self, names: list[str]) -> list[str]:
+        return names
+
+    def complete(self, predictions, names):
+        return predictions
+
+
 class CfgExchange:
+    """CFG parallel: this rank computes the branch of its cfg rank; the predictions are exchanged once."""
+
     def __init__(self, comm: Comm):
         self.comm = comm
 
@@ -35,8 +57,6 @@ class CfgExchange:
         return {name: gathered[index] for index, name in enumerate(names)}
 
 
-def branch_exchange(ctx: ParallelContext):
+def branch_exchange(ctx: ParallelContext) -> BranchExchange:
     """The branch exchange for this rank's layout: local branches when cfg == 1."""
-    from genbatch.runner.denoise import LocalBranches
-
     return CfgExchange(ctx.cfg) if ctx.dims.cfg > 1 else LocalBranches()

@@ -11,7 +11,7 @@ from genbatch.planner.hardware import GPUS, NETWORKS, NODE_LINKS
 from genbatch.planner.rank import OBJECTIVES, plan
 from genbatch.planner.report import format_table, plan_to_dict
 from genbatch.planner.shapes import PUBLISHED
-from genbatch.runner.exit_codes import USAGE
+from genbatch.jobs.exit_codes import USAGE
 
 
 @click.command("plan")

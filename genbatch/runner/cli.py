@@ -7,8 +7,8 @@ import traceback
 
 import click
 
+from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import job_override_options, overrides_from_options, storage_options_from
-from genbatch.runner import exit_codes
 
 
 def _layout_options(command):
@@ -96,7 +96,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
         try:
             share_value = parse_share(share) if share else None
             if share_value is None:
-                from genbatch.slurm.env import array_share
+                from genbatch.jobs.slurm_env import array_share
 
                 share_value = array_share()
         except ValueError as error:

@@ -13,30 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 
 from genbatch.models.hooks import Conditioning, Family, Trajectory
+from genbatch.parallel.cfg import BranchExchange
 from genbatch.runner.timing import JobTimer
-
-
-class BranchExchange(Protocol):
-    """Decides which guidance branches this rank computes and completes the set after computing them."""
-
-    def local_branches(self, names: list[str]) -> list[str]: ...
-
-    def complete(self, predictions: dict[str, torch.Tensor], names: list[str]) -> dict[str, torch.Tensor]: ...
-
-
-class LocalBranches:
-    """No CFG parallelism: this rank computes every branch."""
-
-    def local_branches(self, names: list[str]) -> list[str]:
-        return names
-
-    def complete(self, predictions, names):
-        return predictions
 
 
 @dataclass(kw_only=True, slots=True)

@@ -23,11 +23,12 @@ from genbatch.jobs.spec import JobSpec
 from genbatch import models
 from genbatch.models import resolve_model
 from genbatch.models.hooks import Family, to_uint8
+from genbatch.parallel.cfg import BranchExchange
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
 from genbatch.runner.decode import Decoder
-from genbatch.runner.denoise import BranchExchange, denoise
+from genbatch.runner.denoise import denoise
 from genbatch.runner.loading import PipelineCache
 from genbatch.runner.signals import StopRequest
 from genbatch.runner.timing import JobTimer

@@ -15,7 +15,7 @@ import signal
 import sys
 import uuid
 
-from genbatch.runner import exit_codes
+from genbatch.jobs import exit_codes
 
 
 def _threads_per_worker(nproc: int) -> str:

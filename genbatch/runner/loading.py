@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import torch
 
 from genbatch.jobs.models import ModelSpec
+from genbatch.parallel.apply import SHARDED, shard_pipeline
+from genbatch.parallel.context import ParallelContext
 from genbatch.runner.presets import PRESETS, build_preset
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -97,6 +99,16 @@ def finish_placement(pipe, spec: ModelSpec, device: torch.device, skip: tuple[st
 def load_pipeline(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
     """Build or load the pipeline for `spec`, placed on `device` in `dtype` (VAE of video models in fp32)."""
     return finish_placement(load_skeleton(spec, dtype, meta=()), spec, device)
+
+
+def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype):
+    """`--fsdp` loading: the sharded components built on the meta device on every rank, the whole pipeline
+    read once on the group leader's CPU to fill their shards, the rest placed on this rank's device."""
+    skeleton = load_skeleton(spec, dtype, meta=SHARDED)
+    full = load_pipeline(spec, torch.device("cpu"), dtype) if ctx.group.rank == 0 else None
+    shard_pipeline(skeleton, full, ctx)
+    del full
+    return finish_placement(skeleton, spec, ctx.device, skip=SHARDED)
 
 
 @dataclass(slots=True)

@@ -24,7 +24,7 @@ from genbatch.models import resolve_model
 from genbatch.jobs.schedule import OrderKeys, hand_out_positions, share_positions
 from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.context import ParallelContext
-from genbatch.runner import exit_codes
+from genbatch.jobs import exit_codes
 from genbatch.runner.download import DownloadStopped, prepare_models
 from genbatch.runner.execute import CheckpointPolicy, JobExecutor, JobInterrupted
 from genbatch.runner.failures import GroupFailure, describe_error, is_collective_error, record_failure

@@ -15,12 +15,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from genbatch.jobs import exit_codes
+from genbatch.jobs.slurm_step import step_process_group_env
 from genbatch.models import resolve_model
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.teardown import leave_process_group
-from genbatch.runner import exit_codes
-from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype, load_pipeline
+from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype, load_pipeline, load_sharded_pipeline
 
 
 class UsageError(ValueError):
@@ -198,10 +199,10 @@ class World:
 
     def load_pipeline(self, spec):
         """Load `spec` and parallelise it for this rank's job group."""
-        from genbatch.parallel.apply import load_parallel_pipeline, parallelize_pipeline
+        from genbatch.parallel.apply import parallelize_pipeline
 
         if self.ctx.dims.fsdp and self.ctx.group.size > 1:
-            return load_parallel_pipeline(spec, self.ctx, self.dtype)
+            return load_sharded_pipeline(spec, self.ctx, self.dtype)
         pipe = load_pipeline(spec, self.ctx.device, self.dtype)
         parallelize_pipeline(pipe, spec, self.ctx)
         return pipe
@@ -224,10 +225,8 @@ class World:
 def start_world(options, stop=None) -> World:
     """Join the process group described by the environment (torchrun, srun) and build the mesh; `stop` (the
     run's StopRequest) ends the process on a signal during the rendezvous."""
-    from genbatch.slurm.step import adopt_step_process_group
-
     try:
-        adopt_step_process_group()  # srun's tasks as ranks when no torchrun started them
+        os.environ.update(step_process_group_env())  # srun's tasks as ranks when no torchrun started them
     except ValueError as error:
         raise UsageError(str(error)) from None
     world_size = int(os.environ.get("WORLD_SIZE", "1"))

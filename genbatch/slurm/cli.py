@@ -17,13 +17,10 @@ def _local_abspath(path: str) -> str:
 
 def _check_run_args(manifest: str, out: str, run_args: list[str]) -> None:
     """Parse the options meant for `gen run` with gen run's own parser, so a typo fails now, not in the queue."""
-    from genbatch.cli import main
+    from genbatch.runner.cli import run_command
 
-    run = main.commands.get("run")
-    if run is None:
-        return
     try:
-        run.make_context("gen run", [manifest, "--out", out, *run_args], parent=click.get_current_context())
+        run_command.make_context("gen run", [manifest, "--out", out, *run_args], parent=click.get_current_context())
     except click.UsageError as error:
         raise click.UsageError(f"gen run would refuse these options: {error.format_message()}") from None
 

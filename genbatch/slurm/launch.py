@@ -26,10 +26,25 @@ import threading
 import traceback
 from collections.abc import Iterable, Sequence
 
-from genbatch.runner.exit_codes import JOBS_FAILED, OK, REQUEUE, USAGE
-from genbatch.slurm.env import SlurmContext, torchrun_args
+from genbatch.jobs.exit_codes import JOBS_FAILED, OK, REQUEUE, USAGE
+from genbatch.jobs.slurm_env import SlurmContext, rendezvous_port
 
 HANDLED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
+
+
+def torchrun_args(ctx: SlurmContext, nproc_per_node: int, max_restarts: int = 0) -> list[str]:
+    """torchrun options for one launcher per node of this job: a c10d rendezvous on the job's first node,
+    at a port derived from the job id, with the job id as the rendezvous id."""
+    if nproc_per_node < 1:
+        raise ValueError(f"nproc_per_node={nproc_per_node}: run at least one process per node (the GPUs per node)")
+    return [
+        f"--nnodes={ctx.num_nodes}",
+        f"--nproc-per-node={nproc_per_node}",
+        "--rdzv-backend=c10d",
+        f"--rdzv-endpoint={ctx.head_node}:{rendezvous_port(ctx.job_id)}",
+        f"--rdzv-id={ctx.job_id}",
+        f"--max-restarts={max_restarts}",
+    ]
 
 
 def _not_thread_warning(record: logging.LogRecord) -> bool:

@@ -16,7 +16,7 @@ import string
 from dataclasses import dataclass
 from importlib import resources
 
-from genbatch.runner.exit_codes import REQUEUE
+from genbatch.jobs.exit_codes import REQUEUE
 
 _TIME = re.compile(r"^(\d+|\d+:\d{2}|\d+:\d{2}:\d{2}|\d+-\d+|\d+-\d+:\d{2}|\d+-\d+:\d{2}:\d{2})$")
 _NAME = re.compile(r"^[A-Za-z0-9_.+-]+$")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from genbatch.benchmark.nightly import REGRESSION
-from genbatch.runner.exit_codes import JOBS_FAILED, OK, USAGE
+from genbatch.jobs.exit_codes import JOBS_FAILED, OK, USAGE
 from tests.benchmark.conftest import scaled_copy
 from tests.support.runs import run_cli
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from genbatch.cli import main
-from genbatch.runner.exit_codes import USAGE
+from genbatch.jobs.exit_codes import USAGE
 
 LAYOUT_KEYS = {"dp", "cfg", "pipefusion", "ring", "ulysses", "tp", "fsdp", "vae_parallel"}
 ESTIMATE_KEYS = {"seconds_per_job", "seconds_per_step", "jobs_per_hour", "memory_per_rank_gib", "comm_bytes_per_step"}

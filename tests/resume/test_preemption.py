@@ -18,7 +18,7 @@ import urllib.parse
 import pytest
 
 from genbatch.io import RunStore
-from genbatch.runner import exit_codes
+from genbatch.jobs import exit_codes
 from tests.conftest import fresh_s3_run
 from tests.resume.common import checkpoint_steps, manifest_and_reference, outputs, steps_by_attempt, wait_until
 from tests.support.faulty_proxy import FaultyProxy

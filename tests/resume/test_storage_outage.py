@@ -19,7 +19,7 @@ import time
 import pytest
 
 from genbatch.io import RunStore
-from genbatch.runner import exit_codes
+from genbatch.jobs import exit_codes
 from tests.resume.common import encoded_by_attempt, wait_until
 from tests.support.distributed import free_port
 from tests.support.faulty_proxy import FaultyProxy

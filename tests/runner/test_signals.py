@@ -18,7 +18,7 @@ import time
 import pytest
 
 from genbatch.io import RunStore
-from genbatch.runner import exit_codes
+from genbatch.jobs import exit_codes
 from tests.resume.common import checkpoint_steps, steps_by_attempt, wait_until
 from tests.resume.harness import _alive, _descendants
 from tests.support.distributed import free_port

@@ -2,14 +2,14 @@
 
 import pytest
 
-from genbatch.slurm.env import (
+from genbatch.jobs.slurm_env import (
     RENDEZVOUS_PORT_BASE,
     RENDEZVOUS_PORT_SPAN,
     SlurmContext,
     array_share,
     rendezvous_port,
-    torchrun_args,
 )
+from genbatch.slurm.launch import torchrun_args
 
 # What a task of a 2-node, 2-tasks-per-node job saw on the local cluster (trimmed to the variables read).
 TASK_3 = {

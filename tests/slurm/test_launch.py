@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from genbatch.runner.exit_codes import OK, REQUEUE, USAGE
+from genbatch.jobs.exit_codes import OK, REQUEUE, USAGE
 from genbatch.slurm.launch import main as launch_main
 from genbatch.slurm.launch import worker_exit_status
 

@@ -1,8 +1,11 @@
-"""The Slurm environment of this process, read once into a typed record, and what torchrun needs from it.
+"""The Slurm environment of this process, read once into a typed record (pure: no torch, no Slurm commands).
 
     ctx = SlurmContext.from_environ()            # None outside a Slurm job
-    torchrun_args(ctx, nproc_per_node=8)         # ["--nnodes=2", "--nproc-per-node=8", "--rdzv-backend=c10d", ...]
+    rendezvous_port(ctx.job_id)                  # the job's c10d port, the same on every node
     array_share()                                # (task index, task count) inside a job array, else None
+
+The runner reads it (array shares, srun tasks as ranks: `slurm_step`) and so does `genbatch.slurm.launch`
+(torchrun's arguments), which sits above the runner.
 
 genbatch reads SLURM_* variables and never sets any: srun and sbatch read SLURM_* and SBATCH_* variables as
 options (a stray SLURM_GPUS_PER_NODE changes every srun in the job).
@@ -14,7 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from genbatch.slurm.hostlist import expand_hostlist
+from genbatch.jobs.hostlist import expand_hostlist
 
 RENDEZVOUS_PORT_BASE = 20000
 """The lowest rendezvous port. Ports 20000-29999 sit below Linux's ephemeral range (32768-60999), so no
@@ -148,18 +151,3 @@ def array_share(environ: Mapping[str, str] | None = None) -> tuple[int, int] | N
     """(index, count) when this process runs in a Slurm array task, else None. See SlurmContext.array_share."""
     ctx = SlurmContext.from_environ(environ)
     return None if ctx is None else ctx.array_share()
-
-
-def torchrun_args(ctx: SlurmContext, nproc_per_node: int, max_restarts: int = 0) -> list[str]:
-    """torchrun options for one launcher per node of this job: a c10d rendezvous on the job's first node,
-    at a port derived from the job id, with the job id as the rendezvous id."""
-    if nproc_per_node < 1:
-        raise ValueError(f"nproc_per_node={nproc_per_node}: run at least one process per node (the GPUs per node)")
-    return [
-        f"--nnodes={ctx.num_nodes}",
-        f"--nproc-per-node={nproc_per_node}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={ctx.head_node}:{rendezvous_port(ctx.job_id)}",
-        f"--rdzv-id={ctx.job_id}",
-        f"--max-restarts={max_restarts}",
-    ]

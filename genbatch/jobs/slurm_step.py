@@ -15,8 +15,8 @@ import os
 import re
 from collections.abc import Mapping
 
-from genbatch.slurm.env import SlurmContext, int_variable, rendezvous_port
-from genbatch.slurm.hostlist import expand_hostlist
+from genbatch.jobs.hostlist import expand_hostlist
+from genbatch.jobs.slurm_env import SlurmContext, int_variable, rendezvous_port
 
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 
@@ -54,8 +54,3 @@ def step_process_group_env(environ: Mapping[str, str] | None = None) -> dict[str
         "MASTER_ADDR": env.get("MASTER_ADDR") or step_nodes[0],
         "MASTER_PORT": env.get("MASTER_PORT") or str(rendezvous_port(job.job_id)),
     }
-
-
-def adopt_step_process_group() -> None:
-    """Put `step_process_group_env()` into this process's environment (before the process group starts)."""
-    os.environ.update(step_process_group_env())
