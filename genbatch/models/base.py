@@ -149,9 +149,11 @@ class ModelFamily:
 
 T5_ENCODER = Blocks(before=("shared",), repeated=("encoder.block",), after=("encoder.final_layer_norm",))
 """A T5 / UMT5 text encoder (`T5EncoderModel`, `UMT5EncoderModel`)."""
-CLIP_TEXT_ENCODER = Blocks(before=("text_model.embeddings",), repeated=("text_model.encoder.layers",),
-                           after=("text_model.final_layer_norm",))
-"""A CLIP text encoder (`CLIPTextModel`, `CLIPTextModelWithProjection`; the latter adds `text_projection`)."""
+CLIP_TEXT_ENCODER = Blocks(before=("embeddings",), repeated=("encoder.layers",), after=("final_layer_norm",))
+"""A CLIP text encoder, `CLIPTextModel` (transformers 5 holds its layers directly)."""
+CLIP_TEXT_ENCODER_WITH_PROJECTION = Blocks(before=("text_model.embeddings",), repeated=("text_model.encoder.layers",),
+                                           after=("text_model.final_layer_norm", "text_projection"))
+"""A CLIP text encoder with its projection, `CLIPTextModelWithProjection` (SD3's)."""
 
 
 def mlp_and_out_channels(transformer: Mapping[str, Any], hidden_size: int) -> tuple[int, int]:

@@ -15,7 +15,7 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_rules
 from genbatch.models.base import (
-    CLIP_TEXT_ENCODER,
+    CLIP_TEXT_ENCODER_WITH_PROJECTION,
     JOINT,
     SELF,
     T5_ENCODER,
@@ -170,7 +170,7 @@ FAMILY = ModelFamily(
             sequence_plan="SD3Transformer2DModel",
         ),
     },
-    text_encoders={"CLIPTextModelWithProjection": CLIP_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},
+    text_encoders={"CLIPTextModelWithProjection": CLIP_TEXT_ENCODER_WITH_PROJECTION, "T5EncoderModel": T5_ENCODER},
     vae_classes=("diffusers:AutoencoderKL",),
     vae_rules=vae_rules.AUTOENCODER_KL,
     presets=(TinyPreset(name="tiny-sd3", transformer=tiny_configs.TINY_SD3_TRANSFORMER, vae=tiny_configs.TINY_SD3_VAE,

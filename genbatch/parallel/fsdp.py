@@ -13,21 +13,20 @@ import torch
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
+from genbatch.models.registry import all_repeated_blocks, module_blocks
 from genbatch.parallel.comm import Comm, CommLedger
 
-# Where the repeated blocks of the modules genbatch shards live (the FSDP units below the root).
-BLOCK_LISTS = (
-    "blocks",  # Wan
-    "transformer_blocks",  # FLUX, SD3 (double-stream / joint blocks)
-    "single_transformer_blocks",  # FLUX single-stream blocks
-    "encoder.block",  # T5 / UMT5 encoders
-    "text_model.encoder.layers",  # CLIP text encoders
-)
+
+def block_paths(module: torch.nn.Module) -> tuple[str, ...]:
+    """Where `module`'s repeated blocks live (the FSDP units below the root): its family's `Blocks.repeated`
+    for a transformer or text encoder class a family lists, else every path any family lists."""
+    blocks = module_blocks(type(module).__name__)
+    return blocks.repeated if blocks is not None else all_repeated_blocks()
 
 
 def _block_lists(module: torch.nn.Module) -> list[torch.nn.ModuleList]:
     found = []
-    for path in BLOCK_LISTS:
+    for path in block_paths(module):
         current = module
         for part in path.split("."):
             current = getattr(current, part, None)

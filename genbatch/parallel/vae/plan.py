@@ -1,29 +1,30 @@
 """Which decoder modules need a tile-parallel forward, which run on a tile as they are, and the `with` block
 that swaps those forwards in and restores them.
 
-The table is data: one row per module class met in AutoencoderKL's and AutoencoderKLWan's decoders. A
-class not in it makes the VAE unsupported (the caller falls back to a one-rank decode), so a new upstream
-layer can never silently give a wrong image. Per-pixel and per-channel layers run unchanged; convolutions
-get halos, GroupNorm global statistics, the mid-block attention a gathered key/value set.
+Which rule applies to which class is the model families' data (`ModelFamily.vae_classes` and
+`ModelFamily.vae_rules`: class -> rule kind, see `genbatch.models.vae_rules`); this module implements each
+kind (`KIND_RULES`) and joins the two into `RULES`. A class no family lists makes the VAE unsupported (the
+caller falls back to a one-rank decode), so a new upstream layer can never silently give a wrong image.
+Per-pixel and per-channel layers run unchanged; convolutions get halos, GroupNorm global statistics, the
+mid-block attention a gathered key/value set.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from diffusers import AutoencoderKL, AutoencoderKLWan
 from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 from diffusers.models.autoencoders import autoencoder_kl_wan as wan
-from diffusers.models.autoencoders.vae import Decoder
 from diffusers.models.resnet import ResnetBlock2D
-from diffusers.models.unets.unet_2d_blocks import UNetMidBlock2D, UpDecoderBlock2D
 from diffusers.models.upsampling import Upsample2D
 from torch import nn
 
+from genbatch.models import families, vae_rules
 from genbatch.parallel.vae.attention import image_attention, wan_attention
 from genbatch.parallel.vae.context import TileGroup
 from genbatch.parallel.vae.halo import convolution, halo_conv
@@ -121,37 +122,46 @@ def _check_wan_resample(resample: wan.WanResample) -> str | None:
     return None if resample.mode in ("upsample2d", "upsample3d", "none") else f"resample mode {resample.mode!r}"
 
 
-_LOCAL = Rule()
-"""Per-pixel or per-channel work, or a container: runs on a tile unchanged."""
-
-RULES: dict[type, Rule] = {
-    # containers and local layers
-    **{cls: _LOCAL for cls in (nn.Sequential, nn.ModuleList, nn.Identity, nn.Dropout, nn.SiLU, nn.GELU, nn.ReLU, nn.Mish)},
-    Decoder: _LOCAL,
-    UNetMidBlock2D: _LOCAL,
-    UpDecoderBlock2D: _LOCAL,
-    ResnetBlock2D: Rule(check=_check_resnet),
-    Upsample2D: Rule(check=_check_upsample),
-    wan.WanDecoder3d: _LOCAL,
-    wan.WanMidBlock: _LOCAL,
-    wan.WanUpBlock: _LOCAL,
-    wan.WanResidualUpBlock: _LOCAL,
-    wan.WanResidualBlock: _LOCAL,
-    wan.WanResample: Rule(check=_check_wan_resample),
-    wan.WanUpsample: _LOCAL,  # nearest-exact x2: output row i reads input row i // 2
-    wan.WanRMS_norm: _LOCAL,  # normalises over channels, per pixel
-    wan.DupUp3D: _LOCAL,
-    # layers that see beyond a pixel
-    nn.Conv2d: Rule(check=_check_conv2d, patch=_patch_conv2d),
-    wan.WanCausalConv3d: Rule(check=_check_causal_conv, patch=_patch_causal_conv),
-    nn.GroupNorm: Rule(patch=lambda group, norm: lambda x: group_norm(group, norm, x)),
-    wan.WanAttentionBlock: Rule(patch=lambda group, block: lambda x: wan_attention(group, block, x), descend=False),
-    Attention: Rule(
+KIND_RULES: dict[str, Rule] = {
+    vae_rules.LOCAL: Rule(),
+    vae_rules.RESNET: Rule(check=_check_resnet),
+    vae_rules.UPSAMPLE: Rule(check=_check_upsample),
+    vae_rules.WAN_RESAMPLE: Rule(check=_check_wan_resample),
+    vae_rules.CONV2D: Rule(check=_check_conv2d, patch=_patch_conv2d),
+    vae_rules.CAUSAL_CONV3D: Rule(check=_check_causal_conv, patch=_patch_causal_conv),
+    vae_rules.GROUP_NORM: Rule(patch=lambda group, norm: lambda x: group_norm(group, norm, x)),
+    vae_rules.WAN_ATTENTION: Rule(patch=lambda group, block: lambda x: wan_attention(group, block, x), descend=False),
+    vae_rules.IMAGE_ATTENTION: Rule(
         check=_check_attention,
         patch=lambda group, attn: lambda x, **kwargs: image_attention(group, attn, x, **kwargs),
         descend=False,
     ),
 }
+"""The implementation of each rule kind."""
+
+
+def _class(qualified: str) -> type:
+    """`module:Class` -> the class."""
+    module, _, name = qualified.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _family_rules() -> tuple[tuple[type, ...], dict[type, Rule]]:
+    """(the VAE classes tile-parallel decode covers, module class -> its rule), from every family's data."""
+    classes: dict[type, None] = {}
+    rules: dict[type, Rule] = {}
+    for family in families().values():
+        classes.update(dict.fromkeys(_class(name) for name in family.vae_classes))
+        for name, kind in family.vae_rules.items():
+            cls = _class(name)
+            if rules.get(cls, KIND_RULES[kind]) is not KIND_RULES[kind]:
+                raise ValueError(f"two families give {name} different VAE rules; give it one rule kind")
+            rules[cls] = KIND_RULES[kind]
+    return tuple(classes), rules
+
+
+VAE_CLASSES, RULES = _family_rules()
+"""The VAE classes covered, and one rule per module class met in their decoders."""
 
 
 def _decoder_parts(vae: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -171,8 +181,8 @@ def _walk(name: str, module: nn.Module) -> Iterator[tuple[str, nn.Module, Rule |
 
 def unsupported_reason(vae: nn.Module) -> str | None:
     """Why `vae` cannot be decoded tile-parallel (naming the first module in the way), or None if it can."""
-    if not isinstance(vae, (AutoencoderKL, AutoencoderKLWan)):
-        return f"{type(vae).__name__} is not AutoencoderKL or AutoencoderKLWan"
+    if not isinstance(vae, VAE_CLASSES):
+        return f"{type(vae).__name__} is not {' or '.join(cls.__name__ for cls in VAE_CLASSES)}"
     for part, root in _decoder_parts(vae):
         for name, module, rule in _walk(part, root):
             if rule is None:
