@@ -99,6 +99,8 @@ class Comm:
 
     def all_gather_uneven(self, tensor: torch.Tensor, rows: Sequence[int], kind: str = "all_gather") -> list[torch.Tensor]:
         """All-gather tensors whose dim 0 differs by rank (`rows[r]` on rank r): pad, gather, trim."""
+        if self.group is None:  # a group of one: nothing to send
+            return [tensor]
         longest = max(rows)
         padded = tensor.new_zeros((longest, *tensor.shape[1:]))
         padded[: tensor.shape[0]] = tensor

@@ -24,15 +24,26 @@ class SequencePlan:
     output_stream: str = "hidden_states"
     """The stream the plan's gather points bring back to full length."""
     cp_plan: dict = field(default_factory=dict)
-    """Split/gather points for a model without its own `_cp_plan` (same format as diffusers')."""
+    """Split/gather points for a model without its own `_cp_plan` (same format as diffusers'; a key may be
+    a glob such as `transformer_blocks.*`, as in diffusers' plans)."""
+    strategy: dict[str, str] = field(default_factory=dict)
+    """Glob pattern of attention modules -> the attention strategy they use
+    (`genbatch.parallel.attention.strategy`); modules not listed use `exact`."""
 
-    def attention_modules(self, model) -> list[tuple[str, object, tuple[str, ...]]]:
-        """(name, module, streams) of every attention module the plan routes."""
+    def pattern_of(self, module_name: str) -> str:
+        """The attention pattern that matches `module_name`."""
+        return next(pattern for pattern in self.attention if fnmatch.fnmatchcase(module_name, pattern))
+
+    def attention_modules(self, model) -> list[tuple[str, object, tuple[str, ...], str]]:
+        """(name, module, streams, strategy name) of every attention module the plan routes."""
         found = []
         for name, module in model.named_modules():
             for pattern, streams in self.attention.items():
                 if fnmatch.fnmatchcase(name, pattern):
-                    found.append((name, module, streams))
+                    chosen = next(
+                        (value for glob, value in self.strategy.items() if fnmatch.fnmatchcase(name, glob)), "exact"
+                    )
+                    found.append((name, module, streams, chosen))
                     break
         return found
 

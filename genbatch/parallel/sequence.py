@@ -1,111 +1,118 @@
 """Sequence parallelism applied to an unmodified diffusers transformer with module hooks.
 
-    split hooks     at the `_cp_plan` inputs: each rank keeps its (uneven, tensor_split-sized) slice
-    attention       inside the plan's attention modules, the SDPA call is routed to Ulysses / Ring / USP
-    gather hooks    at the `_cp_plan` outputs: the slices are all-gathered back into the full sequence
+    split hooks     at the split points of the model's sequence plan: each rank keeps its (uneven,
+                    tensor_split-sized) slice of every split stream
+    attention       the plan's attention modules get a copy of their own processor whose one attention call
+                    is the plan's strategy over all ranks' tokens (`genbatch.parallel.attention.route`)
+    gather hooks    at the plan's gather points: the slices are all-gathered back into the full sequence
 
-The attention swap is a `TorchFunctionMode` active only while a listed attention module runs: the
-processor's call to `F.scaled_dot_product_attention` on this rank's tokens becomes the sequence-parallel
-attention over all ranks' tokens. Linear layers, norms and cross-attention to replicated text are per token
-and run unchanged on the local slice. Every rank of the SP group starts from the same inputs, so the
-output equals a one-process forward.
+Linear layers, norms and cross-attention to replicated text are per token and run unchanged on the local
+slice. Every rank of the SP group starts from the same inputs, so the output equals a one-process forward.
+Key-padding masks are carried into the split attention (`genbatch.parallel.attention.masks`).
 """
 
 from __future__ import annotations
 
+import fnmatch
 import inspect
 from dataclasses import dataclass, field
 
 import torch
-import torch.nn.functional as F
-from torch.overrides import TorchFunctionMode
 
-from genbatch.parallel.attention import SequenceLayout, ring_attention, ulysses_attention, usp_attention
-from genbatch.parallel.comm import Comm
+from genbatch.parallel.attention import masks
+from genbatch.parallel.attention.group import SequenceGroup
+from genbatch.parallel.attention.layout import SequenceLayout
+from genbatch.parallel.attention.route import ProcessorRoutes, restore_processor
+from genbatch.parallel.attention.strategy import AttentionStrategy, make_strategy
 from genbatch.parallel.plans import sequence_plan
 
-
-@dataclass(slots=True)
-class SequenceGroup:
-    """The SP group as two axes: Ulysses inside, Ring across (SP rank = ring_rank * U + ulysses_rank)."""
-
-    ulysses: Comm
-    ring: Comm
-    sp: Comm
-    """All ring x ulysses ranks, in SP-rank order (for the split/gather of whole sequences)."""
-
-    @property
-    def size(self) -> int:
-        return self.ulysses.size * self.ring.size
-
-    @property
-    def rank(self) -> int:
-        return self.ring.rank * self.ulysses.size + self.ulysses.rank
-
-    def attention(self, q, k, v, layout: SequenceLayout, scale: float | None = None) -> torch.Tensor:
-        """(b, s_rank, h, d) shards -> this rank's shard of the full-sequence attention."""
-        if self.ring.size == 1:
-            return ulysses_attention(q, k, v, self.ulysses, layout, scale=scale)
-        if self.ulysses.size == 1:
-            return ring_attention(q, k, v, self.ring, layout, scale=scale)
-        return usp_attention(q, k, v, self.ulysses, self.ring, layout, scale=scale)
+__all__ = ["SequenceGroup", "SequenceParallel"]
 
 
 @dataclass(slots=True)
 class _ForwardState:
-    """Per forward: the full length of each split stream (set by the split hooks, read by attention)."""
+    """Per forward: the full length of each split stream (set by the split hooks, read by attention), and
+    the layouts derived from them."""
 
     stream_totals: dict[str, int] = field(default_factory=dict)
+    layouts: dict[tuple[str, ...], SequenceLayout] = field(default_factory=dict)
 
 
-class _AttentionSwap(TorchFunctionMode):
-    """Routes `F.scaled_dot_product_attention` to the sequence-parallel attention while active."""
+class _Route:
+    """The attention of every module that attends over the same split streams with the same strategy
+    (e.g. every block's self-attention): one route, shared, so repeated blocks run identical code.
+    `name` is the plan's pattern for those modules."""
 
-    def __init__(self, sp: "SequenceParallel", streams: tuple[str, ...]):
-        super().__init__()
-        self.sp = sp
-        self.streams = streams
-        self.calls = 0
+    def __init__(self, sp: SequenceParallel, name: str, streams: tuple[str, ...], strategy: AttentionStrategy):
+        self.sp, self.name, self.streams, self.strategy = sp, name, streams, strategy
+        self.used = False
+        """Set by every call (a store, never read while compiling: a counter would be a guard that changes)."""
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention:
-            self.calls += 1
-            return self.sp.attend(self.streams, *args, **kwargs)
-        return func(*args, **kwargs)
+    def attend(self, query, key, value, attn_mask, scale):
+        """q, k, v (b, s_rank, h, d) of this rank's tokens -> its shard of the full-sequence attention."""
+        self.used = True
+        layout = self.sp.layout(self.streams)
+        key_mask = None
+        if attn_mask is not None:
+            mask = masks.key_padding(attn_mask, query.shape[0], self.name)
+            totals = [self.sp.state.stream_totals[stream] for stream in self.streams]
+            key_mask = masks.rank_ordered(mask, totals, layout, self.sp.group.sp, self.name)
+        return self.strategy.attend(query, key, value, site=self.name, layout=layout, key_mask=key_mask, scale=scale)
 
 
 class SequenceParallel:
-    """Hooks that make one transformer sequence-parallel over `group`; `remove()` restores it."""
+    """Hooks that make one transformer sequence-parallel over `group`; `remove()` restores it.
 
-    def __init__(self, model: torch.nn.Module, group: SequenceGroup):
+    `strategy` names one attention strategy for every routed module; by default each module uses the one
+    its model's plan names (`exact` unless the plan says otherwise)."""
+
+    def __init__(self, model: torch.nn.Module, group: SequenceGroup, strategy: str | None = None):
         self.plan, cp_plan = sequence_plan(model)
         self.group = group
         self.state = _ForwardState()
         self.handles = []
-        modules = dict(model.named_modules())
-        for name, spec in cp_plan.items():
-            module = modules[name]
-            if isinstance(spec, dict):
-                self._hook_inputs(name, module, spec)
-            else:
-                self._hook_gather(module, spec)
+        self.routed: list[tuple[torch.nn.Module, object]] = []
+        self.routes = ProcessorRoutes(type(model).__name__)
+        named = list(model.named_modules())
+        for key, spec in cp_plan.items():
+            targets = [(name, module) for name, module in named if fnmatch.fnmatchcase(name, key)]
+            if not targets:
+                raise ValueError(f"the sequence plan of {type(model).__name__} names {key!r}, which it does not have")
+            for name, module in targets:
+                if isinstance(spec, dict):
+                    self._hook_inputs(name, module, spec)
+                else:
+                    self._hook_gather(module, spec)
         attention = self.plan.attention_modules(model)
         if not attention:
             raise ValueError(f"no attention module of {type(model).__name__} matches {self.plan.attention}")
-        for name, module, streams in attention:
-            self._hook_attention(name, module, streams)
+        strategies: dict[str, AttentionStrategy] = {}
+        routes: dict[tuple, _Route] = {}
+        for name, module, streams, planned in attention:
+            chosen = strategy or planned
+            if chosen not in strategies:
+                strategies[chosen] = make_strategy(chosen, group)
+            key = (streams, chosen)
+            if key not in routes:
+                routes[key] = _Route(self, self.plan.pattern_of(name), streams, strategies[chosen])
+            self._route(name, module, key, routes[key])
 
     def remove(self) -> None:
         for handle in self.handles:
             handle.remove()
         self.handles.clear()
+        for module, processor in self.routed:
+            restore_processor(module, processor)
+        self.routed.clear()
+        self.routes.close()
 
     # -- splitting and gathering ---------------------------------------------------------------------
 
     def _split(self, tensor: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
         total = tensor.shape[dim]
-        self.state.stream_totals[stream] = total
+        if self.state.stream_totals.get(stream) != total:
+            self.state.stream_totals[stream] = total
+            self.state.layouts.clear()
         layout = SequenceLayout.split(total, self.group.size)
         # (..., S, ...) -> (..., s_rank, ...) along `dim`
         return layout.shard(tensor, self.group.rank, dim).contiguous()
@@ -161,8 +168,11 @@ class SequenceParallel:
 
     # -- attention -----------------------------------------------------------------------------------
 
-    def _layout(self, streams: tuple[str, ...]) -> SequenceLayout:
+    def layout(self, streams: tuple[str, ...]) -> SequenceLayout:
         """Per-rank token counts of an attention's sequence: the sum of its streams' slice sizes."""
+        cached = self.state.layouts.get(streams)
+        if cached is not None:
+            return cached
         size = self.group.size
         lengths = [0] * size
         for stream in streams:
@@ -171,37 +181,29 @@ class SequenceParallel:
                 raise RuntimeError(f"attention ran before the '{stream}' input was split; check the plan")
             for rank, length in enumerate(SequenceLayout.split(total, size).lengths):
                 lengths[rank] += length
-        return SequenceLayout(tuple(lengths))
+        layout = SequenceLayout(tuple(lengths))
+        self.state.layouts[streams] = layout
+        return layout
 
-    def attend(self, streams, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-               enable_gqa=False):
-        if attn_mask is not None or is_causal or dropout_p or enable_gqa:
-            raise NotImplementedError(
-                "sequence-parallel attention takes plain attention (no mask, causal flag, dropout or GQA); "
-                "run this model with --ulysses 1 --ring 1"
-            )
-        # SDPA layout (b, h, s, d) -> diffusers layout (b, s, h, d), and back
-        out = self.group.attention(
-            query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), self._layout(streams), scale
-        )
-        return out.transpose(1, 2)
+    def _route(self, name: str, module: torch.nn.Module, key: tuple, route: _Route) -> None:
+        self.routed.append((module, self.routes.route(name, module, key, route.attend)))
 
-    def _hook_attention(self, name: str, module: torch.nn.Module, streams: tuple[str, ...]) -> None:
-        swap = _AttentionSwap(self, streams)
+        def count_calls(mod, args, kwargs):
+            route.used = False
 
-        def enter(mod, args, kwargs):
-            swap.calls = 0
-            swap.__enter__()
-
-        def leave(mod, args, kwargs, output):
-            swap.__exit__(None, None, None)
-            if swap.calls == 0:
+        def check_called(mod, args, kwargs, output):
+            # eager only: the first forward proves the processor's attention call went through the route
+            if torch.compiler.is_compiling():
+                return output
+            if not route.used:
                 raise RuntimeError(
-                    f"{name} ran without calling torch's scaled_dot_product_attention, so sequence parallelism "
-                    "could not take over its attention; use diffusers' native attention backend "
-                    "(unset DIFFUSERS_ATTN_BACKEND) with --ulysses/--ring"
+                    f"{name} ran without making its attention call, so sequence parallelism could not take "
+                    "over its attention; run this model with --ulysses 1 --ring 1"
                 )
+            counting.remove()
+            handle.remove()
             return output
 
-        self.handles.append(module.register_forward_pre_hook(enter, with_kwargs=True))
-        self.handles.append(module.register_forward_hook(leave, with_kwargs=True, always_call=True))
+        counting = module.register_forward_pre_hook(count_calls, with_kwargs=True)
+        handle = module.register_forward_hook(check_called, with_kwargs=True)
+        self.handles += [counting, handle]

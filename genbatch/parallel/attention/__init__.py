@@ -3,7 +3,12 @@ online-softmax merging) and USP (both on a 2-D group), exact against one-process
 uneven sequence shards, and sending every byte through a counted `Comm`.
 
 All take diffusers' layout, (batch, seq, heads, head_dim), and this rank's sequence shard; a
-`SequenceLayout` tells every rank how many tokens each rank holds.
+`SequenceLayout` tells every rank how many tokens each rank holds; key-padding masks are carried along
+(`masks`).
+
+How a model's attention reaches them: `route` gives each planned attention module a copy of its own
+processor whose attention call goes to a strategy (`strategy`: `exact` is Ulysses / Ring / USP by the
+group's shape; strategies that attend to stale K/V register beside it).
 """
 
 from genbatch.parallel.attention.layout import SequenceLayout

@@ -30,11 +30,16 @@ def ring_pass(
     comm: Comm,
     lengths: Sequence[int],
     scale: float | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q, k, v (b, s_rank, h, d) with `lengths[r]` tokens on ring rank r -> out (b, s_rank, h, d)."""
+    """q, k, v (b, s_rank, h, d) with `lengths[r]` tokens on ring rank r -> out (b, s_rank, h, d).
+
+    `key_mask` (b, sum(lengths)) bool, in ring-rank order, drops padded keys: every rank holds all of it
+    (it is small), so only K/V travel and each block's slice of the mask is cut locally."""
     p, r = comm.size, comm.rank
     if p == 1:
-        return local_attention(q, k, v, scale=scale)[0]
+        return local_attention(q, k, v, scale=scale, key_mask=key_mask)[0]
+    offsets = SequenceLayout(tuple(lengths)).offsets
     b, s_q, h, d = q.shape
     after, before = (r + 1) % p, (r - 1) % p
     kv = torch.stack((k, v))  # 2 x (b, s, h, d) -> (2, b, s, h, d): one message per round
@@ -49,7 +54,8 @@ def ring_pass(
             recvs = [(incoming, before)] if incoming_len else []
             works = comm.exchange(sends, recvs)
         if s_q and lengths[holder]:
-            block_out, block_lse = local_attention(q, kv[0], kv[1], scale=scale)
+            block_mask = None if key_mask is None else key_mask.narrow(1, offsets[holder], lengths[holder])
+            block_out, block_lse = local_attention(q, kv[0], kv[1], scale=scale, key_mask=block_mask)
             if out is None:  # the first block is this rank's own, never empty here
                 out, lse = block_out.float(), block_lse
             else:
@@ -71,10 +77,12 @@ def ring_attention(
     layout: SequenceLayout,
     *,
     scale: float | None = None,
+    key_mask: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """This rank's shard q, k, v (b, s_rank, h, d) -> its shard of the full-sequence attention (b, s_rank, h, d).
 
-    `comm` is the ring group; `layout` gives every ring rank's s_rank (uneven allowed)."""
+    `comm` is the ring group; `layout` gives every ring rank's s_rank (uneven allowed); `key_mask` (b, S)
+    bool in ring-rank order drops padded keys."""
     check_qkv(q, k, v, "ring_attention")
     layout.check(comm.size, comm.rank, q.shape[1], "ring_attention")
-    return ring_pass(q, k, v, comm, layout.lengths, scale)
+    return ring_pass(q, k, v, comm, layout.lengths, scale, key_mask)

@@ -1,0 +1,86 @@
+"""Sequence-parallel attention strategies: how one attention call over a split sequence is computed.
+
+A strategy gets this rank's q, k, v shards (b, s_rank, h, d), the `SequenceLayout` of the call's sequence
+and an optional key-padding mask (b, S) bool in SP-rank order (every rank's keys one after the other), and
+returns this rank's shard of the output. The model's plan names a strategy per attention module
+(`genbatch.parallel.plans.SequencePlan.strategy`); a run may name one for every module instead.
+
+    exact    Ulysses, Ring or USP by the group's shape: equal to one-process attention
+
+Strategies that attend to stale K/V (PipeFusion, DistriFusion) register here under their own names and
+keep their per-module state keyed by `site`, the attention module's name; model code does not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import torch
+
+from genbatch.parallel.attention.group import SequenceGroup
+from genbatch.parallel.attention.layout import SequenceLayout
+from genbatch.parallel.attention.ring import ring_attention
+from genbatch.parallel.attention.ulysses import ulysses_attention
+from genbatch.parallel.attention.usp import usp_attention
+
+
+class AttentionStrategy(Protocol):
+    name: str
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        *,
+        site: str,
+        layout: SequenceLayout,
+        key_mask: torch.Tensor | None,
+        scale: float | None,
+    ) -> torch.Tensor:
+        """This rank's shards (b, s_rank, h, d) -> its shard of the attention output (b, s_rank, h, d)."""
+
+
+StrategyFactory = Callable[[SequenceGroup], AttentionStrategy]
+STRATEGIES: dict[str, StrategyFactory] = {}
+
+
+def register_strategy(name: str) -> Callable[[StrategyFactory], StrategyFactory]:
+    """Class decorator: make a strategy available to plans and runs under `name`."""
+
+    def register(factory: StrategyFactory) -> StrategyFactory:
+        if name in STRATEGIES:
+            raise ValueError(f"an attention strategy named {name!r} is already registered")
+        STRATEGIES[name] = factory
+        return factory
+
+    return register
+
+
+def make_strategy(name: str, group: SequenceGroup) -> AttentionStrategy:
+    try:
+        factory = STRATEGIES[name]
+    except KeyError:
+        raise ValueError(
+            f"no sequence-parallel attention strategy named {name!r}; the strategies are {sorted(STRATEGIES)}"
+        ) from None
+    return factory(group)
+
+
+@register_strategy("exact")
+class ExactAttention:
+    """Ulysses on a 1 x U group, Ring on R x 1, USP on R x U: exact against one-process attention."""
+
+    name = "exact"
+
+    def __init__(self, group: SequenceGroup):
+        self.group = group
+
+    def attend(self, q, k, v, *, site, layout, key_mask, scale):
+        group = self.group
+        if group.ring.size == 1:
+            return ulysses_attention(q, k, v, group.ulysses, layout, scale=scale, key_mask=key_mask)
+        if group.ulysses.size == 1:
+            return ring_attention(q, k, v, group.ring, layout, scale=scale, key_mask=key_mask)
+        return usp_attention(q, k, v, group.ulysses, group.ring, layout, scale=scale, key_mask=key_mask)
