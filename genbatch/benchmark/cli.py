@@ -12,7 +12,8 @@ from genbatch.benchmark.suites import SUITES
 @click.command("bench")
 @click.option("--suite", type=click.Choice(list(SUITES)), default="cpu", show_default=True,
               help="tiny: tiny-wan, seconds (tests); cpu: an ~11M-parameter Wan on this machine, a few minutes; "
-              "gpu: the Wan 2.1 1.3B architecture (random weights, bf16) on the GPUs present.")
+              "gpu: the Wan 2.1 1.3B architecture (random weights, bf16) on the GPUs present; tiny-qwen-image, "
+              "tiny-hunyuan-video: those presets, seconds.")
 @click.option("--out", required=True, help="Where the report goes: a new folder or fsspec URL (one per night).")
 @click.option("--baseline", metavar="URL", help="An earlier report's OUT to compare with (the previous night's).")
 @click.option("--threshold", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,

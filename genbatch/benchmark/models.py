@@ -3,6 +3,8 @@ directory and run from there with `--model DIR` (the loading path users take, an
 diffusers pipeline takes in `versus`).
 
     tiny-wan            the `tiny-wan` preset as it is (tests: milliseconds a step)
+    tiny-qwen-image     the `tiny-qwen-image` preset as it is (Qwen-Image's dual-stream DiT, true CFG)
+    tiny-hunyuan-video  the `tiny-hunyuan-video` preset as it is (HunyuanVideo, embedded guidance)
     bench-wan           tiny-wan with a 4-layer, 8 x 48-head, ~11M-parameter transformer (about a second a
                         step on a CPU at 33 frames, 256 px)
     wan2.1-1.3b-random  Wan 2.1 T2V 1.3B: the real transformer and VAE configs; a UMT5 text encoder of the
@@ -19,7 +21,7 @@ import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from genbatch.models import tiny_configs
+from genbatch.models import hunyuan_video, qwen_image, tiny_configs
 
 BENCH_WAN_TRANSFORMER = dict(
     patch_size=(1, 2, 2), num_attention_heads=8, attention_head_dim=48, in_channels=16, out_channels=16,
@@ -67,10 +69,16 @@ class BenchModel:
         return f"{self.name}-{hashlib.sha256(text.encode()).hexdigest()[:12]}"
 
 
-def _tiny_wan():
-    from genbatch.runner.presets import build_preset
+def _preset(name: str) -> Callable[[], object]:
+    def build():
+        from genbatch.runner.presets import build_preset
 
-    return build_preset("tiny-wan")
+        return build_preset(name)
+
+    return build
+
+
+_tiny_wan = _preset("tiny-wan")
 
 
 def _bench_wan():
@@ -104,12 +112,20 @@ def _wan21_1_3b():
 
 _TINY_RECIPE = {"preset": "tiny-wan", "transformer": tiny_configs.TINY_WAN_TRANSFORMER,
                 "vae": tiny_configs.TINY_WAN_VAE}
+_QWEN_RECIPE = {"preset": "tiny-qwen-image", "transformer": qwen_image.TINY_TRANSFORMER, "vae": qwen_image.TINY_VAE}
+_HUNYUAN_RECIPE = {"preset": "tiny-hunyuan-video", "transformer": hunyuan_video.TINY_TRANSFORMER,
+                   "vae": hunyuan_video.TINY_VAE}
 
 MODELS: dict[str, BenchModel] = {
     model.name: model
     for model in (
         BenchModel(name="tiny-wan", description="the tiny-wan preset: Wan 2.1 layout, 2 layers, 4 heads x 12",
                    build=_tiny_wan, recipe=_TINY_RECIPE, num_heads=4),
+        BenchModel(name="tiny-qwen-image", build=_preset("tiny-qwen-image"), recipe=_QWEN_RECIPE, num_heads=4,
+                   description="the tiny-qwen-image preset: Qwen-Image layout (dual-stream), 2 layers, 4 heads x 16"),
+        BenchModel(name="tiny-hunyuan-video", build=_preset("tiny-hunyuan-video"), recipe=_HUNYUAN_RECIPE,
+                   num_heads=4, description="the tiny-hunyuan-video preset: HunyuanVideo layout, 1 dual- and 1 "
+                   "single-stream layer, 4 heads x 8"),
         BenchModel(name="bench-wan", description="Wan 2.1 layout, 4 layers, 8 heads x 48, ffn 1536, ~11M parameters",
                    build=_bench_wan, recipe={**_TINY_RECIPE, "transformer": BENCH_WAN_TRANSFORMER},
                    num_heads=8),

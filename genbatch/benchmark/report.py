@@ -35,7 +35,8 @@ def machine_info(*, suite, model_dir: str, dtype: str | None) -> dict:
     devices = torch.cuda.device_count() if torch.cuda.is_available() else 0
     accelerators = f"{devices} x {torch.cuda.get_device_name(0)}" if devices else "no GPU"
     rows = suite.manifest_rows()
-    manifest = {key: rows[0][key] for key in ("width", "height", "num_frames", "num_inference_steps", "guidance_scale")}
+    manifest = {key: rows[0].get(key)  # no num_frames for an image model
+                for key in ("width", "height", "num_frames", "num_inference_steps", "guidance_scale")}
     return {
         "suite": suite.name,
         "model": suite.model.name,

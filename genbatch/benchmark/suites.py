@@ -5,6 +5,9 @@
           (2 processes each on this kind of 2-core machine: a few minutes)
     gpu   Wan 2.1 1.3B architecture (random weights, bf16), 4 clips of 33 frames at 832x480, 10 steps,
           on the GPUs present: single, then dp/ulysses/ring/cfg over all of them
+    tiny-qwen-image     the tiny-qwen-image preset, 2 images at 64 px with a negative prompt (true CFG: two
+                        branches a step), single (tests: seconds)
+    tiny-hunyuan-video  the tiny-hunyuan-video preset, 2 clips of 9 frames at 64x48, single (tests: seconds)
 
 The manifest is written into the report folder, so a report says exactly what it measured.
 """
@@ -41,20 +44,26 @@ class Suite:
     """Rows in the manifest (at least the largest dp degree, so every group gets work)."""
     width: int
     height: int
-    num_frames: int
+    num_frames: int | None
+    """Frames of each clip; None for an image model."""
     num_inference_steps: int
     guidance_scale: float = 5.0
-    """Above 1: every step runs a conditional and an unconditional branch (CFG parallel applies)."""
+    """Above 1: every step runs a conditional and an unconditional branch (CFG parallel applies), for a model
+    whose guidance is CFG (Qwen-Image's true CFG also needs `negative_prompt`)."""
+    negative_prompt: str | None = None
+    """Every row's negative prompt (None: the column is left out)."""
     fps: int = 16
     layouts: tuple[ParallelDims, ...] = field(default_factory=tuple)
     """The layouts timed, in order; empty: derived from the GPUs present (`layouts_here`)."""
 
     def manifest_rows(self) -> list[dict]:
         """The suite's manifest: `jobs` rows of the same geometry, distinct prompts and seeds."""
+        video = {} if self.num_frames is None else {"num_frames": self.num_frames, "fps": self.fps}
+        negative = {} if self.negative_prompt is None else {"negative_prompt": self.negative_prompt}
         return [
             {"id": f"{self.name}-{index:02d}", "prompt": PROMPTS[index % len(PROMPTS)], "seed": 1000 + index,
-             "width": self.width, "height": self.height, "num_frames": self.num_frames,
-             "num_inference_steps": self.num_inference_steps, "guidance_scale": self.guidance_scale, "fps": self.fps}
+             "width": self.width, "height": self.height, "num_inference_steps": self.num_inference_steps,
+             "guidance_scale": self.guidance_scale, **video, **negative}
             for index in range(self.jobs)
         ]
 
@@ -81,6 +90,11 @@ SUITES: dict[str, Suite] = {
                        ParallelDims(cfg=2))),
         Suite(name="gpu", model=MODELS["wan2.1-1.3b-random"], jobs=4, width=832, height=480, num_frames=33,
               num_inference_steps=10),
+        Suite(name="tiny-qwen-image", model=MODELS["tiny-qwen-image"], jobs=2, width=64, height=64, num_frames=None,
+              num_inference_steps=4, guidance_scale=4.0, negative_prompt="blurry, low quality",
+              layouts=(ParallelDims(),)),
+        Suite(name="tiny-hunyuan-video", model=MODELS["tiny-hunyuan-video"], jobs=2, width=64, height=48,
+              num_frames=9, num_inference_steps=4, guidance_scale=6.0, fps=8, layouts=(ParallelDims(),)),
     )
 }
 
