@@ -38,6 +38,7 @@ from genbatch.models.base import (
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models.wan import WanHooks
 
 MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline.__call__'s default
 TEXT_TOKENS = 256
@@ -149,16 +150,10 @@ class QwenImageHooks:
         return true_cfg(predictions, guidance_scale)
 
     def vae_input(self, pipe, job: JobSpec, latents):
-        import torch
-
-        vae = pipe.vae
         # (1, h/2 * w/2, c * 4) -> (1, c, 1, h, w): one frame for the video-shaped VAE
         latents = pipe._unpack_latents(latents, job.height, job.width, pipe.vae_scale_factor)
-        latents = latents.to(device=next(vae.parameters()).device, dtype=vae.dtype)
-        z_dim = vae.config.z_dim
-        mean = torch.tensor(vae.config.latents_mean).view(1, z_dim, 1, 1, 1).to(latents.device, latents.dtype)
-        inv_std = 1.0 / torch.tensor(vae.config.latents_std).view(1, z_dim, 1, 1, 1).to(latents.device, latents.dtype)
-        return latents / inv_std + mean
+        # the VAE is Wan 2.1's, its latents denormalised by its per-channel mean and std as Wan's are
+        return WanHooks().vae_input(pipe, job, latents)
 
     def postprocess(self, pipe, decoded):
         # (1, c, 1, h, w) -> its one frame (1, c, h, w) -> (h, w, c) in [0, 1]
