@@ -20,7 +20,8 @@ def job_override_options(command: Callable) -> Callable:
     options = [
         click.option(
             "--model",
-            help="Model for rows without a `model` value: a preset name (tiny-wan, tiny-flux, tiny-sd3) or a "
+            help="Model for rows without a `model` value: a preset name (tiny-wan, tiny-flux, tiny-sd3, "
+            "tiny-qwen-image, tiny-hunyuan-video) or a "
             "diffusers pipeline directory. Required unless every row names its model.",
         ),
         click.option("--width", type=click.IntRange(min=1), help="Width in pixels for rows without one."),
