@@ -58,8 +58,23 @@ def _shard_unit(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
     for param in _unsharded(module):
         rows = -(-param.shape[0] // p) if param.dim() else 1
         nbytes += rows * (param.numel() // max(param.shape[0], 1) if param.dim() else 1) * param.element_size()
+    unsharded_class = type(module)
     fully_shard(module, mesh=mesh, reshard_after_forward=True)
+    _keep_output_recording(module, unsharded_class)
     module.register_forward_pre_hook(lambda mod, args: ledger.add("fsdp_all_gather", nbytes * (p - 1)))
+
+
+def _keep_output_recording(module: torch.nn.Module, unsharded_class: type) -> None:
+    """transformers finds which outputs a model records (`output_hidden_states`) by the model's class name;
+    `fully_shard` swaps the class for an FSDP subclass, so the subclass gets the same entry (without it, a
+    sharded Llama text encoder returns no hidden states)."""
+    try:
+        from transformers.utils.output_capturing import _CAN_RECORD_REGISTRY
+    except ImportError:  # a transformers without output recording: nothing to keep
+        return
+    recorded = dict.get(_CAN_RECORD_REGISTRY, str(unsharded_class))
+    if recorded is not None:
+        _CAN_RECORD_REGISTRY[module] = recorded
 
 
 def _shard_uniform(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
@@ -101,12 +116,39 @@ def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, m
         if leader:
             buffer.copy_(full_state[name].to(device=device, dtype=buffer.dtype))
         group.broadcast(buffer, src_group_rank=0)
+    for owner, attribute, meta_tensor in _plain_tensors(module):
+        value = torch.empty_like(meta_tensor, device=device)
+        if leader:
+            value.copy_(full_state[f"{owner}.{attribute}" if owner else attribute])
+        # gloo sends no complex tensors: (..., ) complex -> (..., 2) real view of the same memory
+        group.broadcast(torch.view_as_real(value) if value.is_complex() else value, src_group_rank=0)
+        setattr(module.get_submodule(owner), attribute, value)
+
+
+def _plain_tensors(module: torch.nn.Module) -> list[tuple[str, str, torch.Tensor]]:
+    """(module name, attribute, tensor) of tensors a module keeps as plain attributes, neither parameter
+    nor buffer (e.g. Qwen-Image's complex rotary tables): `to_empty` leaves them on the meta device."""
+    return [
+        (owner, attribute, value)
+        for owner, sub in module.named_modules()
+        for attribute, value in vars(sub).items()
+        if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) and value.is_meta
+    ]
 
 
 def full_state(module: torch.nn.Module) -> dict:
-    """Parameters and every buffer (non-persistent ones too) of a fully materialised module, by name."""
+    """Parameters, every buffer (non-persistent ones too) and plain tensor attributes of a fully
+    materialised module, by name."""
     state = {name: param.detach() for name, param in module.named_parameters()}
     state.update({name: buffer.detach() for name, buffer in module.named_buffers()})
+    state.update(
+        {
+            f"{owner}.{attribute}" if owner else attribute: value
+            for owner, sub in module.named_modules()
+            for attribute, value in vars(sub).items()
+            if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter)
+        }
+    )
     return state
 
 

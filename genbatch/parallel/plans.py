@@ -2,7 +2,7 @@
 
 Where a transformer is split and gathered comes from the model's own `_cp_plan` (diffusers' declarative
 table: `ContextParallelInput` / `ContextParallelOutput` by module name), or from genbatch's table below for
-models diffusers has no plan for (SD3). What genbatch adds per class is which attention modules attend over
+models diffusers has no plan for (SD3, HunyuanVideo). What genbatch adds per class is which attention modules attend over
 the split sequence, and which split streams make up each one's sequence. A split stream is named by the
 input it splits (`"hidden_states"`), or by `"<module>:<output index>"` when a module's output is split. A
 class missing here runs without sequence parallelism (an error names the fix).
@@ -50,6 +50,7 @@ class SequencePlan:
 
 _JOINT = ("encoder_hidden_states", "hidden_states")
 _SD3_STREAMS = ("pos_embed:0", "context_embedder:0")
+_VIDEO_TEXT = ("hidden_states", "encoder_hidden_states")
 
 SEQUENCE_PLANS: dict[str, SequencePlan] = {
     # Wan 2.1/2.2: self-attention `attn1` over video tokens; `attn2` cross-attends to replicated text.
@@ -66,6 +67,30 @@ SEQUENCE_PLANS: dict[str, SequencePlan] = {
         cp_plan={
             "pos_embed": {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},
             "context_embedder": {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},
+            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
+        },
+    ),
+    # Qwen-Image: diffusers' own `_cp_plan` splits both streams at the first block, the text mask and the
+    # rotary tables; the joint attention runs over [text, image] with the key-padding mask the processor
+    # builds from the split text mask (the local form of `genbatch.parallel.attention.masks`).
+    "QwenImageTransformer2DModel": SequencePlan(
+        attention={"transformer_blocks.*.attn": ("encoder_hidden_states", "hidden_states")},
+    ),
+    # HunyuanVideo (diffusers has no plan for it): both streams are split at the first dual-stream block,
+    # after the transformer has built its [video, text] key-padding mask over the whole sequence (the full
+    # form of the masks), and the video rotary tables with them; joint attention over [video, text] in the
+    # dual- and single-stream blocks; the token refiner inside `context_embedder` runs on whole text.
+    "HunyuanVideoTransformer3DModel": SequencePlan(
+        attention={"transformer_blocks.*.attn": _VIDEO_TEXT, "single_transformer_blocks.*.attn": _VIDEO_TEXT},
+        cp_plan={
+            "transformer_blocks.0": {
+                "hidden_states": ContextParallelInput(split_dim=1, expected_dims=3, split_output=False),
+                "encoder_hidden_states": ContextParallelInput(split_dim=1, expected_dims=3, split_output=False),
+            },
+            "rope": {
+                0: ContextParallelInput(split_dim=0, expected_dims=2, split_output=True),
+                1: ContextParallelInput(split_dim=0, expected_dims=2, split_output=True),
+            },
             "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
         },
     ),

@@ -3,8 +3,9 @@ the one-process run (fp32): final latents within 1e-5; decoded frames within 1e-
 after rounding to 8 bits, except where a value sits within that 1e-4 of a rounding boundary (at most one
 level, on under 0.01% of the values).
 
-The sequences are uneven on purpose: tiny-wan at 80x48, 9 frames has 45 video tokens; tiny-flux and
-tiny-sd3 at 80x48 have 15 image tokens; none divides by 2 or 4.
+The sequences are uneven on purpose: tiny-wan and tiny-hunyuan-video at 80x48, 9 frames have 45 video
+tokens; tiny-flux, tiny-sd3 and tiny-qwen-image at 80x48 have 15 image tokens; none divides by 2 or 4.
+HunyuanVideo's text is padded, so its attention carries a key-padding mask.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ from tests.support.runs import job, job_executor
 WAN = job("tiny-wan", width=80, height=48, num_inference_steps=3, negative_prompt="blurry", seed=11)
 FLUX = job("tiny-flux", width=80, height=48, num_inference_steps=3, seed=12)
 SD3 = job("tiny-sd3", width=80, height=48, num_inference_steps=3, negative_prompt="grey", seed=13)  # 15 tokens
+QWEN = job("tiny-qwen-image", width=80, height=48, num_inference_steps=3, negative_prompt="grey", seed=14)  # 15
+HUNYUAN = job("tiny-hunyuan-video", width=80, height=48, num_inference_steps=3, seed=15)  # 45 + padded text
 
 # (job, dp, cfg, ring, ulysses, fsdp) on four ranks
 FOUR_RANKS = [
@@ -31,6 +34,12 @@ FOUR_RANKS = [
     (WAN, 1, 2, 1, 2, False), (WAN, 1, 2, 1, 2, True),  # cfg 2 x ulysses 2
     (FLUX, 2, 1, 1, 2, False), (FLUX, 1, 1, 2, 2, True),  # joint attention, both streams split
     (SD3, 1, 2, 1, 2, False), (SD3, 2, 1, 2, 1, True),  # joint attention split after the embedders
+    # true CFG; joint [text, image] attention with the mask built from the split text mask
+    (QWEN, 2, 1, 1, 2, False), (QWEN, 2, 1, 1, 2, True), (QWEN, 2, 1, 2, 1, False), (QWEN, 2, 1, 2, 1, True),
+    (QWEN, 1, 2, 1, 2, False),
+    # no CFG; joint [video, text] attention behind the whole-sequence key-padding mask of the padded text
+    (HUNYUAN, 2, 1, 1, 2, False), (HUNYUAN, 2, 1, 1, 2, True), (HUNYUAN, 2, 1, 2, 1, False),
+    (HUNYUAN, 2, 1, 2, 1, True),
 ]
 EIGHT_RANKS = [(WAN, 2, 2, 1, 2, False)]  # dp 2 x cfg 2 x ulysses 2
 
@@ -49,7 +58,7 @@ def _all_layouts(rank, world_size, layouts, out):
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("reference"))
-    return {spec_job.model: _run_job(spec_job, None, 1, 1, 1, False, out) for spec_job in (WAN, FLUX, SD3)}
+    return {spec_job.model: _run_job(spec_job, None, 1, 1, 1, False, out) for spec_job in (WAN, FLUX, SD3, QWEN, HUNYUAN)}
 
 
 def _check(layouts, per_rank, references):
