@@ -160,3 +160,13 @@ def mlp_and_out_channels(transformer: Mapping[str, Any], hidden_size: int) -> tu
     """(MLP inner width, predicted latent channels) from a transformer config: `ffn_dim` where the config has
     one (else an MLP ratio of 4, as FLUX's and SD3's blocks use), `out_channels` where set (else 16)."""
     return int(transformer.get("ffn_dim") or 4 * hidden_size), int(transformer.get("out_channels") or 16)
+
+
+def transformer_spec(name: str, family: str, transformer: Mapping[str, Any], *, defaults: Mapping[str, float | int],
+                     path: str | None, **facts: Any) -> ModelSpec:
+    """A `ModelSpec` whose attention and MLP widths come from the transformer's config (heads, head dim,
+    `mlp_and_out_channels`); `facts` are the family's other fields (sizes, patch, layers, text tokens)."""
+    heads, head_dim = transformer["num_attention_heads"], transformer["attention_head_dim"]
+    ffn, out_channels = mlp_and_out_channels(transformer, heads * head_dim)
+    return ModelSpec(name=name, family=family, num_heads=heads, head_dim=head_dim, ffn_dim=ffn,
+                     out_channels=out_channels, defaults=dict(defaults), path=path, **facts)

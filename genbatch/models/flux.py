@@ -18,7 +18,7 @@ from genbatch.models.base import (
     ModelFamily,
     TinyPreset,
     TransformerPlan,
-    mlp_and_out_channels,
+    transformer_spec,
 )
 from genbatch.models.hooks import COND, Conditioning, Trajectory
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
@@ -37,28 +37,13 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
               defaults: Mapping[str, float | int] | None, path: str | None) -> ModelSpec:
     spatial = 2 ** (len(vae["block_out_channels"]) - 1)
     patch = (2, 2)  # the pipeline packs 2x2 latent pixels into one token
-    heads, head_dim = transformer["num_attention_heads"], transformer["attention_head_dim"]
-    ffn, out_channels = mlp_and_out_channels(transformer, heads * head_dim)
     if defaults is None:
         defaults = {**CALL_DEFAULTS, "width": SAMPLE_SIZE * spatial, "height": SAMPLE_SIZE * spatial}
-    return ModelSpec(
-        name=name,
-        family="flux",
-        is_video=False,
-        uses_cfg=False,
-        size_multiple=spatial * patch[0],
-        frame_multiple=1,
-        vae_spatial=spatial,
-        patch_size=patch,
-        num_layers=transformer["num_layers"] + transformer["num_single_layers"],
-        num_heads=heads,
-        head_dim=head_dim,
-        text_tokens=MAX_SEQUENCE_LENGTH,
+    return transformer_spec(
+        name, "flux", transformer, defaults=defaults, path=path, is_video=False, uses_cfg=False,
+        size_multiple=spatial * patch[0], frame_multiple=1, vae_spatial=spatial, patch_size=patch,
+        num_layers=transformer["num_layers"] + transformer["num_single_layers"], text_tokens=MAX_SEQUENCE_LENGTH,
         joint_text=True,
-        ffn_dim=ffn,
-        out_channels=out_channels,
-        defaults=dict(defaults),
-        path=path,
     )
 
 

@@ -24,7 +24,7 @@ from genbatch.models.base import (
     ModelFamily,
     TinyPreset,
     TransformerPlan,
-    mlp_and_out_channels,
+    transformer_spec,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
@@ -41,29 +41,14 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
               defaults: Mapping[str, float | int] | None, path: str | None) -> ModelSpec:
     spatial = 2 ** (len(vae["block_out_channels"]) - 1)
     patch = (transformer["patch_size"],) * 2
-    heads, head_dim = transformer["num_attention_heads"], transformer["attention_head_dim"]
-    ffn, out_channels = mlp_and_out_channels(transformer, heads * head_dim)
     if defaults is None:
         sample = transformer["sample_size"]
         defaults = {**CALL_DEFAULTS, "width": sample * spatial, "height": sample * spatial}
-    return ModelSpec(
-        name=name,
-        family="sd3",
-        is_video=False,
-        uses_cfg=True,
-        size_multiple=spatial * patch[0],
-        frame_multiple=1,
-        vae_spatial=spatial,
-        patch_size=patch,
-        num_layers=transformer["num_layers"],
-        num_heads=heads,
-        head_dim=head_dim,
-        text_tokens=CLIP_TOKENS + MAX_SEQUENCE_LENGTH,  # CLIP tokens, then T5's
+    return transformer_spec(
+        name, "sd3", transformer, defaults=defaults, path=path, is_video=False, uses_cfg=True,
+        size_multiple=spatial * patch[0], frame_multiple=1, vae_spatial=spatial, patch_size=patch,
+        num_layers=transformer["num_layers"], text_tokens=CLIP_TOKENS + MAX_SEQUENCE_LENGTH,  # CLIP's, then T5's
         joint_text=True,
-        ffn_dim=ffn,
-        out_channels=out_channels,
-        defaults=dict(defaults),
-        path=path,
     )
 
 

@@ -21,7 +21,7 @@ from genbatch.models.base import (
     ModelFamily,
     TinyPreset,
     TransformerPlan,
-    mlp_and_out_channels,
+    transformer_spec,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import VIDEO_VAE_GIB_PER_MPX, WAN_VAE_MFLOP_PER_PIXEL, ModelShape
@@ -38,26 +38,10 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
               defaults: Mapping[str, float | int] | None, path: str | None) -> ModelSpec:
     spatial = vae.get("scale_factor_spatial", 8)
     patch = tuple(transformer["patch_size"])
-    heads, head_dim = transformer["num_attention_heads"], transformer["attention_head_dim"]
-    ffn, out_channels = mlp_and_out_channels(transformer, heads * head_dim)
-    return ModelSpec(
-        name=name,
-        family="wan",
-        is_video=True,
-        uses_cfg=True,
-        size_multiple=spatial * patch[1],
-        frame_multiple=vae.get("scale_factor_temporal", 4),
-        vae_spatial=spatial,
-        patch_size=patch,
-        num_layers=transformer["num_layers"],
-        num_heads=heads,
-        head_dim=head_dim,
-        text_tokens=MAX_SEQUENCE_LENGTH,
-        joint_text=False,
-        ffn_dim=ffn,
-        out_channels=out_channels,
-        defaults=dict(defaults or CALL_DEFAULTS),
-        path=path,
+    return transformer_spec(
+        name, "wan", transformer, defaults=defaults or CALL_DEFAULTS, path=path, is_video=True, uses_cfg=True,
+        size_multiple=spatial * patch[1], frame_multiple=vae.get("scale_factor_temporal", 4), vae_spatial=spatial,
+        patch_size=patch, num_layers=transformer["num_layers"], text_tokens=MAX_SEQUENCE_LENGTH, joint_text=False,
     )
 
 
