@@ -6,7 +6,8 @@ The API a family module is written against (`genbatch/models/wan.py` is the mode
   them. With it: `Blocks` (before / repeated / after), `AttentionSite` (pattern, `SELF`/`JOINT`/`CROSS`,
   streams), `TransformerPlan` (blocks, attention, the sequence plan's key, and the empty room for the
   tensor-parallel plan, compile units and stage boundaries), `TinyPreset` (configs from `tiny_configs`,
-  defaults, a `build(meta)` function), and the text encoders' `T5_ENCODER` / `CLIP_TEXT_ENCODER` blocks.
+  defaults, a `build(meta)` function), the text encoders' blocks (`T5_ENCODER`, `CLIP_TEXT_ENCODER`,
+  `CLIP_TEXT_ENCODER_WITH_PROJECTION`), and `transformer_spec` for `read_spec`.
 - `hooks`: the `Family` protocol the denoise hooks implement (encode, trajectory, predict, combine,
   vae_input, postprocess), with `Conditioning`, `Trajectory`, `COND` / `UNCOND`, `classifier_free_guidance`.
 - `shapes.ModelShape`: a published model as the planner sees it (`ModelFamily.published`).
