@@ -1,6 +1,7 @@
 """Qwen-Image: a job's output equals `QwenImagePipeline`'s own (identical pixels), with true CFG (a negative
 prompt) and without (one branch, as the pipeline runs a row without a negative prompt), from the preset and
-from a saved directory; and a cfg 2 layout runs a row without a negative prompt as one process does."""
+from a saved directory; and a cfg 2 layout, with and without FSDP, runs a row without a negative prompt as one
+process does."""
 
 from __future__ import annotations
 
@@ -90,24 +91,30 @@ def _run(spec_job, out, **layout):
     return latents, frames, len(forwards), exchanged, [str(w.message) for w in caught]
 
 
+JOBS = (ONE_BRANCH, TWO_BRANCHES)
+
+
 def _cfg_two(rank, world_size, out):
-    return [_run(spec_job, f"{out}/{index}", dp=1, cfg=2) for index, spec_job in enumerate((ONE_BRANCH, TWO_BRANCHES))]
+    # each job without and with FSDP (the text encoder and transformer sharded over the two cfg ranks)
+    return [_run(spec_job, f"{out}/{index}-{fsdp}", dp=1, cfg=2, fsdp=fsdp)
+            for fsdp in (False, True) for index, spec_job in enumerate(JOBS)]
 
 
 def test_cfg_2_runs_a_row_without_a_negative_prompt_as_one_process(tmp_path):
     """Such a row has one branch: both cfg ranks run it (one forward a step each, no exchange), as a CFG family's
     row with guidance_scale <= 1 runs; a row with a negative prompt splits its two branches over the halves."""
-    references = [_run(spec_job, str(tmp_path / f"ref{index}"))
-                  for index, spec_job in enumerate((ONE_BRANCH, TWO_BRANCHES))]
-    per_rank = run_on_ranks(_cfg_two, 2, args=(str(tmp_path / "cfg2"),), timeout_s=60)
+    references = [_run(spec_job, str(tmp_path / f"ref{index}")) for index, spec_job in enumerate(JOBS)]
+    per_rank = run_on_ranks(_cfg_two, 2, args=(str(tmp_path / "cfg2"),), timeout_s=90)
     steps = ONE_BRANCH.num_inference_steps
-    for index, (ref_latents, ref_frames, ref_forwards, _, _) in enumerate(references):
+    for position in range(2 * len(JOBS)):
+        index = position % len(JOBS)
+        ref_latents, ref_frames, ref_forwards, _, _ = references[index]
         assert ref_forwards == steps * (index + 1)  # one process: one forward a branch a step
         for rank, results in enumerate(per_rank):
-            latents, frames, forwards, exchanged, caught = results[index]
-            assert (latents - ref_latents).abs().max().item() <= 1e-5, f"job {index} rank {rank}"
-            assert forwards == steps, f"job {index} rank {rank}: one forward a step"
-            assert (exchanged > 0) == (index == 1), f"job {index} rank {rank}: exchange only with two branches"
+            latents, frames, forwards, exchanged, caught = results[position]
+            assert (latents - ref_latents).abs().max().item() <= 1e-5, f"run {position} rank {rank}"
+            assert forwards == steps, f"run {position} rank {rank}: one forward a step"
+            assert (exchanged > 0) == (index == 1), f"run {position} rank {rank}: exchange only with two branches"
             if rank == 0:
                 assert np.abs(frames - ref_frames).max() <= 1e-4
                 # the VAE has no patch-parallel decode: the leader decodes alone, with a warning
