@@ -22,7 +22,7 @@ from genbatch.models.base import (
 )
 from genbatch.models.hooks import COND, Conditioning, Trajectory
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
-from genbatch.models.tiny import character_tokenizer, clip_config, placed, t5_config
+from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline.__call__'s default
 
@@ -114,23 +114,15 @@ class FluxHooks:
 
 def build_tiny(meta: frozenset[str] = frozenset()):
     """FLUX.1 text-to-image, guidance-distilled: FluxTransformer2DModel, AutoencoderKL, CLIP + T5, flow Euler."""
-    import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
     clip_tokenizer = character_tokenizer(model_max_length=77)
     t5_tokenizer = character_tokenizer(model_max_length=512)
-    torch.manual_seed(0)
-    with placed("text_encoder", meta):
-        clip = CLIPTextModel(clip_config(len(clip_tokenizer))).eval()
-    torch.manual_seed(1)
-    with placed("text_encoder_2", meta):
-        t5 = T5EncoderModel(T5Config(**t5_config(len(t5_tokenizer)))).eval()
-    torch.manual_seed(2)
-    with placed("transformer", meta):
-        transformer = FluxTransformer2DModel(**tiny_configs.TINY_FLUX_TRANSFORMER).eval()
-    torch.manual_seed(3)
-    vae = AutoencoderKL(**tiny_configs.TINY_FLUX_VAE).eval()
+    clip = seeded(0, lambda: CLIPTextModel(clip_config(len(clip_tokenizer))), "text_encoder", meta)
+    t5 = seeded(1, lambda: T5EncoderModel(T5Config(**t5_config(len(t5_tokenizer)))), "text_encoder_2", meta)
+    transformer = seeded(2, lambda: FluxTransformer2DModel(**tiny_configs.TINY_FLUX_TRANSFORMER), "transformer", meta)
+    vae = seeded(3, lambda: AutoencoderKL(**tiny_configs.TINY_FLUX_VAE))
     scheduler = FlowMatchEulerDiscreteScheduler(
         base_image_seq_len=256,
         base_shift=0.5,

@@ -28,7 +28,7 @@ from genbatch.models.base import (
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
-from genbatch.models.tiny import character_tokenizer, clip_config, placed, t5_config
+from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
 MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline.__call__'s default
 CLIP_TOKENS = 77
@@ -105,25 +105,18 @@ class SD3Hooks:
 
 def build_tiny(meta: frozenset[str] = frozenset()):
     """Stable Diffusion 3 (a CFG model): SD3Transformer2DModel (joint attention), two CLIPs + T5, flow Euler."""
-    import torch
     from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, SD3Transformer2DModel, StableDiffusion3Pipeline
     from transformers import CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
     tokenizers = [character_tokenizer(model_max_length=77) for _ in range(2)]
     t5_tokenizer = character_tokenizer(model_max_length=256)
-    encoders = []
-    for index, (name, tokenizer) in enumerate(zip(("text_encoder", "text_encoder_2"), tokenizers)):
-        torch.manual_seed(10 + index)
-        with placed(name, meta):
-            encoders.append(CLIPTextModelWithProjection(clip_config(len(tokenizer))).eval())
-    torch.manual_seed(12)
-    with placed("text_encoder_3", meta):
-        t5 = T5EncoderModel(T5Config(**t5_config(len(t5_tokenizer)))).eval()
-    torch.manual_seed(13)
-    with placed("transformer", meta):
-        transformer = SD3Transformer2DModel(**tiny_configs.TINY_SD3_TRANSFORMER).eval()
-    torch.manual_seed(14)
-    vae = AutoencoderKL(**tiny_configs.TINY_SD3_VAE).eval()
+    encoders = [
+        seeded(10 + index, lambda: CLIPTextModelWithProjection(clip_config(len(tokenizer))), name, meta)
+        for index, (name, tokenizer) in enumerate(zip(("text_encoder", "text_encoder_2"), tokenizers))
+    ]
+    t5 = seeded(12, lambda: T5EncoderModel(T5Config(**t5_config(len(t5_tokenizer)))), "text_encoder_3", meta)
+    transformer = seeded(13, lambda: SD3Transformer2DModel(**tiny_configs.TINY_SD3_TRANSFORMER), "transformer", meta)
+    vae = seeded(14, lambda: AutoencoderKL(**tiny_configs.TINY_SD3_VAE))
     return StableDiffusion3Pipeline(
         scheduler=FlowMatchEulerDiscreteScheduler(shift=3.0),
         vae=vae,

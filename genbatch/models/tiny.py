@@ -74,3 +74,13 @@ def clip_config(vocab_size: int):
         eos_token_id=1,
     )
 
+
+
+def seeded(seed: int, build, component: str | None = None, meta: frozenset[str] = frozenset()):
+    """`build()` in eval mode, its random weights drawn after `torch.manual_seed(seed)`; on the meta device
+    when `component` is named in `meta`."""
+    import torch
+
+    torch.manual_seed(seed)
+    with placed(component, meta) if component is not None else contextlib.nullcontext():
+        return build().eval()

@@ -25,7 +25,7 @@ from genbatch.models.base import (
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import VIDEO_VAE_GIB_PER_MPX, WAN_VAE_MFLOP_PER_PIXEL, ModelShape
-from genbatch.models.tiny import character_tokenizer, placed, t5_config
+from genbatch.models.tiny import character_tokenizer, seeded, t5_config
 
 MAX_SEQUENCE_LENGTH = 512  # WanPipeline.__call__'s default
 
@@ -122,19 +122,13 @@ class WanHooks:
 
 def build_tiny(meta: frozenset[str] = frozenset()):
     """Wan 2.1 text-to-video (a CFG model): WanTransformer3DModel, AutoencoderKLWan, UMT5, UniPC flow scheduler."""
-    import torch
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanPipeline, WanTransformer3DModel
     from transformers import UMT5Config, UMT5EncoderModel
 
     tokenizer = character_tokenizer(model_max_length=512)
-    torch.manual_seed(0)
-    with placed("text_encoder", meta):
-        text_encoder = UMT5EncoderModel(UMT5Config(**t5_config(len(tokenizer)))).eval()
-    torch.manual_seed(1)
-    with placed("transformer", meta):
-        transformer = WanTransformer3DModel(**tiny_configs.TINY_WAN_TRANSFORMER).eval()
-    torch.manual_seed(2)
-    vae = AutoencoderKLWan(**tiny_configs.TINY_WAN_VAE).eval()
+    text_encoder = seeded(0, lambda: UMT5EncoderModel(UMT5Config(**t5_config(len(tokenizer)))), "text_encoder", meta)
+    transformer = seeded(1, lambda: WanTransformer3DModel(**tiny_configs.TINY_WAN_TRANSFORMER), "transformer", meta)
+    vae = seeded(2, lambda: AutoencoderKLWan(**tiny_configs.TINY_WAN_VAE))
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer)
 
