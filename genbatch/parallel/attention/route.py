@@ -8,6 +8,16 @@ genbatch's attention: the processor's projections, norms and rotary embeddings r
 and only the attention itself changes. The copy is a plain Python function, so `torch.compile` traces
 straight through it (no `TorchFunctionMode`, no Python dispatch for the other ops of the module).
 
+Why not the two registries torch and diffusers offer:
+- a diffusers attention backend: the backend registry is keyed by a closed enum (`AttentionBackendName`),
+  so a new backend means patching diffusers' registry; a backend is chosen per processor for every
+  module alike, not per module with its streams; and SD3's processors never reach the dispatcher.
+- a `torch.library.custom_op`: compile sees it as one opaque node, which would hide the all-to-alls from
+  the graph (no overlap, no fusion around them); custom ops also take no Python objects (the group, the
+  ledger, the layout).
+The strategies (`genbatch.parallel.attention.strategy`) are genbatch's registry instead; a strategy that
+must stay opaque to compile (Ring's point-to-point exchange) can still wrap its own part in a custom op.
+
 `attend(query, key, value, attn_mask, scale)` takes and returns diffusers' layout (b, s, h, d).
 `ProcessorRoutes` holds the routed classes of one model.
 """
