@@ -123,8 +123,11 @@ class SuiteRunner:
 
 
 def _tagged(timings: pa.Table, layout: ParallelDims) -> pa.Table:
-    """The run's timings with the layout's name and process count on every row."""
+    """The run's timings with the layout's name and process count on every row (the runner writes the same name
+    in its own `layout` column; parts written before it had one leave it empty, so it is set here whole)."""
     rows = timings.num_rows
+    if "layout" in timings.column_names:
+        timings = timings.drop_columns(["layout"])
     return timings.append_column("layout", pa.array([layout_name(layout)] * rows, pa.string())).append_column(
         "world", pa.array([layout.world_size] * rows, pa.int32())
     )

@@ -13,6 +13,7 @@ it and `ParallelDims.parse` reads it back, for the runner, `gen plan`, `gen benc
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from genbatch.parallel.axes import AXES, DEFAULT_FSDP_AXES, GROUP_AXES, SP_AXES, check_runnable
@@ -20,6 +21,15 @@ from genbatch.parallel.axes import AXES, DEFAULT_FSDP_AXES, GROUP_AXES, SP_AXES,
 SINGLE = "single"
 """The name of the one-process layout."""
 _NAME_PART = re.compile(r"^(" + "|".join(AXES) + r")([1-9][0-9]*)$")
+
+
+def layout_name(degrees: Mapping[str, int], *, fsdp: bool) -> str:
+    """The one layout-name grammar: the degrees above one in the order of `AXES`, then `fsdp`; `single` when
+    none. Pure, for any axes (the planner names layouts the runner does not implement yet with it too)."""
+    parts = [f"{axis}{degrees.get(axis, 1)}" for axis in AXES if degrees.get(axis, 1) > 1]
+    if fsdp:
+        parts.append("fsdp")
+    return "-".join(parts) or SINGLE
 
 
 def _divisors(n: int) -> list[int]:
@@ -87,10 +97,7 @@ class ParallelDims:
     @property
     def name(self) -> str:
         """`single`, `dp2`, `cfg2-ulysses2`, `dp2-cfg2-ulysses4-fsdp`, ...: what `parse` reads back."""
-        parts = [f"{axis}{getattr(self, axis)}" for axis in AXES if getattr(self, axis) > 1]
-        if self.fsdp:
-            parts.append("fsdp")
-        return "-".join(parts) or SINGLE
+        return layout_name({axis: getattr(self, axis) for axis in AXES}, fsdp=self.fsdp)
 
     @classmethod
     def parse(cls, name: str) -> "ParallelDims":

@@ -6,12 +6,14 @@ import json
 
 import click
 
+from genbatch.jobs.exit_codes import USAGE
 from genbatch.jobs.models import UnknownModelError
+from genbatch.parallel.flags import layout_options
+from genbatch.planner.constraints import LayoutConstraints
 from genbatch.planner.hardware import GPUS, NETWORKS, NODE_LINKS
 from genbatch.planner.rank import OBJECTIVES, plan
 from genbatch.planner.report import format_table, plan_to_dict
 from genbatch.planner.shapes import PUBLISHED
-from genbatch.jobs.exit_codes import USAGE
 
 
 @click.command("plan")
@@ -36,17 +38,21 @@ from genbatch.jobs.exit_codes import USAGE
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="throughput", show_default=True,
               help="throughput: most jobs per hour (data parallel first); latency: fewest seconds per job.")
 @click.option("--max-latency", type=float, default=None, help="Reject layouts slower than this, seconds per job.")
+@layout_options(constraints=True)
 @click.option("--top", type=int, default=10, show_default=True, help="Layouts the table shows.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
 def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
-                 steps, offload_text_encoder, objective, max_latency, top, as_json) -> None:
-    """Rank every legal parallel layout (dp, cfg, ring, ulysses, fsdp; pipefusion and tp as estimates) by
-    estimated seconds per job and jobs per hour, showing compute, communication and memory per rank."""
+                 steps, offload_text_encoder, objective, max_latency, top, as_json, **layout) -> None:
+    """Rank every legal parallel layout (dp, cfg, ring, ulysses, fsdp; pp and tp as estimates) by
+    estimated seconds per job and jobs per hour, showing compute, communication and memory per rank.
+
+    The layout flags of `gen run` (--dp --cfg --pp --ring --ulysses --tp --fsdp/--no-fsdp) are constraints
+    here: `--ulysses 4` ranks only layouts with ulysses 4."""
     try:
         result = plan(model, gpus, nodes=nodes, interconnect=interconnect, intra_node=intra_node,
                       network_gbps=network_gbps, gpu=gpu, gpu_mem=gpu_mem, width=width, height=height, frames=frames,
                       steps=steps, offload_text_encoder=offload_text_encoder, objective=objective,
-                      max_latency=max_latency)
+                      max_latency=max_latency, constraints=LayoutConstraints(**layout))
     except (UnknownModelError, ValueError) as error:
         click.echo(f"gen plan: {error}", err=True)
         raise SystemExit(USAGE) from None

@@ -69,7 +69,7 @@ class Estimate:
     comm_bytes_per_step: float
     """Bytes this rank sends per step, all collectives together."""
     comm_bytes: dict[str, float] = field(default_factory=dict)
-    """Bytes per step by axis: ulysses, ring, tp, fsdp, cfg, pipefusion, sp_gather."""
+    """Bytes per step by axis: ulysses, ring, tp, fsdp, cfg, pp, sp_gather."""
     links: dict[str, str] = field(default_factory=dict)
     """The link each active axis's traffic crosses."""
     memory: dict[str, float] = field(default_factory=dict)
@@ -139,7 +139,7 @@ def _compute(layout: Layout, work: Workload, cluster: Cluster, *, patches: int) 
     peak = cluster.gpu.bf16_tflops * 1e12
     return _Compute(
         forwards=(2 if shape.uses_cfg else 1) // layout.cfg,
-        layers=shape.num_layers / layout.pipefusion,
+        layers=shape.num_layers / layout.pp,
         linear_s=linear / (peak * efficiency),
         attention_s=attention / (peak * ATTENTION_EFFICIENCY),
     )
@@ -190,12 +190,12 @@ def _communication(layout: Layout, work: Workload, cluster: Cluster, compute: _C
 
 def _pipefusion(layout: Layout, work: Workload, cluster: Cluster, compute: _Compute, tally: _Tally, step: float):
     """PipeFusion's steady step (its P2P hides under compute) and its per-job warm-up and bubble, in seconds."""
-    stages = patches = layout.pipefusion  # as many patches as stages (xDiT's default)
-    link = axis_link(layout, "pipefusion", cluster)
+    stages = patches = layout.pp  # as many patches as stages (xDiT's default)
+    link = axis_link(layout, "pp", cluster)
     per_step = work.sequence * work.shape.hidden_size * BYTES_PER_VALUE / (layout.sp * layout.tp)
     time = compute.forwards * _transfer(per_step, link, messages=patches)  # this stage's [N/sp, d], in pieces
     step += _overlapped(time, compute.step_s)  # asynchronous P2P (seed 000 §6.3: N d per stage per step)
-    tally.add("pipefusion", compute.forwards * per_step, time, 0.0)
+    tally.add("pp", compute.forwards * per_step, time, 0.0)
     whole = _compute(layout, work, cluster, patches=1)
     # warm-up: stages run one after another on the whole latent, no patches, no stale K/V
     warm_step = compute.forwards * work.shape.num_layers * (whole.layer_s + LAYER_OVERHEAD_S)
@@ -207,13 +207,13 @@ def _pipefusion(layout: Layout, work: Workload, cluster: Cluster, compute: _Comp
 
 def estimate(layout: Layout, work: Workload, cluster: Cluster) -> Estimate:
     """Price `layout` (its structural validity is checked elsewhere)."""
-    compute = _compute(layout, work, cluster, patches=layout.pipefusion)
-    overhead = compute.forwards * compute.layers * layout.pipefusion * LAYER_OVERHEAD_S
+    compute = _compute(layout, work, cluster, patches=layout.pp)
+    overhead = compute.forwards * compute.layers * layout.pp * LAYER_OVERHEAD_S
     tally, links = _communication(layout, work, cluster, compute)
     step = compute.step_s + overhead + tally.exposed_s
     pipeline = 0.0
-    if layout.pipefusion > 1:
-        step, pipeline, links["pipefusion"] = _pipefusion(layout, work, cluster, compute, tally, step)
+    if layout.pp > 1:
+        step, pipeline, links["pp"] = _pipefusion(layout, work, cluster, compute, tally, step)
     decode = _decode_seconds(layout, work, cluster)
     if work.offload_text_encoder:  # loaded from host memory for each job, over the GPU's PCIe link
         decode += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)

@@ -1,27 +1,21 @@
 """Layouts: every way to factor the GPUs into parallel degrees, where each axis's ranks sit, and which are legal.
 
 Ranks are laid out on one mesh in the order of `AXES`, outermost first, the last axis varying fastest
-(consecutive ranks): `dp, cfg, pipefusion, ring, ulysses, tp`. So TP and Ulysses stay inside a node, Ring and
+(consecutive ranks): `dp, cfg, pp, ring, ulysses, tp` (`parallel/axes.py`; `pp` is PipeFusion's stages). So TP and Ulysses stay inside a node, Ring and
 PipeFusion cross nodes before them, and the two CFG branches go to different nodes before anything else
 (seed 000 §8: "节点内 Ulysses、跨节点 Ring（IB）或 PipeFusion（以太网）；CFG 并行的两组尽量放在两个节点上").
-FSDP shards each weight over all ranks of one job's group (cfg x pipefusion x ring x ulysses x tp), or not at all.
+FSDP shards each weight over all ranks of one job's group (cfg x pp x ring x ulysses x tp), or not at all.
+A layout is named in the runner's one grammar (`ParallelDims.name`): `dp2-cfg2-ulysses4-fsdp`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from genbatch.parallel.axes import RUNNABLE
-from genbatch.parallel.dims import ParallelDims
+from genbatch.parallel.axes import AXES, RUNNABLE
+from genbatch.parallel.dims import ParallelDims, layout_name
 from genbatch.planner.hardware import GPUS_PER_SOCKET, Cluster, Link
 from genbatch.planner.shapes import ModelShape
-
-AXES = ("dp", "cfg", "pipefusion", "ring", "ulysses", "tp")
-"""Mesh axes, outermost first."""
-
-RUNNER_AXES = {"pipefusion": "pp", "tp": "tp"}
-"""The planner's axes that the runner's registry (`parallel/axes.py`) may not mark runnable yet, by the
-runner's name for each."""
 
 MIN_STALE_STEPS = 10
 """PipeFusion reuses the previous step's K/V; seed 000 §6 and §11 Q4 rule it out for few-step models (FLUX.1
@@ -37,7 +31,7 @@ class Layout:
     """Data parallel: independent groups, each running its own jobs."""
     cfg: int = 1
     """CFG parallel: 2 puts the conditional and unconditional forwards on different ranks."""
-    pipefusion: int = 1
+    pp: int = 1
     """PipeFusion stages: layers split into stages, the latent into patches that stream through them."""
     ring: int = 1
     """Ring attention degree (sequence parallel, K/V passed around a ring)."""
@@ -51,7 +45,7 @@ class Layout:
     @property
     def group(self) -> int:
         """Ranks that run one job together."""
-        return self.cfg * self.pipefusion * self.ring * self.ulysses * self.tp
+        return self.cfg * self.pp * self.ring * self.ulysses * self.tp
 
     @property
     def sp(self) -> int:
@@ -70,15 +64,14 @@ class Layout:
         """The runner's `ParallelDims` for this layout; ValueError for axes the runner does not have."""
         reason = unavailable_reason(self)
         if reason:
-            raise ValueError(f"layout {self.label()}: {reason}; pick a layout without them")
-        return ParallelDims(dp=self.dp, cfg=self.cfg, pp=self.pipefusion, ring=self.ring, ulysses=self.ulysses,
+            raise ValueError(f"layout {self.name}: {reason}; pick a layout without them")
+        return ParallelDims(dp=self.dp, cfg=self.cfg, pp=self.pp, ring=self.ring, ulysses=self.ulysses,
                             tp=self.tp, fsdp=self.fsdp > 1)
 
-    def label(self) -> str:
-        parts = [f"{axis}{getattr(self, axis)}" for axis in AXES if getattr(self, axis) > 1]
-        if self.fsdp > 1:
-            parts.append(f"fsdp{self.fsdp}")
-        return "x".join(parts) or "single"
+    @property
+    def name(self) -> str:
+        """The layout's name in the runner's grammar (`ParallelDims.name`): `dp2-cfg2-ulysses4-fsdp`."""
+        return layout_name({axis: getattr(self, axis) for axis in AXES}, fsdp=self.fsdp > 1)
 
     def span(self, axis: str) -> tuple[int, int]:
         """(stride, degree) of `axis` on the mesh: its group's members are `stride` ranks apart."""
@@ -101,15 +94,15 @@ def enumerate_layouts(gpus: int) -> list[Layout]:
     for cfg in (1, 2):
         if gpus % cfg:
             continue
-        for pipefusion in _divisors(gpus // cfg):
-            rest = gpus // (cfg * pipefusion)
+        for pp in _divisors(gpus // cfg):
+            rest = gpus // (cfg * pp)
             for ring in _divisors(rest):
                 for ulysses in _divisors(rest // ring):
                     for tp in _divisors(rest // (ring * ulysses)):
                         dp = rest // (ring * ulysses * tp)
-                        base = Layout(dp=dp, cfg=cfg, pipefusion=pipefusion, ring=ring, ulysses=ulysses, tp=tp)
+                        base = Layout(dp=dp, cfg=cfg, pp=pp, ring=ring, ulysses=ulysses, tp=tp)
                         layouts.append(base)
-                        if base.group > 1 and pipefusion == tp == 1:
+                        if base.group > 1 and pp == tp == 1:
                             layouts.append(_with_fsdp(base))
     return layouts
 
@@ -152,20 +145,19 @@ def structural_problems(layout: Layout, shape: ModelShape, sequence: int, steps:
         if getattr(layout, axis) > 1 and crosses_nodes(layout, axis, cluster):
             problems.append(f"{axis}={getattr(layout, axis)} would cross nodes ({cluster.gpus_per_node} GPUs a node); "
                             f"keep {axis} inside a node")
-    if layout.pipefusion > shape.num_layers:
-        problems.append(f"pipefusion={layout.pipefusion} exceeds the {shape.num_layers} layers of {shape.name}")
-    if layout.pipefusion > 1 and steps < MIN_STALE_STEPS:
-        problems.append(f"pipefusion reuses the previous step's K/V; {steps} steps are too few (needs "
+    if layout.pp > shape.num_layers:
+        problems.append(f"pp={layout.pp} (PipeFusion stages) exceeds the {shape.num_layers} layers of {shape.name}")
+    if layout.pp > 1 and steps < MIN_STALE_STEPS:
+        problems.append(f"pp (PipeFusion) reuses the previous step's K/V; {steps} steps are too few (needs "
                         f"{MIN_STALE_STEPS} or more)")
-    if layout.sp * layout.pipefusion > sequence:
-        problems.append(f"{layout.sp * layout.pipefusion} sequence shards exceed the {sequence} tokens")
+    if layout.sp * layout.pp > sequence:
+        problems.append(f"{layout.sp * layout.pp} sequence shards exceed the {sequence} tokens")
     return problems
 
 
 def unavailable_reason(layout: Layout) -> str | None:
     """Why genbatch's runner cannot run this layout yet, or None when it can."""
-    missing = [axis for axis, runner_axis in RUNNER_AXES.items()
-               if getattr(layout, axis) > 1 and runner_axis not in RUNNABLE]
+    missing = [axis for axis in AXES if getattr(layout, axis) > 1 and axis not in RUNNABLE]
     if not missing:
         return None
     return " and ".join(missing) + " not in the runner yet (estimate only)"

@@ -26,18 +26,18 @@ def memory_per_rank(layout: Layout, work: Workload) -> dict[str, float]:
     """GiB per rank by part, and `total` (the peak)."""
     shape = work.shape
     d, layers = shape.hidden_size, shape.num_layers
-    patches = layout.pipefusion  # PipeFusion streams as many patches as it has stages (xDiT's default)
+    patches = layout.pp  # PipeFusion streams as many patches as it has stages (xDiT's default)
     weight_bytes = shape.parameters * BYTES_PER_VALUE
-    weights = weight_bytes / (layout.fsdp * layout.pipefusion * layout.tp)
+    weights = weight_bytes / (layout.fsdp * layout.pp * layout.tp)
     if layout.fsdp > 1:
         weights += FSDP_PREFETCH_LAYERS * weight_bytes / layers
     # (N, d) split over sequence ranks, PipeFusion patches and TP columns
     activations = ACTIVATION_TENSORS * work.sequence * d * BYTES_PER_VALUE / (layout.sp * patches * layout.tp)
     stale_kv = 0.0
-    if layout.pipefusion > 1:
+    if layout.pp > 1:
         # seed 000 §6.3: a stage keeps the K and V of all N tokens for its L/p layers (2 N d per layer),
         # whole in every sequence rank (seed 001 §5.4), split by TP heads.
-        stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pipefusion) / layout.tp
+        stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / layout.tp
     vae_decode = work.megapixels * shape.vae_gib_per_mpx * GIB / layout.group
     parts = {
         "weights": weights / GIB,

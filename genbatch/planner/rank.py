@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from genbatch.jobs.models import ModelSpec
+from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
 from genbatch.planner.hardware import Cluster, make_cluster
 from genbatch.planner.layouts import Layout, enumerate_layouts, structural_problems, unavailable_reason
@@ -63,6 +64,8 @@ class Plan:
     """Legal layouts, best first (runnable or not)."""
     rejected: tuple[Rejection, ...]
     """Layouts ruled out, with reasons: first those too big or too slow, then those that cannot run at all."""
+    constraints: LayoutConstraints = LayoutConstraints()
+    """The layout flags every ranked and rejected layout satisfies (`gen plan --ulysses 4 ...`)."""
 
     @property
     def best(self) -> Candidate:
@@ -91,15 +94,17 @@ def _memory_problem(cost: Estimate, cluster: Cluster) -> str | None:
 
 def _sort_key(candidate: Candidate, objective: str) -> tuple:
     layout, cost = candidate.layout, candidate.estimate
-    stale = 1.0 + STALE_MARGIN if layout.pipefusion > 1 else 1.0
-    simplicity = (layout.fsdp, layout.tp, layout.pipefusion, layout.ring, layout.ulysses, layout.cfg)
+    stale = 1.0 + STALE_MARGIN if layout.pp > 1 else 1.0
+    simplicity = (layout.fsdp, layout.tp, layout.pp, layout.ring, layout.ulysses, layout.cfg)
     if objective == "throughput":
         return (-layout.dp, -candidate.jobs_per_hour / stale, simplicity)
     return (cost.seconds_per_job * stale, -candidate.jobs_per_hour, simplicity)
 
 
-def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max_latency: float | None = None) -> Plan:
-    """Enumerate, validate, price and order every layout of `cluster.gpus` for `work`."""
+def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max_latency: float | None = None,
+         constraints: LayoutConstraints | None = None) -> Plan:
+    """Enumerate, validate, price and order every layout of `cluster.gpus` for `work`; with `constraints`, only
+    the layouts that satisfy them (ValueError naming them and the nearest fixes when none of those fits)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose throughput or latency")
     if max_latency is not None and max_latency <= 0:
@@ -122,8 +127,30 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
         ranked.append(Candidate(layout=layout, estimate=cost, jobs_per_hour=layout.dp * 3600 / cost.seconds_per_job,
                                 unavailable=unavailable_reason(layout)))
     ranked.sort(key=lambda candidate: _sort_key(candidate, objective))
+    rejected += illegal
+    constraints = constraints or LayoutConstraints()
+    if constraints.given:
+        kept = [candidate for candidate in ranked if constraints.admits(candidate.layout)]
+        if not kept:
+            raise ValueError(_unmet(constraints, work, cluster, ranked, rejected))
+        ranked = kept
+        rejected = [rejection for rejection in rejected if constraints.admits(rejection.layout)]
     return Plan(work=work, cluster=cluster, objective=objective, max_latency=max_latency, ranked=tuple(ranked),
-                rejected=tuple(rejected + illegal))
+                rejected=tuple(rejected), constraints=constraints)
+
+
+def _unmet(constraints: LayoutConstraints, work: Workload, cluster: Cluster, ranked: list[Candidate],
+           rejected: list[Rejection]) -> str:
+    """Why no layout with these flags fits, and the nearest flags with which one does."""
+    flags = constraints.flags()
+    reasons = list(dict.fromkeys(reason for rejection in rejected if constraints.admits(rejection.layout)
+                                 for reason in rejection.reasons))[:3]
+    if not reasons:
+        reasons = [f"no way to factor {cluster.gpus} GPUs has {flags}"]
+    fixes = nearest_fixes(constraints, [candidate.layout for candidate in ranked])
+    nearest = f"; nearest that fit: {' | '.join(fixes)}" if fixes else "; no layout fits even without them"
+    return (f"no layout with {flags} fits {work.describe()} on {cluster.gpus} x {cluster.gpu.name}: "
+            + " | ".join(reasons) + nearest)
 
 
 def plan(
@@ -143,17 +170,18 @@ def plan(
     offload_text_encoder: bool = False,
     objective: str = "throughput",
     max_latency: float | None = None,
+    constraints: LayoutConstraints | None = None,
 ) -> Plan:
     """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs."""
     cluster = make_cluster(gpus, nodes=nodes, gpu=gpu, gpu_mem=gpu_mem, interconnect=interconnect,
                            intra_node=intra_node, network_gbps=network_gbps)
     work = make_workload(resolve_shape(model), width=width, height=height, frames=frames, steps=steps,
                          offload_text_encoder=offload_text_encoder)
-    return rank(work, cluster, objective=objective, max_latency=max_latency)
+    return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints)
 
 
 def best_layout(model: str | ModelSpec | ModelShape, gpus: int, **options) -> dict[str, int]:
-    """The degrees of the best runnable layout: dp, cfg, pipefusion, ring, ulysses, tp, fsdp, vae_parallel.
+    """The degrees of the best runnable layout: dp, cfg, pp, ring, ulysses, tp, fsdp, vae_parallel.
 
     Takes `plan`'s keyword options (nodes, interconnect, gpu, gpu_mem, width, height, frames, steps, objective,
     max_latency, ...); raises ValueError naming the limits when nothing fits.

@@ -2,22 +2,29 @@
 
 from __future__ import annotations
 
-from genbatch.planner.layouts import AXES
+from genbatch.parallel.axes import AXES
+from genbatch.planner.layouts import Layout
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan
 
-SCHEMA_VERSION = 1
-"""Bumped when a field of `plan_to_dict` changes meaning or goes away."""
+SCHEMA_VERSION = 2
+"""Bumped when a field of `plan_to_dict` changes meaning or goes away (2: PipeFusion's degree is `pp`, the
+runner's axis name, and every layout carries its `layout` name)."""
 
 
 def _round(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
 
 
+def layout_to_dict(layout: Layout) -> dict:
+    """A layout's name in the runner's grammar (`dp2-cfg2-ulysses4-fsdp`) and its degrees."""
+    return {"layout": layout.name, **layout.degrees()}
+
+
 def candidate_to_dict(candidate: Candidate) -> dict:
-    """One ranked layout: its degrees, its estimates and the parts behind them."""
+    """One ranked layout: its name and degrees, its estimates and the parts behind them."""
     cost = candidate.estimate
     return {
-        **candidate.layout.degrees(),
+        **layout_to_dict(candidate.layout),
         "available": candidate.unavailable is None,
         "note": candidate.unavailable,
         "seconds_per_job": _round(cost.seconds_per_job),
@@ -43,7 +50,7 @@ def plan_to_dict(plan: Plan) -> dict:
     """The whole plan: inputs, the layouts best first, the best runnable one, and the rejected with reasons."""
     work, cluster = plan.work, plan.cluster
     try:
-        best = plan.best.layout.degrees()
+        best = layout_to_dict(plan.best.layout)
     except ValueError:
         best = None
     return {
@@ -68,13 +75,14 @@ def plan_to_dict(plan: Plan) -> dict:
         },
         "objective": plan.objective,
         "max_latency": plan.max_latency,
+        "constraints": plan.constraints.given,
         "best": best,
         "layouts": [candidate_to_dict(candidate) for candidate in plan.ranked],
-        "rejected": [{**rejection.layout.degrees(), "reasons": list(rejection.reasons)} for rejection in plan.rejected],
+        "rejected": [{**layout_to_dict(rejection.layout), "reasons": list(rejection.reasons)} for rejection in plan.rejected],
     }
 
 
-_SHORT = {"dp": "dp", "cfg": "cfg", "pipefusion": "pf", "ring": "ring", "ulysses": "uly", "tp": "tp"}
+_SHORT = {"dp": "dp", "cfg": "cfg", "pp": "pp", "ring": "ring", "ulysses": "uly", "tp": "tp"}
 
 
 def _degree_cells(degrees: dict[str, int]) -> list[str]:
@@ -88,7 +96,8 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
     lines = [
         f"{work.describe()}",
         f"{cluster.gpus} x {cluster.gpu.name} ({cluster.memory_gib:g} GiB, {cluster.intra.name} in a node{network}); "
-        f"objective: {plan.objective}" + (f", max latency {plan.max_latency:g} s" if plan.max_latency else ""),
+        f"objective: {plan.objective}" + (f", max latency {plan.max_latency:g} s" if plan.max_latency else "")
+        + (f"; only layouts with {plan.constraints.flags()}" if plan.constraints.given else ""),
         "",
     ]
     header = ["#", *(_SHORT[axis] for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
@@ -111,17 +120,17 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
         lines.append(f"... {len(plan.ranked) - top} more legal layouts (--top N, or --json for all)")
     lines.append("(seconds: compute, comm (all traffic) and exposed (left after overlap) per step; memory in GiB "
                  "per rank: total, weights, denoise activations, VAE decode peak)")
-    if any(candidate.layout.pipefusion > 1 for candidate in plan.ranked[:top]):
-        lines.append(f"(pipefusion reuses stale K/V: it ranks above exact layouts only when {STALE_MARGIN:.0%} faster)")
+    if any(candidate.layout.pp > 1 for candidate in plan.ranked[:top]):
+        lines.append(f"(pp (PipeFusion) reuses stale K/V: it ranks above exact layouts only when {STALE_MARGIN:.0%} faster)")
     try:
-        lines.append(f"best runnable: {plan.best.layout.label()}")
+        lines.append(f"best runnable: {plan.best.layout.name}")
     except ValueError as error:
         lines.append(f"no runnable layout: {error}")
     if plan.rejected:
         lines.append("")
         lines.append(f"rejected {len(plan.rejected)} layouts:")
         for rejection in plan.rejected[:rejected]:
-            lines.append(f"  {rejection.layout.label()}: {'; '.join(rejection.reasons)}")
+            lines.append(f"  {rejection.layout.name}: {'; '.join(rejection.reasons)}")
         if len(plan.rejected) > rejected:
             lines.append(f"  ... {len(plan.rejected) - rejected} more (--json lists all)")
     return "\n".join(lines)

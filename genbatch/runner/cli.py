@@ -9,24 +9,14 @@ import click
 
 from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import job_override_options, overrides_from_options, storage_options_from
+from genbatch.parallel.flags import layout_options
 
 
 def _layout_options(command):
-    options = [
-        click.option("--dp", type=click.IntRange(min=1), help="Data-parallel groups (default: the rest of the world)."),
-        click.option("--cfg", type=click.IntRange(1, 2), default=1, show_default=True,
-                     help="CFG parallel: 2 runs the two guidance branches on different ranks."),
-        click.option("--ring", type=click.IntRange(min=1), default=1, show_default=True, help="Ring-attention degree."),
-        click.option("--ulysses", type=click.IntRange(min=1), default=1, show_default=True,
-                     help="Ulysses degree (must divide the head count)."),
-        click.option("--fsdp/--no-fsdp", default=False, show_default=True,
-                     help="Shard transformer and text-encoder weights over each job group (FSDP2)."),
-        click.option("--layout", type=click.Choice(["manual", "auto"]), default="manual", show_default=True,
-                     help="auto: use `gen plan`'s best layout for the GPUs given (ignores the degrees above)."),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+    """The layout flags (`genbatch.parallel.flags`, shared with `gen plan`), then `--layout`."""
+    command = click.option("--layout", type=click.Choice(["manual", "auto"]), default="manual", show_default=True,
+                           help="auto: use `gen plan`'s best layout for the GPUs given (ignores the degrees above).")(command)
+    return layout_options(constraints=False)(command)
 
 
 @click.command("run")
@@ -107,8 +97,8 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             model=options["model"],
             overrides=overrides_from_options(options),
             storage_options=storage_options_from(storage_option),
-            dp=options["dp"], cfg=options["cfg"], ring=options["ring"], ulysses=options["ulysses"],
-            fsdp=options["fsdp"], layout=options["layout"], dtype=options["dtype"], backend=options["backend"],
+            dp=options["dp"], cfg=options["cfg"], pp=options["pp"], ring=options["ring"], ulysses=options["ulysses"],
+            tp=options["tp"], fsdp=options["fsdp"], layout=options["layout"], dtype=options["dtype"], backend=options["backend"],
             collective_timeout=options["collective_timeout"], download=options["download"], share=share_value,
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),

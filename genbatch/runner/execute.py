@@ -217,20 +217,27 @@ class JobExecutor:
         try:
             frames = self.generate(job, timer, model)
         except JobInterrupted:
-            self.store.append_timings(timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank))
+            self.store.append_timings(self._timing_rows(timer, job))
             raise
         record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank}
         if not self.ctx.is_leader:
-            return JobResult(record=record, timings=timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank))
+            return JobResult(record=record, timings=self._timing_rows(timer, job))
         with timer.stage("encode_media"):
             media, ext = self._encode(to_uint8(frames), job, model.spec.is_video)
         record["output_uri"] = self.store.output_uri(job.id, ext)
         seconds = timer.seconds_by_stage()
         record.update({f"{stage}_s": value for stage, value in seconds.items()})
         record["finished_at"] = time.time()
-        timings = timer.rows(run_id=self.run_id, job_id=job.id, rank=self.ctx.rank)
+        timings = self._timing_rows(timer, job)
         self.writer.submit(self._commit, job, media, ext, record)
         return JobResult(record=record, timings=timings)
+
+    def _timing_columns(self, job: JobSpec) -> dict:
+        """What every timing row of the job on this rank carries: the run, job, rank and layout name (`dp2`)."""
+        return {"run_id": self.run_id, "job_id": job.id, "rank": self.ctx.rank, "layout": self.ctx.dims.name}
+
+    def _timing_rows(self, timer: JobTimer, job: JobSpec) -> list[dict]:
+        return timer.rows(**self._timing_columns(job))
 
     def _commit(self, job: JobSpec, media: bytes, ext: str, record: dict) -> None:
         """Runs on the writer thread: media, then the done marker, then the checkpoint goes away."""
@@ -238,8 +245,8 @@ class JobExecutor:
         self.store.commit(job.id, media, ext, record)
         self.store.delete_checkpoint(job.id)
         self.store.append_timings([{
-            "run_id": self.run_id, "job_id": job.id, "rank": self.ctx.rank, "stage": "write", "step": None,
-            "start": started, "seconds": time.perf_counter() - clock,
+            **self._timing_columns(job), "stage": "write", "step": None, "start": started,
+            "seconds": time.perf_counter() - clock,
         }])
 
     @staticmethod

@@ -49,9 +49,17 @@ class RunOptions:
     dp: int | None = None
     """Data-parallel groups (None: the world size over the other degrees)."""
     cfg: int = 1
+    """CFG parallel degree (1 or 2)."""
+    pp: int = 1
+    """PipeFusion stages (not implemented yet: start-up refuses anything but 1)."""
     ring: int = 1
+    """Ring-attention degree."""
     ulysses: int = 1
+    """Ulysses degree (divides the head count)."""
+    tp: int = 1
+    """Tensor-parallel degree (not implemented yet: start-up refuses anything but 1)."""
     fsdp: bool = False
+    """Shard transformer and text-encoder weights over each job group (FSDP2)."""
     layout: str = "manual"
     """"auto": take `gen plan`'s best layout for these processes instead of the degrees above."""
     dtype: str | None = None
@@ -98,11 +106,13 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "manifest": options.manifest,
         "out": options.out,
         "model": options.model,
-        "layout": world.ctx.dims.describe(),
+        "layout": world.ctx.dims.name,  # the one layout grammar (`ParallelDims.parse` reads it back)
+        "mesh": world.ctx.dims.describe(),
         "world_size": world.world_size,
         "device": str(world.ctx.device),
         "dtype": str(world.dtype).removeprefix("torch."),
-        "options": {k: getattr(options, k) for k in ("dp", "cfg", "ring", "ulysses", "fsdp", "share", "vae_parallel")},
+        "options": {k: getattr(options, k) for k in ("dp", "cfg", "pp", "ring", "ulysses", "tp", "fsdp", "share",
+                                                              "vae_parallel")},
         "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},

@@ -246,13 +246,13 @@ def start_world(options, stop=None) -> World:
             dims = auto_dims(options.model, world_size, device)
         else:
             dims = ParallelDims.infer(
-                world_size, dp=options.dp, cfg=options.cfg, ring=options.ring, ulysses=options.ulysses,
-                fsdp=options.fsdp,
+                world_size, dp=options.dp, cfg=options.cfg, pp=options.pp, ring=options.ring,
+                ulysses=options.ulysses, tp=options.tp, fsdp=options.fsdp,
             )
         if dims.world_size != world_size:
             raise ValueError(
-                f"dp {dims.dp} x cfg {dims.cfg} x ring {dims.ring} x ulysses {dims.ulysses} = {dims.world_size}, "
-                f"but {world_size} processes were started; leave --dp out to let it take the rest"
+                f"{dims.describe()} = {dims.world_size} ranks, but {world_size} processes were started; leave --dp "
+                "out to let it take the rest"
             )
     except ValueError as error:
         if owns:

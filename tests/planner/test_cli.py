@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from genbatch.cli import main
 from genbatch.jobs.exit_codes import USAGE
 
-LAYOUT_KEYS = {"dp", "cfg", "pipefusion", "ring", "ulysses", "tp", "fsdp", "vae_parallel"}
+LAYOUT_KEYS = {"layout", "dp", "cfg", "pp", "ring", "ulysses", "tp", "fsdp", "vae_parallel"}
 ESTIMATE_KEYS = {"seconds_per_job", "seconds_per_step", "jobs_per_hour", "memory_per_rank_gib", "comm_bytes_per_step"}
 
 
@@ -27,21 +27,21 @@ def _json(*args: str) -> dict:
 
 def test_json_schema_best_first_with_rejections():
     data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
-    assert data["schema"] == 1 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["schema"] == 2 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
     assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
                                 "image_tokens": 75600, "offload_text_encoder": False}
     assert data["cluster"]["gpu"] == "h100" and data["cluster"]["gpus"] == 8 and data["cluster"]["network"] is None
     layouts = data["layouts"]
     for layout in layouts:
         assert LAYOUT_KEYS | ESTIMATE_KEYS | {"available", "note", "breakdown"} == set(layout)
-        degrees = [layout[axis] for axis in ("dp", "cfg", "pipefusion", "ring", "ulysses", "tp")]
+        degrees = [layout[axis] for axis in ("dp", "cfg", "pp", "ring", "ulysses", "tp")]
         assert math.prod(degrees) == 8
         assert layout["available"] == (layout["note"] is None)
         parts = layout["breakdown"]
         assert set(parts["memory_gib"]) >= {"weights", "activations", "vae_decode", "total"}
         assert sum(parts["comm_bytes_per_step"].values()) == pytest.approx(layout["comm_bytes_per_step"], abs=10)
         assert layout["jobs_per_hour"] == pytest.approx(layout["dp"] * 3600 / layout["seconds_per_job"], rel=1e-3)
-    exact = [layout["seconds_per_job"] for layout in layouts if layout["pipefusion"] == 1]
+    exact = [layout["seconds_per_job"] for layout in layouts if layout["pp"] == 1]
     assert exact == sorted(exact)
     assert {key: layouts[0][key] for key in LAYOUT_KEYS} == data["best"]
     assert data["best"]["cfg"] == 2 and data["best"]["ulysses"] == 4
@@ -61,9 +61,9 @@ def test_table_shows_the_why():
     lines = result.output.splitlines()
     assert lines[0] == "flux.1-dev 1024x1024 28 steps (4608 tokens)"
     header = lines[3].split()
-    for column in ("dp", "uly", "pf", "fsdp", "s/job", "s/step", "jobs/h", "compute", "exposed", "GB/step", "GiB/rank"):
+    for column in ("dp", "uly", "pp", "fsdp", "s/job", "s/step", "jobs/h", "compute", "exposed", "GB/step", "GiB/rank"):
         assert column in header
-    assert "pipefusion not in the runner yet" in lines[4]
+    assert "pp not in the runner yet" in lines[4]
     assert any(line.startswith("best runnable: ") for line in lines)
     assert any(line.startswith("rejected ") for line in lines)
     assert "more legal layouts" in result.output and "only when 10% faster" in result.output

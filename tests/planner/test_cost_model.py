@@ -27,11 +27,11 @@ def _seconds(model: str, layout: Layout, **size) -> float:
     return estimate(layout, work, make_cluster(layout.world)).seconds_per_job
 
 
-@pytest.mark.parametrize("layout", list(XDIT_FLUX), ids=lambda layout: layout.label())
+@pytest.mark.parametrize("layout", list(XDIT_FLUX), ids=lambda layout: layout.name)
 def test_xdit_flux_speedups_within_25_percent(layout):
     measured = XDIT_FLUX[Layout()] / XDIT_FLUX[layout]
     predicted = _seconds("flux.1-dev", Layout()) / _seconds("flux.1-dev", layout)
-    assert abs(predicted / measured - 1) < 0.25, (layout.label(), predicted, measured)
+    assert abs(predicted / measured - 1) < 0.25, (layout.name, predicted, measured)
 
 
 def test_xdit_flux_order_ulysses4_beats_usp_beats_ring4():
@@ -69,7 +69,7 @@ def _bytes(model: str, layout: Layout, gpus: int | None = None, **cluster) -> di
         ("tp", Layout(tp=4), 4.8e9),
         ("ulysses", Layout(ulysses=4), 1.2e9),
         ("ring", Layout(ring=4), 2.4e9),
-        ("pipefusion", Layout(pipefusion=4), 28e6),
+        ("pp", Layout(pp=4), 28e6),
         ("fsdp", Layout(ulysses=4, fsdp=4), 17e9),
     ],
 )
@@ -83,7 +83,7 @@ def test_flux_bytes_per_step_match_seed_table(axis, layout, seed_bytes):
         # seed 000 §1 table, "Wan 每步（p=8）"; cfg=2 so each rank runs one forward a step, as the table counts
         ("ulysses", Layout(cfg=2, ulysses=8), 13.5e9),
         ("ring", Layout(cfg=2, ring=8), 54e9),
-        ("pipefusion", Layout(cfg=2, pipefusion=8), 0.8e9),
+        ("pp", Layout(cfg=2, pp=8), 0.8e9),
         ("fsdp", Layout(cfg=2, ulysses=8, fsdp=16), 23e9 / (7 / 8) * (15 / 16)),  # the table's p=8 figure at p=16
         ("tp", Layout(cfg=2, tp=8), 108e9),  # §3.2: "40 层 108 GB / 步"
     ],

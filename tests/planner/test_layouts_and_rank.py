@@ -15,7 +15,7 @@ def test_every_layout_multiplies_to_the_gpus_and_none_repeats(gpus):
     assert len(set(layouts)) == len(layouts)
     for layout in layouts:
         assert layout.world == gpus and layout.cfg in (1, 2) and layout.fsdp in (1, layout.group)
-        assert layout.fsdp == 1 or (layout.group > 1 and layout.pipefusion == layout.tp == 1)
+        assert layout.fsdp == 1 or (layout.group > 1 and layout.pp == layout.tp == 1)
     plain = {layout for layout in layouts if layout.fsdp == 1}
     assert Layout(dp=gpus) in plain and Layout(ulysses=gpus) in plain and Layout(ring=gpus) in plain
 
@@ -51,17 +51,17 @@ def test_rejection_reasons_name_the_limit():
     assert "does not divide the 24 heads" in reasons[Layout(ulysses=16)][0]
     assert "classifier-free guidance" in reasons[Layout(dp=8, cfg=2)][0]
     tiny = {r.layout: r.reasons for r in plan("tiny-flux", 4, steps=20).rejected}
-    assert "exceeds the 2 layers" in tiny[Layout(pipefusion=4)][0]
+    assert "exceeds the 2 layers" in tiny[Layout(pp=4)][0]
     big = {r.layout: r.reasons for r in plan("wan2.1-14b", 8).rejected}
     assert "GiB per rank > 79.60 GiB" in big[Layout(dp=8)][0] and "fsdp" in big[Layout(dp=8)][0]
 
 
-def test_pipefusion_and_tp_are_estimated_but_flagged():
+def test_pp_and_tp_are_estimated_but_flagged():
     assert unavailable_reason(Layout(ulysses=8)) is None
-    assert "pipefusion" in unavailable_reason(Layout(pipefusion=2, ulysses=4))
+    assert "pp" in unavailable_reason(Layout(pp=2, ulysses=4))
     assert "tp" in unavailable_reason(Layout(tp=2, dp=4))
     flagged = [candidate for candidate in plan("flux.1-dev", 8, gpu="l40").ranked if candidate.unavailable]
-    assert flagged and all(candidate.layout.pipefusion > 1 or candidate.layout.tp > 1 for candidate in flagged)
+    assert flagged and all(candidate.layout.pp > 1 or candidate.layout.tp > 1 for candidate in flagged)
 
 
 def test_throughput_splits_only_for_memory():
@@ -85,13 +85,13 @@ def test_throughput_splits_for_max_latency():
 
 def test_latency_objective_minimises_seconds_per_job():
     result = plan("hunyuanvideo", 8, objective="latency")
-    exact = [candidate for candidate in result.ranked if candidate.layout.pipefusion == 1]
+    exact = [candidate for candidate in result.ranked if candidate.layout.pp == 1]
     assert [c.estimate.seconds_per_job for c in exact] == sorted(c.estimate.seconds_per_job for c in exact)
 
 
 def test_best_layout_returns_degrees_for_the_runner():
     degrees = best_layout("wan2.1-14b", 8, objective="latency")
-    assert degrees == {"dp": 1, "cfg": 2, "pipefusion": 1, "ring": 1, "ulysses": 4, "tp": 1, "fsdp": 1,
+    assert degrees == {"dp": 1, "cfg": 2, "pp": 1, "ring": 1, "ulysses": 4, "tp": 1, "fsdp": 1,
                        "vae_parallel": 8}
     assert best_layout("tiny-wan", 4)["dp"] == 4
 
@@ -119,5 +119,5 @@ def test_runnable_layouts_become_the_runners_parallel_dims():
     assert (dims.dp, dims.cfg, dims.ring, dims.ulysses, dims.fsdp) == (1, 2, 1, 4, False)
     dims.validate(world_size=8, num_heads=40, uses_cfg=True)
     assert Layout(ulysses=4, fsdp=4).parallel_dims().fsdp is True
-    with pytest.raises(ValueError, match="pipefusion not in the runner"):
-        Layout(pipefusion=2).parallel_dims()
+    with pytest.raises(ValueError, match="pp not in the runner"):
+        Layout(pp=2).parallel_dims()

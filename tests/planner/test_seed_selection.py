@@ -25,7 +25,7 @@ def test_flux_nvlink_ulysses_4_or_8_rest_dp():
     # "FLUX 1024²（无 CFG） 推荐 Ulysses 4（1.63 s）或 8；剩余卡做 DP ... 不推荐 PipeFusion（有气泡）、TP 8"
     for layout in (_overall("flux.1-dev", 8), plan("flux.1-dev", 8, objective="latency").best.layout):
         assert layout.ulysses in (4, 8) and layout.dp == 8 // layout.ulysses
-        assert layout.ring == layout.cfg == layout.pipefusion == layout.tp == 1
+        assert layout.ring == layout.cfg == layout.pp == layout.tp == 1
     ranked = [candidate.layout for candidate in plan("flux.1-dev", 8, objective="latency").ranked]
     tp8 = next(i for i, layout in enumerate(ranked) if layout.tp == 8)
     usp = next(i for i, layout in enumerate(ranked) if layout.ulysses == 2 and layout.ring == 2)
@@ -36,7 +36,7 @@ def test_qwen_image_nvlink_cfg2_ulysses_or_ulysses():
     # "Qwen-Image（CFG） CFG 2 × Ulysses 2–4 vs Ulysses 4–8 实测"
     for layout in (_overall("qwen-image", 8), plan("qwen-image", 8, objective="latency").best.layout):
         assert (layout.cfg == 2 and layout.ulysses in (2, 4)) or (layout.cfg == 1 and layout.ulysses in (4, 8))
-        assert layout.ring == layout.pipefusion == layout.tp == 1
+        assert layout.ring == layout.pp == layout.tp == 1
 
 
 def test_wan_14b_nvlink_cfg2_ulysses4_vae_over_8():
@@ -61,16 +61,16 @@ def test_hunyuanvideo_nvlink_ulysses8_then_ulysses4_ring2():
 def test_pcie_small_ulysses_rest_pipefusion_cfg_as_usual():
     # "单节点 PCIe（8×L40 / A10）：Ulysses 度 ≤ 2–4、其余给 PipeFusion；CFG 并行照常（通信为零）"
     flux = _overall("flux.1-dev", 8, gpu="l40")
-    assert flux.pipefusion >= 2 and flux.ulysses <= 4 and flux.dp == 1
+    assert flux.pp >= 2 and flux.ulysses <= 4 and flux.dp == 1
     for model in ("sd3-medium", "qwen-image"):
         layout = _overall(model, 8, gpu="l40")
-        assert layout.cfg == 2 and layout.pipefusion >= 2 and layout.ulysses <= 4 and layout.dp == 1
+        assert layout.cfg == 2 and layout.pp >= 2 and layout.ulysses <= 4 and layout.dp == 1
 
 
 def test_pcie_pipefusion_wins_but_runner_lacks_it():
     result = plan("flux.1-dev", 8, gpu="l40", objective="latency")
-    assert result.ranked[0].unavailable and "pipefusion" in result.ranked[0].unavailable
-    assert result.best.unavailable is None and result.best.layout.pipefusion == 1
+    assert result.ranked[0].unavailable and "pp" in result.ranked[0].unavailable
+    assert result.best.unavailable is None and result.best.layout.pp == 1
 
 
 # --- section 8, across nodes ------------------------------------------------------------------------------------
@@ -81,8 +81,8 @@ def test_across_nodes_ulysses_inside_pipefusion_over_ethernet():
     # 让 16 卡比 8 卡再快 1.16 倍" (two 8xL40 machines over Ethernet)
     result = plan("flux.1-dev", 16, nodes=2, gpu="l40", interconnect="ethernet", objective="latency")
     best = result.ranked[0].layout
-    assert best == Layout(pipefusion=4, ulysses=4)
-    assert crosses_nodes(best, "pipefusion", result.cluster) and not crosses_nodes(best, "ulysses", result.cluster)
+    assert best == Layout(pp=4, ulysses=4)
+    assert crosses_nodes(best, "pp", result.cluster) and not crosses_nodes(best, "ulysses", result.cluster)
     one_node = plan("flux.1-dev", 8, gpu="l40", objective="latency").ranked[0].estimate.seconds_per_job
     assert result.ranked[0].estimate.seconds_per_job < one_node  # 16 cards beat 8
 
@@ -134,10 +134,10 @@ def test_q1_tp4_and_ulysses4_bytes_and_time():
 def test_q2_ring_vs_pipefusion_over_ethernet():
     # "Ring-2 跨节点：... 28 MB / 层 × 57 = 1.6 GB → 0.5 s / 步，远超每步计算。PipeFusion-2：每步每 stage 传 N d = 28 MB → 10 ms"
     cluster = make_cluster(2, nodes=2, gpu="l40", interconnect="ethernet")
-    ring, pipe = _flux_cost(Layout(ring=2), cluster), _flux_cost(Layout(pipefusion=2), cluster)
+    ring, pipe = _flux_cost(Layout(ring=2), cluster), _flux_cost(Layout(pp=2), cluster)
     assert abs(ring.comm_bytes["ring"] / 1.6e9 - 1) < 0.05 and 0.45 < ring.comm_s < 0.6
     assert ring.comm_exposed_s > 0.5 * ring.comm_s  # far beyond the attention it could hide under
-    assert abs(pipe.comm_bytes["pipefusion"] / 28e6 - 1) < 0.05 and 0.007 < pipe.comm_s < 0.013
+    assert abs(pipe.comm_bytes["pp"] / 28e6 - 1) < 0.05 and 0.007 < pipe.comm_s < 0.013
     assert pipe.seconds_per_step < ring.seconds_per_step / 2
 
 
@@ -155,9 +155,9 @@ def test_q3_cfg_parallel_does_not_apply_to_guidance_distilled_models():
 def test_q4_stale_kv_needs_many_steps_and_pipefusion_keeps_its_layers_kv():
     # "stale K/V 的前提是相邻步激活相似 ... 4 步模型 ... 不能用"; "PipeFusion 每卡只存自己 L/p 层的（FLUX 4 stage 0.8 GB）"
     result = plan("flux.1-dev", 8, steps=4, gpu="l40", objective="latency")
-    assert all(candidate.layout.pipefusion == 1 for candidate in result.ranked)
+    assert all(candidate.layout.pp == 1 for candidate in result.ranked)
     assert any("too few" in reason for rejection in result.rejected for reason in rejection.reasons)
-    four = _flux_cost(Layout(pipefusion=4), make_cluster(4))
+    four = _flux_cost(Layout(pp=4), make_cluster(4))
     one = _flux_cost(Layout(dp=4), make_cluster(4))
     stale_gib = four.memory["activations"] - one.memory["activations"] / 4
     assert 0.65 < stale_gib * 2**30 / 1e9 < 0.9
@@ -166,7 +166,7 @@ def test_q4_stale_kv_needs_many_steps_and_pipefusion_keeps_its_layers_kv():
 
 def test_q5_throughput_only_means_data_parallel_8():
     # "data parallel 8：每卡独立跑一个请求 ... 只有当单卡放不下或延迟 SLO 要求时才切请求"
-    assert best_layout("flux.1-dev", 8) == {"dp": 8, "cfg": 1, "pipefusion": 1, "ring": 1, "ulysses": 1, "tp": 1,
+    assert best_layout("flux.1-dev", 8) == {"dp": 8, "cfg": 1, "pp": 1, "ring": 1, "ulysses": 1, "tp": 1,
                                              "fsdp": 1, "vae_parallel": 1}
     # section 2: "四张卡各跑一个请求的吞吐（4 张 / 4.30 s）永远高于四张卡切一个请求"
     ranked = plan("flux.1-dev", 4).ranked

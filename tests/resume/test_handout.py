@@ -32,3 +32,7 @@ def test_two_groups_split_a_skewed_manifest_by_work(tmp_path):
     assert jobs_per_group[long_group] < jobs_per_group[1 - long_group], jobs_per_group
     assert jobs_per_group[long_group] <= 2, jobs_per_group  # a static split would give it 3 or 4
     assert len(store.objects.list_names(store.layout.join("outputs"))) == len(ROWS)
+    # the layout by its one name, in run.json and on every timing row of both ranks
+    assert store.read_run_info()["layout"] == "dp2"
+    timings = store.read_timings()
+    assert set(timings.column("layout").to_pylist()) == {"dp2"} and set(timings.column("rank").to_pylist()) == {0, 1}

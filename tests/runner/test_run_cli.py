@@ -9,6 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from genbatch.io import decode_mp4, decode_png
+from genbatch.parallel.dims import ParallelDims
 from tests.support.runs import run_cli as gen, write_manifest
 
 ROWS = [
@@ -58,6 +59,7 @@ def test_every_denoising_step_is_timed(finished_run):
     stages = {row["stage"] for row in timings if row["job_id"] == "fox"}
     assert {"text_encode", "denoise_step", "vae_decode", "encode_media", "write"} <= stages
     assert all(row["seconds"] >= 0 and row["start"] > 1.7e9 for row in timings)
+    assert {row["layout"] for row in timings} == {"single"}  # the layout's name (`ParallelDims.name`)
 
 
 def test_run_info(finished_run):
@@ -65,6 +67,8 @@ def test_run_info(finished_run):
     info = json.loads((out / "run.json").read_text())
     assert info["versions"]["torch"] and info["host"] and info["ended"] >= info["started"]
     assert info["summary"] == {"done": 2, "failed": 0, "rejected": 2}
+    assert info["layout"] == "single" and ParallelDims.parse(info["layout"]) == ParallelDims()
+    assert info["mesh"] == ParallelDims().describe() and info["options"]["pp"] == info["options"]["tp"] == 1
 
 
 def test_rerun_skips_done_jobs(finished_run):

@@ -1,0 +1,60 @@
+"""The layout flags, one definition for `gen run` (the layout to run) and `gen plan` (constraints on the ranking).
+
+    @layout_options(constraints=False)     # gen run:  --dp (the rest) --cfg 1 --pp 1 --ring 1 --ulysses 1 --tp 1 --no-fsdp
+    @layout_options(constraints=True)      # gen plan: every flag unset, so every layout is ranked
+
+One flag per mesh axis of `parallel/axes.py`, in its order, and `--fsdp/--no-fsdp`. `gen run` defaults each
+degree to 1 (`--dp` to the rest of the world); `gen plan` leaves them unset, and a flag given keeps only the
+layouts with that degree (`--ulysses 4`), `--fsdp` only those that shard weights, `--no-fsdp` only those that
+do not. An axis the runner does not implement yet (`RUNNABLE`) takes only 1 in `gen run` (the check is
+`ParallelDims`'), any degree in `gen plan`, which estimates it.
+"""
+
+from __future__ import annotations
+
+import click
+
+from genbatch.parallel.axes import AXES, AXIS, RUNNABLE
+
+_RUN_HELP = {
+    "dp": "Data-parallel groups (default: the rest of the world).",
+    "cfg": "CFG parallel: 2 runs the two guidance branches on different ranks.",
+    "ring": "Ring-attention degree.",
+    "ulysses": "Ulysses degree (must divide the head count).",
+}
+"""`gen run`'s help for the axes it implements; the others get their registry line."""
+_FSDP_HELP = {
+    False: "Shard transformer and text-encoder weights over each job group (FSDP2).",
+    True: "--fsdp ranks only layouts that shard weights over the job group (FSDP2), --no-fsdp only those that do not.",
+}
+
+
+def _degree_type(axis: str) -> click.ParamType:
+    return click.IntRange(1, 2) if axis == "cfg" else click.IntRange(min=1)
+
+
+def _degree_option(axis: str, constraints: bool):
+    if constraints:
+        return click.option(f"--{axis}", type=_degree_type(axis), default=None,
+                            help=f"Rank only layouts with this {axis} degree ({AXIS[axis].what}).")
+    if axis == "dp":
+        return click.option("--dp", type=_degree_type(axis), help=_RUN_HELP["dp"])
+    help_text = _RUN_HELP.get(axis) or f"{AXIS[axis].what[0].upper()}{AXIS[axis].what[1:]}."
+    if axis not in RUNNABLE:
+        help_text += " Not implemented yet: only 1 runs."
+    return click.option(f"--{axis}", type=_degree_type(axis), default=1, show_default=True, help=help_text)
+
+
+def layout_options(*, constraints: bool):
+    """A decorator adding `--dp --cfg --pp --ring --ulysses --tp --fsdp/--no-fsdp` to a click command; their
+    values reach it as keyword arguments of the same names. `constraints`: unset by default (`gen plan`)."""
+    options = [_degree_option(axis, constraints) for axis in AXES]
+    options.append(click.option("--fsdp/--no-fsdp", default=None if constraints else False,
+                                show_default=not constraints, help=_FSDP_HELP[constraints]))
+
+    def decorate(command):
+        for option in reversed(options):
+            command = option(command)
+        return command
+
+    return decorate

@@ -1,0 +1,97 @@
+"""`gen plan`'s layout flags as constraints: which layouts to rank, and the nearest fixes when none runs.
+
+    LayoutConstraints(ulysses=4).admits(Layout(dp=2, ulysses=4))      # True
+    LayoutConstraints(ulysses=4, fsdp=False).flags()                   # "--ulysses 4 --no-fsdp"
+
+The flags are `gen run`'s (`genbatch.parallel.flags`), so a constraint names a layout the way a run does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from genbatch.parallel.axes import AXES
+from genbatch.planner.layouts import Layout
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayoutConstraints:
+    """Degrees a ranked layout must have; None leaves an axis free."""
+
+    dp: int | None = None
+    """Data-parallel groups."""
+    cfg: int | None = None
+    """CFG parallel degree (1 or 2)."""
+    pp: int | None = None
+    """PipeFusion stages."""
+    ring: int | None = None
+    """Ring-attention degree."""
+    ulysses: int | None = None
+    """Ulysses degree."""
+    tp: int | None = None
+    """Tensor-parallel degree."""
+    fsdp: bool | None = None
+    """True: only layouts that shard weights over the job group; False: only those that do not."""
+
+    def __post_init__(self) -> None:
+        for axis in AXES:
+            value = getattr(self, axis)
+            if value is not None and value < 1:
+                raise ValueError(f"--{axis} {value}: a degree is at least 1")
+
+    @property
+    def given(self) -> dict[str, int | bool]:
+        """The constraints set, by flag name, in the order of the mesh axes."""
+        names = (*AXES, "fsdp")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    def admits(self, layout: Layout) -> bool:
+        return all(self._admits(name, value, layout) for name, value in self.given.items())
+
+    @staticmethod
+    def _admits(name: str, value: int | bool, layout: Layout) -> bool:
+        if name == "fsdp":
+            return (layout.fsdp > 1) == value
+        return getattr(layout, name) == value
+
+    def flags(self, names: Sequence[str] | None = None) -> str:
+        """`--ulysses 4 --fsdp`: the constraints (or those of `names`) as the flags that set them."""
+        given = self.given
+        parts = []
+        for name in names if names is not None else given:
+            value = given[name]
+            parts.append(("--fsdp" if value else "--no-fsdp") if name == "fsdp" else f"--{name} {value}")
+        return " ".join(parts)
+
+    def without(self, name: str) -> LayoutConstraints:
+        """These constraints with `name` left free."""
+        values = self.given
+        values.pop(name)
+        return LayoutConstraints(**values)
+
+
+def _nearest(values: set[int | bool], wanted: int | bool) -> list[int | bool]:
+    """The values closest to `wanted` (by ratio for degrees), best first; at most two."""
+    if isinstance(wanted, bool):
+        return sorted(values)
+    return sorted(values, key=lambda value: (max(value, wanted) / min(value, wanted), value))[:2]
+
+
+def _value(name: str, layout: Layout) -> int | bool:
+    return layout.fsdp > 1 if name == "fsdp" else getattr(layout, name)
+
+
+def nearest_fixes(constraints: LayoutConstraints, fitting: Sequence[Layout]) -> list[str]:
+    """Changes to the constraints that leave a layout to rank: for each constraint, the nearest values it could
+    take with the others kept, from `fitting` (the layouts that run here without constraints); dropping them
+    all when no single change does."""
+    fixes = []
+    for name, wanted in constraints.given.items():
+        others = constraints.without(name)
+        values = {_value(name, layout) for layout in fitting if others.admits(layout)}
+        for value in _nearest(values, wanted):
+            fixes.append(LayoutConstraints(**{**others.given, name: value}).flags())
+    if not fixes and fitting:
+        fixes.append(f"drop {constraints.flags()}")
+    return list(dict.fromkeys(fixes))
