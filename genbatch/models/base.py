@@ -10,7 +10,7 @@ What each field is for, by reader:
 - the denoise loop (`genbatch.runner`): `hooks`;
 - FSDP per block, compile units and stage splits (`genbatch.parallel`): `transformers[cls].blocks`,
   `text_encoders`;
-- sequence parallel: `transformers[cls].attention` and `transformers[cls].sequence_plan`;
+- sequence parallel (`genbatch.parallel.plans`): `transformers[cls].attention` and `transformers[cls].sequence`;
 - patch-parallel VAE decode (`genbatch.parallel.vae`): `vae_classes`, `vae_rules`;
 - the planner (`genbatch.planner`): `published` (and the spec itself for presets and directories).
 """
@@ -69,6 +69,46 @@ class AttentionSite:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class Split:
+    """A split point: the value is cut along `dim` into the sequence group's shards (diffusers'
+    `ContextParallelInput`)."""
+
+    dim: int
+    """The sequence dimension."""
+    expected_dims: int
+    """The value's rank (a value of another rank is left whole)."""
+    output: bool = False
+    """True: split the module's output (keyed by output index); False: split the module's input (keyed by
+    argument name) before its forward."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Gather:
+    """A gather point: the module's output is brought back to full length along `dim` (diffusers'
+    `ContextParallelOutput`)."""
+
+    dim: int
+    """The sequence dimension."""
+    expected_dims: int
+    """The output's rank."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SequenceSplits:
+    """Where sequence parallelism splits and gathers a transformer; the attention modules it routes and their
+    streams are the plan's `AttentionSite`s (all but `CROSS`)."""
+
+    points: Mapping[str, Mapping[str | int, Split] | Gather] = field(default_factory=dict)
+    """Module name (or glob, e.g. `transformer_blocks.*`) -> its split points by input name or output index,
+    or its gather point. Empty: the model's own diffusers `_cp_plan`."""
+    output_stream: str = "hidden_states"
+    """The stream the gather points bring back to full length."""
+    strategy: Mapping[str, str] = field(default_factory=dict)
+    """Attention module glob -> the attention strategy it uses (`genbatch.parallel.attention.strategy`);
+    modules not listed use `exact`."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TransformerPlan:
     """One denoising transformer class: its blocks, its attention, and the plans parallelism applies to it."""
 
@@ -76,9 +116,8 @@ class TransformerPlan:
     """Before / repeated / after."""
     attention: tuple[AttentionSite, ...]
     """Every attention module of the class, with the streams it sees."""
-    sequence_plan: str | None = None
-    """The key of its split/gather plan in `genbatch.parallel.plans.SEQUENCE_PLANS` (None: no sequence
-    parallelism for this class)."""
+    sequence: SequenceSplits | None = None
+    """Its sequence-parallel split/gather points (None: no sequence parallelism for this class)."""
     tensor_plan: Mapping[str, str] = field(default_factory=dict)
     """Module name pattern -> tensor-parallel sharding style. Filled by the tensor-parallel work; empty now."""
     compile_units: tuple[str, ...] = ()

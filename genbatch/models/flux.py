@@ -16,6 +16,7 @@ from genbatch.models.base import (
     AttentionSite,
     Blocks,
     ModelFamily,
+    SequenceSplits,
     TinyPreset,
     TransformerPlan,
     transformer_spec,
@@ -158,7 +159,7 @@ FAMILY = ModelFamily(
             # joint attention over [text, image] in the double- and single-stream blocks; both streams split
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=_JOINT),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT, streams=_JOINT)),
-            sequence_plan="FluxTransformer2DModel",
+            sequence=SequenceSplits(),  # diffusers' own _cp_plan
         ),
     },
     text_encoders={"CLIPTextModel": CLIP_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},

@@ -27,7 +27,10 @@ from genbatch.models.base import (
     JOINT,
     AttentionSite,
     Blocks,
+    Gather,
     ModelFamily,
+    SequenceSplits,
+    Split,
     TinyPreset,
     TransformerPlan,
 )
@@ -182,6 +185,15 @@ FAMILY = ModelFamily(
                                      streams=("hidden_states", "encoder_hidden_states")),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT,
                                      streams=("hidden_states", "encoder_hidden_states"))),
+            # diffusers has no plan for it: both streams split at the first dual-stream block, after the
+            # transformer has built its [video, text] key-padding mask over the whole sequence (the full form
+            # of the masks), and the video rotary tables with them
+            sequence=SequenceSplits(points={
+                "transformer_blocks.0": {"hidden_states": Split(dim=1, expected_dims=3),
+                                         "encoder_hidden_states": Split(dim=1, expected_dims=3)},
+                "rope": {0: Split(dim=0, expected_dims=2, output=True), 1: Split(dim=0, expected_dims=2, output=True)},
+                "proj_out": Gather(dim=1, expected_dims=3),
+            }),
         ),
     },
     text_encoders={

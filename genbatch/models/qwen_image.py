@@ -32,6 +32,7 @@ from genbatch.models.base import (
     AttentionSite,
     Blocks,
     ModelFamily,
+    SequenceSplits,
     TinyPreset,
     TransformerPlan,
     mlp_and_out_channels,
@@ -213,6 +214,9 @@ FAMILY = ModelFamily(
             # joint attention over [text, image] in every dual-stream block
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT,
                                      streams=("encoder_hidden_states", "hidden_states")),),
+            # diffusers' own _cp_plan: both streams, the text mask and the rotary tables split at the first
+            # block; the processor builds the key-padding mask from the split text mask
+            sequence=SequenceSplits(),
         ),
     },
     text_encoders={

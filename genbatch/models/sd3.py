@@ -21,7 +21,10 @@ from genbatch.models.base import (
     T5_ENCODER,
     AttentionSite,
     Blocks,
+    Gather,
     ModelFamily,
+    SequenceSplits,
+    Split,
     TinyPreset,
     TransformerPlan,
     transformer_spec,
@@ -145,7 +148,13 @@ FAMILY = ModelFamily(
             # joint attention over both streams, and SD3.5's extra self-attention `attn2` over the image alone
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=(_IMAGE, _TEXT)),
                        AttentionSite(pattern="transformer_blocks.*.attn2", kind=SELF, streams=(_IMAGE,))),
-            sequence_plan="SD3Transformer2DModel",
+            # diffusers has no plan for SD3: the streams split where they are made, the image gathered at the end
+            sequence=SequenceSplits(
+                points={"pos_embed": {0: Split(dim=1, expected_dims=3, output=True)},
+                        "context_embedder": {0: Split(dim=1, expected_dims=3, output=True)},
+                        "proj_out": Gather(dim=1, expected_dims=3)},
+                output_stream=_IMAGE,
+            ),
         ),
     },
     text_encoders={"CLIPTextModelWithProjection": CLIP_TEXT_ENCODER_WITH_PROJECTION, "T5EncoderModel": T5_ENCODER},

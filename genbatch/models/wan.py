@@ -19,6 +19,7 @@ from genbatch.models.base import (
     AttentionSite,
     Blocks,
     ModelFamily,
+    SequenceSplits,
     TinyPreset,
     TransformerPlan,
     transformer_spec,
@@ -152,7 +153,7 @@ FAMILY = ModelFamily(
             # self-attention `attn1` over the video tokens; `attn2` cross-attends to the replicated text
             attention=(AttentionSite(pattern="blocks.*.attn1", kind=SELF, streams=("hidden_states",)),
                        AttentionSite(pattern="blocks.*.attn2", kind=CROSS, streams=())),
-            sequence_plan="WanTransformer3DModel",
+            sequence=SequenceSplits(),  # diffusers' own _cp_plan
         ),
     },
     denoisers=("transformer", "transformer_2"),  # Wan 2.2: a second expert below the boundary timestep

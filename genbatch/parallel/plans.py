@@ -1,11 +1,12 @@
-"""Per-model sequence-parallel facts, as data.
+"""Per-model sequence-parallel plans, read from the model families' data (`genbatch.models`).
 
 Where a transformer is split and gathered comes from the model's own `_cp_plan` (diffusers' declarative
-table: `ContextParallelInput` / `ContextParallelOutput` by module name), or from genbatch's table below for
-models diffusers has no plan for (SD3, HunyuanVideo). What genbatch adds per class is which attention modules attend over
-the split sequence, and which split streams make up each one's sequence. A split stream is named by the
-input it splits (`"hidden_states"`), or by `"<module>:<output index>"` when a module's output is split. A
-class missing here runs without sequence parallelism (an error names the fix).
+table: `ContextParallelInput` / `ContextParallelOutput` by module name), or from its family's split/gather
+points for models diffusers has no plan for (SD3, HunyuanVideo). What genbatch adds per class is which
+attention modules attend over the split sequence, and which split streams make up each one's sequence (the
+family's `AttentionSite`s). A split stream is named by the input it splits (`"hidden_states"`), or by
+`"<module>:<output index>"` when a module's output is split. A class no family gives a plan runs without
+sequence parallelism (an error names the fix).
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import fnmatch
 from dataclasses import dataclass, field
 
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
+
+from genbatch.models import families
+from genbatch.models.base import CROSS, Gather
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -48,53 +52,39 @@ class SequencePlan:
         return found
 
 
-_JOINT = ("encoder_hidden_states", "hidden_states")
-_SD3_STREAMS = ("pos_embed:0", "context_embedder:0")
-_VIDEO_TEXT = ("hidden_states", "encoder_hidden_states")
+def _cp_plan(points) -> dict:
+    """A family's split/gather points (`genbatch.models.base.Split` / `Gather`) in diffusers' `_cp_plan` format."""
+    table = {}
+    for module, point in points.items():
+        if isinstance(point, Gather):
+            table[module] = ContextParallelOutput(gather_dim=point.dim, expected_dims=point.expected_dims)
+        else:
+            table[module] = {
+                key: ContextParallelInput(split_dim=split.dim, expected_dims=split.expected_dims,
+                                          split_output=split.output)
+                for key, split in point.items()
+            }
+    return table
 
-SEQUENCE_PLANS: dict[str, SequencePlan] = {
-    # Wan 2.1/2.2: self-attention `attn1` over video tokens; `attn2` cross-attends to replicated text.
-    "WanTransformer3DModel": SequencePlan(attention={"blocks.*.attn1": ("hidden_states",)}),
-    # FLUX.1: joint attention over [text, image] in the double- and single-stream blocks; both streams split.
-    "FluxTransformer2DModel": SequencePlan(
-        attention={"transformer_blocks.*.attn": _JOINT, "single_transformer_blocks.*.attn": _JOINT},
-    ),
-    # SD3/3.5: image tokens split after patch embedding, text after its projection; joint attention over
-    # both, and SD3.5's extra self-attention `attn2` over the image tokens alone.
-    "SD3Transformer2DModel": SequencePlan(
-        attention={"transformer_blocks.*.attn": _SD3_STREAMS, "transformer_blocks.*.attn2": ("pos_embed:0",)},
-        output_stream="pos_embed:0",
-        cp_plan={
-            "pos_embed": {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},
-            "context_embedder": {0: ContextParallelInput(split_dim=1, expected_dims=3, split_output=True)},
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        },
-    ),
-    # Qwen-Image: diffusers' own `_cp_plan` splits both streams at the first block, the text mask and the
-    # rotary tables; the joint attention runs over [text, image] with the key-padding mask the processor
-    # builds from the split text mask (the local form of `genbatch.parallel.attention.masks`).
-    "QwenImageTransformer2DModel": SequencePlan(
-        attention={"transformer_blocks.*.attn": ("encoder_hidden_states", "hidden_states")},
-    ),
-    # HunyuanVideo (diffusers has no plan for it): both streams are split at the first dual-stream block,
-    # after the transformer has built its [video, text] key-padding mask over the whole sequence (the full
-    # form of the masks), and the video rotary tables with them; joint attention over [video, text] in the
-    # dual- and single-stream blocks; the token refiner inside `context_embedder` runs on whole text.
-    "HunyuanVideoTransformer3DModel": SequencePlan(
-        attention={"transformer_blocks.*.attn": _VIDEO_TEXT, "single_transformer_blocks.*.attn": _VIDEO_TEXT},
-        cp_plan={
-            "transformer_blocks.0": {
-                "hidden_states": ContextParallelInput(split_dim=1, expected_dims=3, split_output=False),
-                "encoder_hidden_states": ContextParallelInput(split_dim=1, expected_dims=3, split_output=False),
-            },
-            "rope": {
-                0: ContextParallelInput(split_dim=0, expected_dims=2, split_output=True),
-                1: ContextParallelInput(split_dim=0, expected_dims=2, split_output=True),
-            },
-            "proj_out": ContextParallelOutput(gather_dim=1, expected_dims=3),
-        },
-    ),
-}
+
+def _plans() -> dict[str, SequencePlan]:
+    """Every transformer class a model family gives sequence-parallel facts for, by class name."""
+    plans = {}
+    for family in families().values():
+        for class_name, transformer in family.transformers.items():
+            if transformer.sequence is None:
+                continue
+            plans[class_name] = SequencePlan(
+                attention={site.pattern: site.streams for site in transformer.attention if site.kind != CROSS},
+                output_stream=transformer.sequence.output_stream,
+                cp_plan=_cp_plan(transformer.sequence.points),
+                strategy=dict(transformer.sequence.strategy),
+            )
+    return plans
+
+
+SEQUENCE_PLANS: dict[str, SequencePlan] = _plans()
+"""Transformer class name -> its plan, from the model families (`TransformerPlan.sequence`)."""
 
 
 def sequence_plan(model) -> tuple[SequencePlan, dict]:
