@@ -2,12 +2,17 @@
 
     best_layout("wan2.1-14b", 8, objective="latency")   # {'dp': 1, 'cfg': 2, 'ulysses': 4, ...}
     plan("flux.1-dev", 16, nodes=2, interconnect="ethernet", gpu="l40").ranked
+    plan("flux.1-dev", 8, constraints=LayoutConstraints(ulysses=4)).best.layout.name   # 'dp2-ulysses4'
 
 Modules: `shapes` (model facts), `hardware` (GPUs and links), `workload` (one job's size), `layouts`
-(enumeration, placement, legality), `cost` (time and bytes), `memory` (GiB per rank), `rank` (objectives),
-`report` (table and JSON), `cli` (`gen plan`).
+(enumeration, placement, legality, names in the runner's grammar), `constraints` (gen run's layout flags as
+filters, nearest fixes), `cost` (time and bytes), `memory` (GiB per rank), `rank` (objectives), `report` (table
+and JSON), `cli` (`gen plan`).
+
+It imports no torch: the runnable axes come from the registry in `genbatch.parallel.axes`.
 """
 
+from genbatch.planner.constraints import LayoutConstraints
 from genbatch.planner.rank import Plan, best_layout, plan
 
-__all__ = ["Plan", "best_layout", "plan"]
+__all__ = ["LayoutConstraints", "Plan", "best_layout", "plan"]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 from click.testing import CliRunner
@@ -13,8 +15,8 @@ from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import ParallelDims, layout_name
 from genbatch.planner import plan
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
-from genbatch.planner.layouts import Layout, enumerate_layouts
 from genbatch.planner.cli import plan_command
+from genbatch.planner.layouts import Layout, enumerate_layouts
 from genbatch.runner.cli import run_command
 
 
@@ -96,3 +98,12 @@ def test_planner_layouts_are_named_in_the_runners_grammar(gpus):
             assert dims == layout.parallel_dims() and dims.name == layout.name
     assert Layout(dp=2, cfg=2, ulysses=4, fsdp=8).name == "dp2-cfg2-ulysses4-fsdp"
     assert Layout(pp=2, tp=2).name == "pp2-tp2" and Layout().name == "single"
+
+
+def test_gen_plan_with_layout_flags_imports_no_torch():
+    code = ("import sys; from genbatch.cli import main\n"
+            "main(['plan', '-m', 'flux.1-dev', '-g', '8', '--ulysses', '4', '--json'], standalone_mode=False)\n"
+            "assert 'torch' not in sys.modules, 'gen plan imported torch'\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["best"]["layout"] == "dp2-ulysses4"
