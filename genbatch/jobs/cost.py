@@ -21,13 +21,21 @@ def estimated_flops(job: JobSpec, spec: ModelSpec) -> float:
         tokens += spec.text_tokens  # joint attention over text and image tokens
     width = spec.hidden_size
     per_layer = 24.0 * tokens * width * width + 4.0 * tokens * tokens * width
-    branches = 2 if spec.uses_cfg and job.guidance_scale > 1.0 else 1
+    branches = 2 if _two_branches(spec, job.guidance_scale, job.negative_prompt is not None) else 1
     return per_layer * spec.num_layers * branches * job.num_inference_steps
 
 
-def estimated_flops_array(spec, width, height, num_frames, num_inference_steps, guidance_scale) -> np.ndarray:
+def _two_branches(spec: ModelSpec, guidance_scale, has_negative_prompt):
+    """Whether a job runs a second (unconditional) branch each step; scalars or NumPy arrays."""
+    two = spec.uses_cfg & (np.asarray(guidance_scale, dtype=np.float64) > 1.0)
+    return two & np.asarray(has_negative_prompt) if spec.cfg_needs_negative_prompt else two
+
+
+def estimated_flops_array(spec, width, height, num_frames, num_inference_steps, guidance_scale,
+                          has_negative_prompt=True) -> np.ndarray:
     """`estimated_flops` of many jobs of one model at once (NumPy arrays, one entry per job; `num_frames`
-    is ignored for image models), computed in the same order of operations, so the values are identical."""
+    is ignored for image models; `has_negative_prompt` matters to models whose second branch needs one),
+    computed in the same order of operations, so the values are identical."""
     shape = latent_shape(width, height, num_frames, vae_spatial=spec.vae_spatial, vae_temporal=spec.frame_multiple,
                          is_video=spec.is_video)
     tokens = token_count(shape, spec.patch_size)
@@ -35,5 +43,5 @@ def estimated_flops_array(spec, width, height, num_frames, num_inference_steps, 
         tokens = tokens + spec.text_tokens
     hidden = spec.hidden_size
     per_layer = 24.0 * tokens * hidden * hidden + 4.0 * tokens * tokens * hidden
-    branches = np.where(spec.uses_cfg & (np.asarray(guidance_scale, dtype=np.float64) > 1.0), 2, 1)
+    branches = np.where(_two_branches(spec, guidance_scale, has_negative_prompt), 2, 1)
     return per_layer * spec.num_layers * branches * num_inference_steps

@@ -52,6 +52,9 @@ class ModelSpec:
     """True for text-to-video models (the output is an MP4, `num_frames` applies)."""
     uses_cfg: bool
     """True when the model runs a conditional and an unconditional branch per step (CFG parallel applies)."""
+    cfg_needs_negative_prompt: bool = False
+    """True when the second branch runs only for rows that give a `negative_prompt` (Qwen-Image's true CFG);
+    such a row without one runs one branch."""
     size_multiple: int
     """Width and height must be multiples of this (VAE downsampling times the patch size)."""
     frame_multiple: int

@@ -69,6 +69,7 @@ class OrderKeys:
             model[start : start + piece.num_rows] = known[local]
             numbers = {name: piece.column(name).fill_null(fill).to_numpy() for name, fill in (
                 ("width", 0), ("height", 0), ("num_frames", 1), ("num_inference_steps", 0), ("guidance_scale", 0.0))}
+            has_negative = pc.is_valid(piece.column("negative_prompt")).to_numpy(zero_copy_only=False)
             for code, name in enumerate(encoded.dictionary.to_pylist()):
                 mine = local == code
                 if name not in specs:
@@ -76,6 +77,7 @@ class OrderKeys:
                 flops[start : start + piece.num_rows][mine] = estimated_flops_array(
                     specs[name], numbers["width"][mine], numbers["height"][mine],
                     numbers["num_frames"][mine], numbers["num_inference_steps"][mine], numbers["guidance_scale"][mine],
+                    has_negative[mine],
                 )
         order = jobs.order
         whole = len(order) == table.num_rows and jobs.table is table and np.array_equal(order, np.arange(len(order)))

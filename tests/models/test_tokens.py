@@ -77,3 +77,18 @@ def test_the_cost_estimate_counts_the_same_tokens_for_one_job_and_for_columns():
     n = 4 * (40 // 8 // 2) * (72 // 8 // 2)  # 13 frames -> 4 latent frames; 5 x 9 latent -> 2 x 4 patches
     d = spec.hidden_size
     assert columns[1] == (24.0 * n * d * d + 4.0 * n * n * d) * spec.num_layers * 2 * 4  # 2 branches, 4 steps
+
+
+def test_a_true_cfg_row_without_negative_prompt_costs_one_branch():
+    """Qwen-Image runs its second branch only for rows with a negative prompt; the cost estimate agrees,
+    row by row and column-wise."""
+    spec = resolve_model("tiny-qwen-image")
+    with_negative = job("tiny-qwen-image", negative_prompt="blurry", guidance_scale=4.0)
+    without = job("tiny-qwen-image", negative_prompt=None, guidance_scale=4.0)
+    assert estimated_flops(with_negative, spec) == 2 * estimated_flops(without, spec)
+    columns = estimated_flops_array(spec, np.full(2, 64), np.full(2, 64), np.ones(2), np.full(2, 4),
+                                    np.full(2, 4.0), np.array([True, False]))
+    assert columns[0] == 2 * columns[1]
+    wan = resolve_model("tiny-wan")  # plain CFG: the unconditional branch runs with or without one
+    assert estimated_flops(job("tiny-wan", negative_prompt=None, guidance_scale=5.0), wan) == estimated_flops(
+        job("tiny-wan", negative_prompt="grey", guidance_scale=5.0), wan)
