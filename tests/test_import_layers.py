@@ -1,8 +1,8 @@
 """Imports run one way: the import contracts in pyproject.toml hold, and they catch an import that breaks them.
 
 `lint-imports` (import-linter, in the `test` extras) reads the contracts from pyproject.toml: the layers of
-DESIGN.md principle 3b, lazy imports included, every subpackage placed in a layer, and a package module
-that imports none of its subpackages.
+DESIGN.md principle 3b, lazy imports included, every subpackage placed in a layer, no import cycle between
+subpackages (siblings of one layer included), and a package module that imports none of its subpackages.
 """
 
 from __future__ import annotations
@@ -43,6 +43,8 @@ BREAKS = {
                               "genbatch.parallel is not allowed to import genbatch.runner"),
     "package module importing down": ("genbatch/__init__.py", "\nfrom genbatch.io import layout\n",
                                       "genbatch -> genbatch.io.layout"),
+    "cycle between siblings of one layer": ("genbatch/slurm/cli.py", "\n\ndef _late():\n    from genbatch.cli import main\n",
+                                            "- .slurm -> .cli (1 import)"),
     "subpackage without a layer": ("genbatch/extras/__init__.py", '"""Not in any layer."""\n', "genbatch.extras"),
 }
 
