@@ -27,14 +27,24 @@ from __future__ import annotations
 import torch
 
 from genbatch.jobs.models import ModelSpec
+from genbatch.models import family
 from genbatch.parallel import fsdp
 from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.sequence import SequenceGroup, SequenceParallel
 
-TRANSFORMERS = ("transformer", "transformer_2")
-"""Pipeline components that run the denoising forward (sequence parallel applies to them)."""
-SHARDED = ("transformer", "transformer_2", "text_encoder", "text_encoder_2", "text_encoder_3")
-"""Pipeline components whose weights FSDP shards (the VAE is small and replicated)."""
+TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+"""diffusers' component names for a pipeline's text encoders."""
+
+
+def denoisers(spec: ModelSpec) -> tuple[str, ...]:
+    """Pipeline components that run the denoising forward (sequence parallel applies to them): the family's."""
+    return family(spec.family).denoisers
+
+
+def sharded(spec: ModelSpec) -> tuple[str, ...]:
+    """Pipeline components whose weights FSDP shards: the denoisers and the text encoders (the VAE is small
+    and replicated). Names the pipeline lacks are skipped."""
+    return denoisers(spec) + TEXT_ENCODERS
 
 
 def _components(pipe, names) -> list[tuple[str, torch.nn.Module]]:
@@ -45,25 +55,25 @@ def sequence_group(ctx: ParallelContext) -> SequenceGroup:
     return SequenceGroup(ulysses=ctx.ulysses, ring=ctx.ring, sp=ctx.sp)
 
 
-def apply_sequence_parallel(pipe, ctx: ParallelContext) -> list[SequenceParallel]:
+def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext) -> list[SequenceParallel]:
     if ctx.dims.sp == 1:
         return []
     group = sequence_group(ctx)
-    return [SequenceParallel(model, group) for _, model in _components(pipe, TRANSFORMERS)]
+    return [SequenceParallel(model, group) for _, model in _components(pipe, denoisers(spec))]
 
 
 def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
     """Step 2 (sequence parallel) on a pipeline loaded whole on every rank (no FSDP)."""
-    apply_sequence_parallel(pipe, ctx)
+    apply_sequence_parallel(pipe, spec, ctx)
 
 
-def shard_pipeline(skeleton, full, ctx: ParallelContext) -> None:
-    """Steps 2 and 5 for `--fsdp`: sequence parallel on `skeleton` (its `SHARDED` components built on the meta
-    device), then each of those components sharded over `ctx.fsdp_mesh` and filled from `full`, the whole
-    pipeline the group leader loaded on the CPU (None on the other ranks)."""
+def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext) -> None:
+    """Steps 2 and 5 for `--fsdp`: sequence parallel on `skeleton` (its `sharded(spec)` components built on
+    the meta device), then each of those components sharded over `ctx.fsdp_mesh` and filled from `full`,
+    the whole pipeline the group leader loaded on the CPU (None on the other ranks)."""
     leader = ctx.group.rank == 0
-    apply_sequence_parallel(skeleton, ctx)
-    for name, module in _components(skeleton, SHARDED):
+    apply_sequence_parallel(skeleton, spec, ctx)
+    for name, module in _components(skeleton, sharded(spec)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
         state = fsdp.full_state(getattr(full, name)) if leader else None
         fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from genbatch.jobs.models import ModelSpec
-from genbatch.parallel.apply import SHARDED, shard_pipeline
+from genbatch.parallel.apply import shard_pipeline, sharded
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner.presets import PRESETS, build_preset
 
@@ -104,11 +104,11 @@ def load_pipeline(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
 def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype):
     """`--fsdp` loading: the sharded components built on the meta device on every rank, the whole pipeline
     read once on the group leader's CPU to fill their shards, the rest placed on this rank's device."""
-    skeleton = load_skeleton(spec, dtype, meta=SHARDED)
+    skeleton = load_skeleton(spec, dtype, meta=sharded(spec))
     full = load_pipeline(spec, torch.device("cpu"), dtype) if ctx.group.rank == 0 else None
-    shard_pipeline(skeleton, full, ctx)
+    shard_pipeline(skeleton, full, spec, ctx)
     del full
-    return finish_placement(skeleton, spec, ctx.device, skip=SHARDED)
+    return finish_placement(skeleton, spec, ctx.device, skip=sharded(spec))
 
 
 @dataclass(slots=True)
