@@ -1,13 +1,14 @@
 """Parallelising a pipeline for a job group, in a fixed order (model code stays upstream, untouched).
 
 The whole order, fixed now; the steps marked (later) belong to axes or features the registry in
-`parallel/axes.py` does not mark runnable yet, and are filled in at their place, never elsewhere:
+`parallel/axes.py` does not mark runnable yet, and are filled in at their place (`apply_plans`, and
+`shard_pipeline` for step 5), never elsewhere:
 
     1. stage split (pp)    (later) PipeFusion: the transformer's blocks cut into `pp` stages at the
                            model's stage boundaries; each rank keeps its stage's blocks
     2. TP and SP plans     (later) tensor parallel: the model's `_tp_plan` shards heads and MLP columns
-                           over `tp`; then sequence parallel: split/gather hooks and the attention swap
-                           on each transformer (ring x ulysses)
+                           over `tp`; then sequence parallel: split/gather hooks and the routed attention
+                           (`parallel.sequence`) on each denoiser (ring x ulysses)
     3. cache hooks         (later) step caching: hooks on the repeated blocks that skip them when the
                            group agrees the residual is stale
     4. compile             (later) torch.compile of each compile unit (the repeated blocks), after the
@@ -62,17 +63,28 @@ def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext) -> list
     return [SequenceParallel(model, group) for _, model in _components(pipe, denoisers(spec))]
 
 
-def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
-    """Step 2 (sequence parallel) on a pipeline loaded whole on every rank (no FSDP)."""
+def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
+    """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton)."""
+    # 1. stage split (pp): cut the denoisers' repeated blocks at the family's `stage_boundaries`; pp > 1
+    #    is refused at start-up until PipeFusion lands (`parallel.axes`), so there is nothing to cut yet
+    # 2. tensor-parallel plans (tp: refused above 1 until it lands), then the sequence-parallel plans
     apply_sequence_parallel(pipe, spec, ctx)
+    # 3. cache hooks on the repeated blocks: none until step caching lands
+    # 4. compile the family's compile units: none until compilation lands
+
+
+def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
+    """The order on a pipeline loaded whole on every rank (no FSDP, so no step 5)."""
+    apply_plans(pipe, spec, ctx)
 
 
 def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext) -> None:
-    """Steps 2 and 5 for `--fsdp`: sequence parallel on `skeleton` (its `sharded(spec)` components built on
-    the meta device), then each of those components sharded over `ctx.fsdp_mesh` and filled from `full`,
-    the whole pipeline the group leader loaded on the CPU (None on the other ranks)."""
+    """The order for `--fsdp`: steps 1-4 on `skeleton` (its `sharded(spec)` components built on the meta
+    device), then step 5: each of those components sharded over `ctx.fsdp_mesh`, per block then the root,
+    and filled from `full`, the whole pipeline the group leader loaded on the CPU (None on other ranks)."""
     leader = ctx.group.rank == 0
-    apply_sequence_parallel(skeleton, spec, ctx)
+    apply_plans(skeleton, spec, ctx)
+    # 5. FSDP per block, then the root
     for name, module in _components(skeleton, sharded(spec)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
         state = fsdp.full_state(getattr(full, name)) if leader else None
