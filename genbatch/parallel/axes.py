@@ -8,9 +8,9 @@ order), then Ulysses (all-to-all inside a node), then Ring and PipeFusion stages
 links, then the two CFG branches, which exchange one prediction a step. FSDP shards weights over a named
 sub-mesh: by default the job group without `tp` and `pp` (their ranks hold different weights already).
 
-`RUNNABLE` is the registry the planner and the runner read: an axis the runner does not implement yet is
-rejected at start-up naming it (`check_runnable`), never silently ignored. An issue that implements an
-axis flips its entry here.
+`RUNNABLE` is the registry the planner and the runner read: any layout can be represented and estimated, but
+an axis the runner does not implement yet is rejected at start-up naming it (`check_runnable`), never
+silently ignored. An issue that implements an axis flips its entry here.
 """
 
 from __future__ import annotations
@@ -52,9 +52,14 @@ DEFAULT_FSDP_AXES: tuple[str, ...] = tuple(axis for axis in GROUP_AXES if axis n
 """What FSDP shards over by default: the job group minus tp and pp."""
 
 
+def unrunnable(degrees: Mapping[str, int]) -> tuple[str, ...]:
+    """The axes above 1 that the runner does not implement yet, in the order of `AXES`."""
+    return tuple(name for name in AXES if degrees.get(name, 1) > 1 and name not in RUNNABLE)
+
+
 def check_runnable(degrees: Mapping[str, int]) -> None:
     """ValueError naming every axis above 1 that the runner does not implement yet, and what to use instead."""
-    missing = [name for name in AXES if degrees.get(name, 1) > 1 and name not in RUNNABLE]
+    missing = unrunnable(degrees)
     if missing:
         named = ", ".join(f"--{name} {degrees[name]} ({AXIS[name].what})" for name in missing)
         usable = ", ".join(f"--{name}" for name in AXES if name in RUNNABLE)

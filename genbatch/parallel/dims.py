@@ -8,6 +8,10 @@ are contiguous and stay inside a node; ring, cfg and dp go across.
 A layout's name lists its degrees above one, outermost first, joined by dashes, then `fsdp` when weights are
 sharded: `single` (one process), `dp2`, `cfg2-ulysses2`, `dp2-cfg2-ulysses4-fsdp`. `ParallelDims.name` writes
 it and `ParallelDims.parse` reads it back, for the runner, `gen plan`, `gen bench --layouts` and the reports.
+
+`ParallelDims` is the one layout type: the runner's and the planner's. It represents any layout, also one with
+an axis the runner does not implement yet (the planner estimates and names those); the runner refuses such a
+layout at start-up with `check_runnable()`, naming the axis.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from genbatch.parallel.axes import AXES, DEFAULT_FSDP_AXES, GROUP_AXES, SP_AXES, check_runnable
+from genbatch.parallel.axes import AXES, DEFAULT_FSDP_AXES, GROUP_AXES, SP_AXES, check_runnable, unrunnable
 
 SINGLE = "single"
 """The name of the one-process layout."""
@@ -43,20 +47,17 @@ class ParallelDims:
     cfg: int = 1
     """CFG parallel degree: 2 runs the conditional and unconditional branches on different ranks."""
     pp: int = 1
-    """PipeFusion stages (not implemented yet: must be 1)."""
+    """PipeFusion stages (the runner does not implement them yet: `check_runnable` refuses more than 1)."""
     ring: int = 1
     """Ring-attention degree: K/V blocks passed around a ring, point to point."""
     ulysses: int = 1
     """Ulysses degree: heads scattered and sequence gathered by all-to-all; must divide the head count."""
     tp: int = 1
-    """Tensor-parallel degree (not implemented yet: must be 1)."""
+    """Tensor-parallel degree (the runner does not implement it yet: `check_runnable` refuses more than 1)."""
     fsdp: bool = False
     """Shard the transformer's and text encoder's weights over `fsdp_axes` of the job group with FSDP2."""
     fsdp_axes: tuple[str, ...] = DEFAULT_FSDP_AXES
     """The sub-mesh FSDP shards over: by default the job group minus tp and pp."""
-
-    def __post_init__(self) -> None:
-        check_runnable({axis: getattr(self, axis) for axis in AXES})  # never a layout that is silently cut down
 
     def _product(self, axes: tuple[str, ...]) -> int:
         size = 1
@@ -86,6 +87,24 @@ class ParallelDims:
     def degree(self, axis: str) -> int:
         return getattr(self, axis)
 
+    def degrees(self) -> dict[str, int]:
+        """Every axis's degree by name, in the order of `AXES`."""
+        return {axis: getattr(self, axis) for axis in AXES}
+
+    def span(self, axis: str) -> tuple[int, int]:
+        """(stride, degree) of `axis` on the mesh: its group's members are `stride` ranks apart."""
+        return self._product(AXES[AXES.index(axis) + 1 :]), getattr(self, axis)
+
+    @property
+    def unrunnable_axes(self) -> tuple[str, ...]:
+        """The axes above 1 that the runner does not implement yet (empty when it can run this layout)."""
+        return unrunnable(self.degrees())
+
+    def check_runnable(self) -> None:
+        """The runner's start-up check: ValueError naming every axis above 1 it does not implement yet, and what
+        to use instead. A layout is never silently cut down to the axes the runner has."""
+        check_runnable(self.degrees())
+
     def shape(self) -> tuple[int, ...]:
         """The mesh shape, in the order of `AXES`."""
         return tuple(getattr(self, axis) for axis in AXES)
@@ -97,11 +116,12 @@ class ParallelDims:
     @property
     def name(self) -> str:
         """`single`, `dp2`, `cfg2-ulysses2`, `dp2-cfg2-ulysses4-fsdp`, ...: what `parse` reads back."""
-        return layout_name({axis: getattr(self, axis) for axis in AXES}, fsdp=self.fsdp)
+        return layout_name(self.degrees(), fsdp=self.fsdp)
 
     @classmethod
     def parse(cls, name: str) -> "ParallelDims":
-        """A layout name (`dp2-cfg2-ulysses4-fsdp`, `single`) -> ParallelDims; ValueError naming the fix."""
+        """A layout name (`dp2-cfg2-ulysses4-fsdp`, `single`) -> ParallelDims; ValueError naming the fix. Any
+        axis reads (`pp2-tp2` too): a caller that runs the layout calls `check_runnable()`."""
         text = name.strip().lower()
         if text in (SINGLE, "1", "one"):
             return cls()
@@ -133,8 +153,8 @@ class ParallelDims:
         tp: int = 1,
         fsdp: bool = False,
     ) -> "ParallelDims":
-        """Fill `dp` from the world size when it is not given ("dp takes the rest"). An axis the runner does
-        not implement yet is rejected here, at start-up, naming it."""
+        """`gen run`'s layout flags -> ParallelDims, `dp` filled from the world size when it is not given ("dp
+        takes the rest"). A flag for an axis the runner does not implement yet is refused first, naming it."""
         degrees = {"cfg": cfg, "pp": pp, "ring": ring, "ulysses": ulysses, "tp": tp}
         for name, value in degrees.items():
             if value < 1:
@@ -156,7 +176,7 @@ class ParallelDims:
         for axis in AXES:
             if getattr(self, axis) < 1:
                 raise ValueError(f"{axis}={getattr(self, axis)} must be at least 1")
-        check_runnable({axis: getattr(self, axis) for axis in AXES})
+        self.check_runnable()
         unknown = [axis for axis in self.fsdp_axes if axis not in GROUP_AXES]
         if unknown:
             raise ValueError(f"fsdp_axes {self.fsdp_axes}: {unknown} are not job-group axes ({GROUP_AXES})")

@@ -1,7 +1,7 @@
 """`gen plan`'s layout flags as constraints: which layouts to rank, and the nearest fixes when none runs.
 
-    LayoutConstraints(ulysses=4).admits(Layout(dp=2, ulysses=4))      # True
-    LayoutConstraints(ulysses=4, fsdp=False).flags()                   # "--ulysses 4 --no-fsdp"
+    LayoutConstraints(ulysses=4).admits(ParallelDims(dp=2, ulysses=4))    # True
+    LayoutConstraints(ulysses=4, fsdp=False).flags()                      # "--ulysses 4 --no-fsdp"
 
 The flags are `gen run`'s (`genbatch.parallel.flags`), so a constraint names a layout the way a run does.
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from genbatch.parallel.axes import AXES
-from genbatch.planner.layouts import Layout
+from genbatch.parallel.dims import ParallelDims
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -46,14 +46,8 @@ class LayoutConstraints:
         names = (*AXES, "fsdp")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
-    def admits(self, layout: Layout) -> bool:
-        return all(self._admits(name, value, layout) for name, value in self.given.items())
-
-    @staticmethod
-    def _admits(name: str, value: int | bool, layout: Layout) -> bool:
-        if name == "fsdp":
-            return (layout.fsdp > 1) == value
-        return getattr(layout, name) == value
+    def admits(self, layout: ParallelDims) -> bool:
+        return all(getattr(layout, name) == value for name, value in self.given.items())
 
     def flags(self, names: Sequence[str] | None = None) -> str:
         """`--ulysses 4 --fsdp`: the constraints (or those of `names`) as the flags that set them."""
@@ -78,18 +72,14 @@ def _nearest(values: set[int | bool], wanted: int | bool) -> list[int | bool]:
     return sorted(values, key=lambda value: (max(value, wanted) / min(value, wanted), value))[:2]
 
 
-def _value(name: str, layout: Layout) -> int | bool:
-    return layout.fsdp > 1 if name == "fsdp" else getattr(layout, name)
-
-
-def nearest_fixes(constraints: LayoutConstraints, fitting: Sequence[Layout]) -> list[str]:
+def nearest_fixes(constraints: LayoutConstraints, fitting: Sequence[ParallelDims]) -> list[str]:
     """Changes to the constraints that leave a layout to rank: for each constraint, the nearest values it could
     take with the others kept, from `fitting` (the layouts that run here without constraints); dropping them
     all when no single change does."""
     fixes = []
     for name, wanted in constraints.given.items():
         others = constraints.without(name)
-        values = {_value(name, layout) for layout in fitting if others.admits(layout)}
+        values = {getattr(layout, name) for layout in fitting if others.admits(layout)}
         for value in _nearest(values, wanted):
             fixes.append(LayoutConstraints(**{**others.given, name: value}).flags())
     if not fixes and fitting:

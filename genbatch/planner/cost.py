@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from genbatch.planner.hardware import PCIE, Cluster, Link
-from genbatch.planner.layouts import Layout, axis_link, link_for_extent
+from genbatch.parallel.dims import ParallelDims
+from genbatch.planner.layouts import axis_link, link_for_extent
 from genbatch.planner.memory import memory_per_rank
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
@@ -125,7 +126,7 @@ class _Compute:
         return self.forwards * self.layers * self.layer_s
 
 
-def _compute(layout: Layout, work: Workload, cluster: Cluster, *, patches: int) -> _Compute:
+def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches: int) -> _Compute:
     """Linear and attention seconds when the rank's N/sp tokens go through its layers in `patches` pieces."""
     shape = work.shape
     n, d, text, tp = work.sequence, shape.hidden_size, shape.text_tokens, layout.tp
@@ -145,7 +146,7 @@ def _compute(layout: Layout, work: Workload, cluster: Cluster, *, patches: int) 
     )
 
 
-def _communication(layout: Layout, work: Workload, cluster: Cluster, compute: _Compute) -> tuple[_Tally, dict]:
+def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute) -> tuple[_Tally, dict]:
     """Bytes, raw and exposed seconds per step of every collective but PipeFusion's, and the links they use."""
     u, r, tp, sp = layout.ulysses, layout.ring, layout.tp, layout.sp
     per_step = compute.forwards * compute.layers  # layer-forwards per step
@@ -167,10 +168,10 @@ def _communication(layout: Layout, work: Workload, cluster: Cluster, compute: _C
         per_layer = 2 * 2 * (tp - 1) / tp * nd / sp  # two ring all-reduces of [N/sp, d]
         time = _transfer(per_layer, link, messages=2)
         tally.add("tp", per_step * per_layer, per_step * time, per_step * time)
-    if layout.fsdp > 1:
-        link = links["fsdp"] = link_for_extent(layout.group, cluster)
+    if layout.fsdp_size > 1:
+        link = links["fsdp"] = link_for_extent(layout.group_size, cluster)
         shape = work.shape
-        per_layer = shape.parameters * BYTES_PER_VALUE / shape.num_layers * (layout.fsdp - 1) / layout.fsdp
+        per_layer = shape.parameters * BYTES_PER_VALUE / shape.num_layers * (layout.fsdp_size - 1) / layout.fsdp_size
         gather = _transfer(per_layer, link)
         # the first layer's gather waits; each next one is prefetched under the previous layer's compute
         exposed = gather + (compute.layers - 1) * _overlapped(gather, compute.layer_s + LAYER_OVERHEAD_S)
@@ -188,7 +189,7 @@ def _communication(layout: Layout, work: Workload, cluster: Cluster, compute: _C
     return tally, {axis: link.name for axis, link in links.items()}
 
 
-def _pipefusion(layout: Layout, work: Workload, cluster: Cluster, compute: _Compute, tally: _Tally, step: float):
+def _pipefusion(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute, tally: _Tally, step: float):
     """PipeFusion's steady step (its P2P hides under compute) and its per-job warm-up and bubble, in seconds."""
     stages = patches = layout.pp  # as many patches as stages (xDiT's default)
     link = axis_link(layout, "pp", cluster)
@@ -205,7 +206,7 @@ def _pipefusion(layout: Layout, work: Workload, cluster: Cluster, compute: _Comp
     return step, warm * (warm_step - step) + bubble, link.name
 
 
-def estimate(layout: Layout, work: Workload, cluster: Cluster) -> Estimate:
+def estimate(layout: ParallelDims, work: Workload, cluster: Cluster) -> Estimate:
     """Price `layout` (its structural validity is checked elsewhere)."""
     compute = _compute(layout, work, cluster, patches=layout.pp)
     overhead = compute.forwards * compute.layers * layout.pp * LAYER_OVERHEAD_S
@@ -233,12 +234,13 @@ def estimate(layout: Layout, work: Workload, cluster: Cluster) -> Estimate:
     )
 
 
-def _decode_seconds(layout: Layout, work: Workload, cluster: Cluster) -> float:
+def _decode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster) -> float:
     """Patch-parallel VAE decode over the job's group, then gathering the frames to the group's leader."""
     shape = work.shape
     flops = work.megapixels * 1e6 * shape.vae_mflop_per_pixel * 1e6
-    seconds = flops / (cluster.gpu.bf16_tflops * 1e12 * VAE_EFFICIENCY * layout.group)
-    if layout.group > 1:
+    group = layout.group_size
+    seconds = flops / (cluster.gpu.bf16_tflops * 1e12 * VAE_EFFICIENCY * group)
+    if group > 1:
         pixels = work.megapixels * 1e6 * 3 * BYTES_PER_VALUE
-        seconds += _transfer(pixels * (layout.group - 1) / layout.group, link_for_extent(layout.group, cluster))
+        seconds += _transfer(pixels * (group - 1) / group, link_for_extent(group, cluster))
     return seconds

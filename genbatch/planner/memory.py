@@ -9,8 +9,8 @@ group (§7.1).
 
 from __future__ import annotations
 
+from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.hardware import GIB
-from genbatch.planner.layouts import Layout
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
 ACTIVATION_TENSORS = 20
@@ -22,14 +22,14 @@ FSDP_PREFETCH_LAYERS = 2
 """Unsharded layers alive under FSDP: the one computing and the one being prefetched."""
 
 
-def memory_per_rank(layout: Layout, work: Workload) -> dict[str, float]:
+def memory_per_rank(layout: ParallelDims, work: Workload) -> dict[str, float]:
     """GiB per rank by part, and `total` (the peak)."""
     shape = work.shape
     d, layers = shape.hidden_size, shape.num_layers
     patches = layout.pp  # PipeFusion streams as many patches as it has stages (xDiT's default)
     weight_bytes = shape.parameters * BYTES_PER_VALUE
-    weights = weight_bytes / (layout.fsdp * layout.pp * layout.tp)
-    if layout.fsdp > 1:
+    weights = weight_bytes / (layout.fsdp_size * layout.pp * layout.tp)
+    if layout.fsdp_size > 1:
         weights += FSDP_PREFETCH_LAYERS * weight_bytes / layers
     # (N, d) split over sequence ranks, PipeFusion patches and TP columns
     activations = ACTIVATION_TENSORS * work.sequence * d * BYTES_PER_VALUE / (layout.sp * patches * layout.tp)
@@ -38,12 +38,12 @@ def memory_per_rank(layout: Layout, work: Workload) -> dict[str, float]:
         # seed 000 §6.3: a stage keeps the K and V of all N tokens for its L/p layers (2 N d per layer),
         # whole in every sequence rank (seed 001 §5.4), split by TP heads.
         stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / layout.tp
-    vae_decode = work.megapixels * shape.vae_gib_per_mpx * GIB / layout.group
+    vae_decode = work.megapixels * shape.vae_gib_per_mpx * GIB / layout.group_size
     parts = {
         "weights": weights / GIB,
         # the runner's FSDP shards the text encoders over the job group too
         "text_encoder": 0.0 if work.offload_text_encoder
-        else shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp / GIB,
+        else shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp_size / GIB,
         "vae_weights": shape.vae_parameters * BYTES_PER_VALUE / GIB,
         "activations": (activations + stale_kv) / GIB,
         "vae_decode": vae_decode / GIB,

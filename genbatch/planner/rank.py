@@ -12,10 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from genbatch.jobs.models import ModelSpec
+from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
 from genbatch.planner.hardware import Cluster, make_cluster
-from genbatch.planner.layouts import Layout, enumerate_layouts, structural_problems, unavailable_reason
+from genbatch.planner.layouts import enumerate_layouts, plan_degrees, structural_problems, unavailable_reason
 from genbatch.planner.shapes import ModelShape, resolve_shape
 from genbatch.planner.workload import Workload, make_workload
 
@@ -28,8 +29,8 @@ STALE_MARGIN = 0.10
 class Candidate:
     """A layout that can run here, with its estimate."""
 
-    layout: Layout
-    """The degrees."""
+    layout: ParallelDims
+    """The layout (the runner's type; `check_runnable` refuses it when `unavailable` is set)."""
     estimate: Estimate
     """Its cost."""
     jobs_per_hour: float
@@ -42,8 +43,8 @@ class Candidate:
 class Rejection:
     """A layout the planner ruled out."""
 
-    layout: Layout
-    """The degrees."""
+    layout: ParallelDims
+    """The layout."""
     reasons: tuple[str, ...]
     """Why, each naming the limit it breaks."""
 
@@ -95,7 +96,7 @@ def _memory_problem(cost: Estimate, cluster: Cluster) -> str | None:
 def _sort_key(candidate: Candidate, objective: str) -> tuple:
     layout, cost = candidate.layout, candidate.estimate
     stale = 1.0 + STALE_MARGIN if layout.pp > 1 else 1.0
-    simplicity = (layout.fsdp, layout.tp, layout.pp, layout.ring, layout.ulysses, layout.cfg)
+    simplicity = (layout.fsdp_size, layout.tp, layout.pp, layout.ring, layout.ulysses, layout.cfg)
     if objective == "throughput":
         return (-layout.dp, -candidate.jobs_per_hour / stale, simplicity)
     return (cost.seconds_per_job * stale, -candidate.jobs_per_hour, simplicity)
@@ -186,4 +187,4 @@ def best_layout(model: str | ModelSpec | ModelShape, gpus: int, **options) -> di
     Takes `plan`'s keyword options (nodes, interconnect, gpu, gpu_mem, width, height, frames, steps, objective,
     max_latency, ...); raises ValueError naming the limits when nothing fits.
     """
-    return plan(model, gpus, **options).best.layout.degrees()
+    return plan_degrees(plan(model, gpus, **options).best.layout)

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from genbatch.parallel.axes import AXES
-from genbatch.planner.layouts import Layout
+from genbatch.parallel.dims import ParallelDims
+from genbatch.planner.layouts import plan_degrees
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan
 
 SCHEMA_VERSION = 2
@@ -15,9 +16,9 @@ def _round(value: float, digits: int = 4) -> float:
     return float(f"{value:.{digits}g}")
 
 
-def layout_to_dict(layout: Layout) -> dict:
+def layout_to_dict(layout: ParallelDims) -> dict:
     """A layout's name in the runner's grammar (`dp2-cfg2-ulysses4-fsdp`) and its degrees."""
-    return {"layout": layout.name, **layout.degrees()}
+    return {"layout": layout.name, **plan_degrees(layout)}
 
 
 def candidate_to_dict(candidate: Candidate) -> dict:
@@ -106,7 +107,7 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
     for index, candidate in enumerate(plan.ranked[:top], start=1):
         cost, memory = candidate.estimate, candidate.estimate.memory
         rows.append([
-            str(index), *_degree_cells(candidate.layout.degrees()),
+            str(index), *_degree_cells(plan_degrees(candidate.layout)),
             f"{cost.seconds_per_job:.2f}", f"{cost.seconds_per_step:.3f}", f"{candidate.jobs_per_hour:.1f}",
             f"{cost.compute_s:.3f}", f"{cost.comm_s:.3f}", f"{cost.comm_exposed_s:.3f}",
             f"{cost.comm_bytes_per_step / 1e9:.2f}", f"{memory['total']:.1f}", f"{memory['weights']:.1f}",

@@ -36,6 +36,6 @@ def auto_dims(model: str | None, world_size: int, device: torch.device) -> Paral
     best = plan(model, world_size, nodes=max(1, world_size // per_node), gpu=gpu,
                 gpu_mem=properties.total_memory / 2**30).best
     if speak:
-        print(f"genbatch: --layout auto picked {best.layout.parallel_dims().describe()} on {world_size} x {gpu}",
+        print(f"genbatch: --layout auto picked {best.layout.describe()} on {world_size} x {gpu}",
               file=sys.stderr)
-    return best.layout.parallel_dims()
+    return best.layout

@@ -1,4 +1,5 @@
-"""ParallelDims: validated once, errors that name the bad value and a layout that would work."""
+"""ParallelDims: any layout is representable; validated once at start-up, errors that name the bad value and a
+layout that would work."""
 
 import pytest
 
@@ -35,3 +36,23 @@ def test_cfg_only_for_cfg_models():
 def test_non_positive_degrees():
     with pytest.raises(ValueError, match="--ring 0 must be at least 1"):
         ParallelDims.infer(4, ring=0)
+
+
+@pytest.mark.parametrize(("degrees", "named"), [({"tp": 2}, r"--tp 2 \(tensor parallel"),
+                                                ({"pp": 4, "ulysses": 2}, r"--pp 4 \(PipeFusion")])
+def test_a_layout_the_runner_lacks_is_built_and_named_but_refused_at_start_up(degrees, named):
+    dims = ParallelDims(dp=2, **degrees)  # the planner estimates such layouts: the type holds them
+    assert ParallelDims.parse(dims.name) == dims and dims.world_size == 2 * dims.group_size
+    assert dims.unrunnable_axes == tuple(axis for axis in ("pp", "tp") if axis in degrees)
+    with pytest.raises(ValueError, match=named + r".*not implemented.*set it to 1"):
+        dims.check_runnable()
+    with pytest.raises(ValueError, match=named):
+        dims.validate(world_size=dims.world_size, num_heads=8, uses_cfg=True)
+    ParallelDims(dp=2, cfg=2, ring=2, ulysses=2, fsdp=True).check_runnable()  # every runnable axis passes
+
+
+def test_degrees_and_spans_follow_the_mesh_order():
+    dims = ParallelDims(dp=2, cfg=2, pp=2, ulysses=4, tp=2)
+    assert dims.degrees() == {"dp": 2, "cfg": 2, "pp": 2, "ring": 1, "ulysses": 4, "tp": 2}
+    assert [dims.span(axis) for axis in ("dp", "cfg", "ulysses", "tp")] == [(32, 2), (16, 2), (2, 4), (1, 2)]
+    assert dims.sp == 4 and dims.fsdp_size == 1 and ParallelDims(cfg=2, ulysses=4, fsdp=True).fsdp_size == 8

@@ -37,7 +37,7 @@ def test_an_axis_not_implemented_is_rejected_at_start_up(axis, what):
     with pytest.raises(ValueError, match=rf"--{axis} 2 \({what}.*not implemented.*set it to 1"):
         ParallelDims.infer(4, **{axis: 2})
     with pytest.raises(ValueError, match="not implemented"):
-        ParallelDims.parse(f"dp2-{axis}2")  # a layout name never loses an axis on the way to the runner
+        ParallelDims.parse(f"dp2-{axis}2").check_runnable()  # a name never loses an axis on the way to the runner
 
 
 def test_coordinates_vary_fastest_on_the_last_axis():

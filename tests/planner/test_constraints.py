@@ -16,7 +16,7 @@ from genbatch.parallel.dims import ParallelDims, layout_name
 from genbatch.planner import plan
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cli import plan_command
-from genbatch.planner.layouts import Layout, enumerate_layouts
+from genbatch.planner.layouts import enumerate_layouts
 from genbatch.runner.cli import run_command
 
 
@@ -39,8 +39,8 @@ def test_a_degree_flag_ranks_only_layouts_with_that_degree_in_the_same_order():
 def test_fsdp_flags_keep_sharded_or_unsharded_layouts():
     sharded = plan("wan2.1-14b", 8, constraints=LayoutConstraints(fsdp=True))
     plain = plan("wan2.1-14b", 8, constraints=LayoutConstraints(fsdp=False, cfg=2))
-    assert sharded.ranked and all(candidate.layout.fsdp == candidate.layout.group > 1 for candidate in sharded.ranked)
-    assert plain.ranked and all(c.layout.fsdp == 1 and c.layout.cfg == 2 for c in plain.ranked)
+    assert sharded.ranked and all(candidate.layout.fsdp_size == candidate.layout.group_size > 1 for candidate in sharded.ranked)
+    assert plain.ranked and all(not c.layout.fsdp and c.layout.cfg == 2 for c in plain.ranked)
     assert sharded.best.layout.name.endswith("-fsdp")
 
 
@@ -89,15 +89,29 @@ def test_run_and_plan_share_one_definition_of_the_layout_flags():
 
 
 @pytest.mark.parametrize("gpus", [1, 8])
-def test_planner_layouts_are_named_in_the_runners_grammar(gpus):
+def test_planner_layouts_are_the_runners_parallel_dims_named_in_its_grammar(gpus):
     for layout in enumerate_layouts(gpus):
-        degrees = {axis: getattr(layout, axis) for axis in AXES}
-        assert layout.name == layout_name(degrees, fsdp=layout.fsdp > 1)
-        if layout.pp == layout.tp == 1:
-            dims = ParallelDims.parse(layout.name)
-            assert dims == layout.parallel_dims() and dims.name == layout.name
-    assert Layout(dp=2, cfg=2, ulysses=4, fsdp=8).name == "dp2-cfg2-ulysses4-fsdp"
-    assert Layout(pp=2, tp=2).name == "pp2-tp2" and Layout().name == "single"
+        assert type(layout) is ParallelDims
+        assert layout.name == layout_name(layout.degrees(), fsdp=layout.fsdp)
+        assert ParallelDims.parse(layout.name) == layout  # pp and tp layouts read back too
+    assert ParallelDims(dp=2, cfg=2, ulysses=4, fsdp=True).name == "dp2-cfg2-ulysses4-fsdp"
+    assert ParallelDims(pp=2, tp=2).name == "pp2-tp2" and ParallelDims().name == "single"
+
+
+def test_ranked_layouts_round_trip_and_only_unavailable_ones_are_refused_by_the_runner():
+    result = plan("hunyuanvideo", 8, objective="latency")  # ranks tp and pp layouts among the runnable ones
+    kinds = {candidate.unavailable is None for candidate in result.ranked}
+    assert kinds == {True, False}
+    for candidate in result.ranked:
+        layout = candidate.layout
+        assert type(layout) is ParallelDims and ParallelDims.parse(layout.name) == layout
+        if candidate.unavailable is None:
+            layout.check_runnable()
+            continue
+        missing = [axis for axis in ("pp", "tp") if layout.degree(axis) > 1]
+        assert missing and candidate.unavailable.startswith(" and ".join(missing))
+        with pytest.raises(ValueError, match=rf"--{missing[0]} {layout.degree(missing[0])} .*not implemented"):
+            layout.check_runnable()
 
 
 def test_gen_plan_with_layout_flags_imports_no_torch():

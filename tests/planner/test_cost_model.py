@@ -5,72 +5,72 @@ from __future__ import annotations
 
 import pytest
 
+from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.cost import estimate
 from genbatch.planner.hardware import make_cluster
-from genbatch.planner.layouts import Layout
 from genbatch.planner.shapes import resolve_shape
 from genbatch.planner.workload import make_workload
 
 # seed 000 §1, "xDiT 实测（FLUX.1-dev 28 步，torch.compile）": seconds on H100s
 XDIT_FLUX = {
-    Layout(): 4.30,
-    Layout(ulysses=2): 2.68,
-    Layout(ring=2): 2.60,
-    Layout(ring=2, ulysses=2): 1.80,
-    Layout(ulysses=4): 1.63,
-    Layout(ring=4): 1.98,
+    ParallelDims(): 4.30,
+    ParallelDims(ulysses=2): 2.68,
+    ParallelDims(ring=2): 2.60,
+    ParallelDims(ring=2, ulysses=2): 1.80,
+    ParallelDims(ulysses=4): 1.63,
+    ParallelDims(ring=4): 1.98,
 }
 
 
-def _seconds(model: str, layout: Layout, **size) -> float:
+def _seconds(model: str, layout: ParallelDims, **size) -> float:
     work = make_workload(resolve_shape(model), **size)
-    return estimate(layout, work, make_cluster(layout.world)).seconds_per_job
+    return estimate(layout, work, make_cluster(layout.world_size)).seconds_per_job
 
 
 @pytest.mark.parametrize("layout", list(XDIT_FLUX), ids=lambda layout: layout.name)
 def test_xdit_flux_speedups_within_25_percent(layout):
-    measured = XDIT_FLUX[Layout()] / XDIT_FLUX[layout]
-    predicted = _seconds("flux.1-dev", Layout()) / _seconds("flux.1-dev", layout)
+    measured = XDIT_FLUX[ParallelDims()] / XDIT_FLUX[layout]
+    predicted = _seconds("flux.1-dev", ParallelDims()) / _seconds("flux.1-dev", layout)
     assert abs(predicted / measured - 1) < 0.25, (layout.name, predicted, measured)
 
 
 def test_xdit_flux_order_ulysses4_beats_usp_beats_ring4():
     # "Ulysses-2 × Ring-2（1.80 s）介于 Ulysses-4 与 Ring-4 之间"; "Ring-4（1.98 s）慢于 Ulysses-4（1.63 s）"
     times = {layout: _seconds("flux.1-dev", layout) for layout in XDIT_FLUX}
-    assert times[Layout(ulysses=4)] < times[Layout(ring=2, ulysses=2)] < times[Layout(ring=4)]
+    assert times[ParallelDims(ulysses=4)] < times[ParallelDims(ring=2, ulysses=2)] < times[ParallelDims(ring=4)]
 
 
 def test_one_h100_flux_seconds_near_measured():
-    assert abs(_seconds("flux.1-dev", Layout()) / 4.30 - 1) < 0.1
+    assert abs(_seconds("flux.1-dev", ParallelDims()) / 4.30 - 1) < 0.1
 
 
 def test_hunyuanvideo_one_h100_near_peers_figure():
     # peers.md: xDiT HunyuanVideo 720p 129 frames 50 steps, 1904 s on one H100
-    assert abs(_seconds("hunyuanvideo", Layout()) / 1904 - 1) < 0.15
+    assert abs(_seconds("hunyuanvideo", ParallelDims()) / 1904 - 1) < 0.15
 
 
 def test_wan_step_times_near_seed():
     # seed 000 §8.3: "单卡每步 29 s ... 8 卡 USP 让 Wan 的一步从 29 s 到约 4 s"
     work = make_workload(resolve_shape("wan2.1-14b"))
-    one = estimate(Layout(), work, make_cluster(1)).seconds_per_step
-    eight = estimate(Layout(cfg=2, ulysses=4), work, make_cluster(8)).seconds_per_step
+    one = estimate(ParallelDims(), work, make_cluster(1)).seconds_per_step
+    eight = estimate(ParallelDims(cfg=2, ulysses=4), work, make_cluster(8)).seconds_per_step
     assert 22 < one < 40 and 3 < eight < 5.5
 
 
-def _bytes(model: str, layout: Layout, gpus: int | None = None, **cluster) -> dict[str, float]:
+def _bytes(model: str, layout: ParallelDims, gpus: int | None = None, **cluster) -> dict[str, float]:
     work = make_workload(resolve_shape(model))
-    return estimate(layout, work, make_cluster(gpus or layout.world, **cluster)).comm_bytes
+    return estimate(layout, work, make_cluster(gpus or layout.world_size, **cluster)).comm_bytes
 
 
 @pytest.mark.parametrize(
     ("axis", "layout", "seed_bytes"),
     [
         # seed 000 §1 table, "FLUX 每步（p=4）"
-        ("tp", Layout(tp=4), 4.8e9),
-        ("ulysses", Layout(ulysses=4), 1.2e9),
-        ("ring", Layout(ring=4), 2.4e9),
-        ("pp", Layout(pp=4), 28e6),
-        ("fsdp", Layout(ulysses=4, fsdp=4), 17e9),
+        ("tp", ParallelDims(tp=4), 4.8e9),
+        ("ulysses", ParallelDims(ulysses=4), 1.2e9),
+        ("ring", ParallelDims(ring=4), 2.4e9),
+        ("pp", ParallelDims(pp=4), 28e6),
+        ("fsdp", ParallelDims(ulysses=4, fsdp=True), 17e9),
     ],
 )
 def test_flux_bytes_per_step_match_seed_table(axis, layout, seed_bytes):
@@ -81,11 +81,11 @@ def test_flux_bytes_per_step_match_seed_table(axis, layout, seed_bytes):
     ("axis", "layout", "seed_bytes"),
     [
         # seed 000 §1 table, "Wan 每步（p=8）"; cfg=2 so each rank runs one forward a step, as the table counts
-        ("ulysses", Layout(cfg=2, ulysses=8), 13.5e9),
-        ("ring", Layout(cfg=2, ring=8), 54e9),
-        ("pp", Layout(cfg=2, pp=8), 0.8e9),
-        ("fsdp", Layout(cfg=2, ulysses=8, fsdp=16), 23e9 / (7 / 8) * (15 / 16)),  # the table's p=8 figure at p=16
-        ("tp", Layout(cfg=2, tp=8), 108e9),  # §3.2: "40 层 108 GB / 步"
+        ("ulysses", ParallelDims(cfg=2, ulysses=8), 13.5e9),
+        ("ring", ParallelDims(cfg=2, ring=8), 54e9),
+        ("pp", ParallelDims(cfg=2, pp=8), 0.8e9),
+        ("fsdp", ParallelDims(cfg=2, ulysses=8, fsdp=True), 23e9 / (7 / 8) * (15 / 16)),  # the table's p=8 figure at p=16
+        ("tp", ParallelDims(cfg=2, tp=8), 108e9),  # §3.2: "40 层 108 GB / 步"
     ],
 )
 def test_wan_bytes_per_step_match_seed_table(axis, layout, seed_bytes):
@@ -93,17 +93,17 @@ def test_wan_bytes_per_step_match_seed_table(axis, layout, seed_bytes):
 
 
 def test_cfg_exchange_is_tiny_and_sequence_parallel_shares_it():
-    one = _bytes("wan2.1-14b", Layout(cfg=2))["cfg"]
+    one = _bytes("wan2.1-14b", ParallelDims(cfg=2))["cfg"]
     assert 5e6 < one < 12e6  # seed: "Wan 5 MB"; the whole [N, c p^2] prediction of 75,600 tokens is 9.7 MB
-    assert _bytes("wan2.1-14b", Layout(cfg=2, ulysses=4))["cfg"] == pytest.approx(one / 4)
+    assert _bytes("wan2.1-14b", ParallelDims(cfg=2, ulysses=4))["cfg"] == pytest.approx(one / 4)
 
 
 def test_overlap_rules_ring_and_fsdp_hide_ulysses_and_tp_do_not():
     work = make_workload(resolve_shape("wan2.1-14b"))
     cluster = make_cluster(8)
-    ring = estimate(Layout(cfg=2, ring=4), work, cluster)
-    ulysses = estimate(Layout(cfg=2, ulysses=4), work, cluster)
-    fsdp = estimate(Layout(cfg=2, ulysses=4, fsdp=8), work, cluster)
+    ring = estimate(ParallelDims(cfg=2, ring=4), work, cluster)
+    ulysses = estimate(ParallelDims(cfg=2, ulysses=4), work, cluster)
+    fsdp = estimate(ParallelDims(cfg=2, ulysses=4, fsdp=True), work, cluster)
     assert ring.comm_exposed_s < 0.6 * ring.comm_s
     assert ulysses.comm_exposed_s == pytest.approx(ulysses.comm_s)
     gather = fsdp.comm_s - ulysses.comm_s
@@ -112,34 +112,34 @@ def test_overlap_rules_ring_and_fsdp_hide_ulysses_and_tp_do_not():
 
 def test_slow_links_cost_more():
     work = make_workload(resolve_shape("flux.1-dev"))
-    times = [estimate(Layout(ulysses=8), work, make_cluster(8, gpu=gpu)).comm_s for gpu in ("h100", "a100")]
-    times.append(estimate(Layout(ulysses=8), work, make_cluster(8, gpu="l40")).comm_s)
+    times = [estimate(ParallelDims(ulysses=8), work, make_cluster(8, gpu=gpu)).comm_s for gpu in ("h100", "a100")]
+    times.append(estimate(ParallelDims(ulysses=8), work, make_cluster(8, gpu="l40")).comm_s)
     assert times == sorted(times)
 
 
-def _memory(model: str, layout: Layout, **size) -> dict[str, float]:
+def _memory(model: str, layout: ParallelDims, **size) -> dict[str, float]:
     work = make_workload(resolve_shape(model), **size)
-    return estimate(layout, work, make_cluster(layout.world)).memory
+    return estimate(layout, work, make_cluster(layout.world_size)).memory
 
 
 def test_memory_figures_of_seed():
     # §8.3: "Wan 720p 81 帧：单卡激活 14.4 GiB + 权重 26.6 GiB，129 帧 22.7 + 26.6，1080p 32 GiB 激活"
-    wan = _memory("wan2.1-14b", Layout())
+    wan = _memory("wan2.1-14b", ParallelDims())
     assert wan["weights"] == pytest.approx(26.6, abs=0.2) and wan["activations"] == pytest.approx(14.4, abs=0.2)
-    assert _memory("wan2.1-14b", Layout(), frames=129)["activations"] == pytest.approx(22.7, abs=0.3)
-    assert _memory("wan2.1-14b", Layout(), width=1920, height=1080)["activations"] == pytest.approx(32, abs=1)
+    assert _memory("wan2.1-14b", ParallelDims(), frames=129)["activations"] == pytest.approx(22.7, abs=0.3)
+    assert _memory("wan2.1-14b", ParallelDims(), width=1920, height=1080)["activations"] == pytest.approx(32, abs=1)
     # §7.1: "VAE 解码峰值：1024² 2 GiB，2048² 8 GiB，Wan 81 帧 107 GiB"
     assert wan["vae_decode"] == pytest.approx(107, abs=0.5)
-    assert _memory("flux.1-dev", Layout())["vae_decode"] == pytest.approx(2, abs=0.05)
-    assert _memory("flux.1-dev", Layout(), width=2048, height=2048)["vae_decode"] == pytest.approx(8, abs=0.2)
+    assert _memory("flux.1-dev", ParallelDims())["vae_decode"] == pytest.approx(2, abs=0.05)
+    assert _memory("flux.1-dev", ParallelDims(), width=2048, height=2048)["vae_decode"] == pytest.approx(8, abs=0.2)
     # §0: "FLUX 的 22 GiB 一张卡放得下"
-    assert _memory("flux.1-dev", Layout())["weights"] == pytest.approx(22, abs=0.5)
+    assert _memory("flux.1-dev", ParallelDims())["weights"] == pytest.approx(22, abs=0.5)
 
 
 def test_memory_splits_as_the_seed_says():
-    one = _memory("wan2.1-14b", Layout(dp=8))
-    sp = _memory("wan2.1-14b", Layout(ulysses=8))
-    sharded = _memory("wan2.1-14b", Layout(ulysses=8, fsdp=8))
+    one = _memory("wan2.1-14b", ParallelDims(dp=8))
+    sp = _memory("wan2.1-14b", ParallelDims(ulysses=8))
+    sharded = _memory("wan2.1-14b", ParallelDims(ulysses=8, fsdp=True))
     assert sp["weights"] == one["weights"]  # sequence parallel replicates weights
     assert sp["activations"] == pytest.approx(one["activations"] / 8)  # "SP 把激活切 1/p"
     assert sp["vae_decode"] == pytest.approx(one["vae_decode"] / 8)  # "峰值降为 1/p"
@@ -149,7 +149,7 @@ def test_memory_splits_as_the_seed_says():
 
 def test_offloaded_text_encoder_costs_time_not_memory():
     shape = resolve_shape("qwen-image")
-    kept = estimate(Layout(), make_workload(shape), make_cluster(1))
-    offloaded = estimate(Layout(), make_workload(shape, offload_text_encoder=True), make_cluster(1))
+    kept = estimate(ParallelDims(), make_workload(shape), make_cluster(1))
+    offloaded = estimate(ParallelDims(), make_workload(shape, offload_text_encoder=True), make_cluster(1))
     assert offloaded.memory["text_encoder"] == 0 < kept.memory["text_encoder"]
     assert offloaded.seconds_per_job > kept.seconds_per_job

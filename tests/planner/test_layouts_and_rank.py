@@ -6,7 +6,9 @@ import pytest
 
 from genbatch.planner import best_layout, plan
 from genbatch.planner.hardware import make_cluster
-from genbatch.planner.layouts import AXES, Layout, axis_link, enumerate_layouts, unavailable_reason
+from genbatch.parallel.axes import AXES
+from genbatch.parallel.dims import ParallelDims
+from genbatch.planner.layouts import axis_link, enumerate_layouts, unavailable_reason
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 6, 8, 16])
@@ -14,10 +16,10 @@ def test_every_layout_multiplies_to_the_gpus_and_none_repeats(gpus):
     layouts = enumerate_layouts(gpus)
     assert len(set(layouts)) == len(layouts)
     for layout in layouts:
-        assert layout.world == gpus and layout.cfg in (1, 2) and layout.fsdp in (1, layout.group)
-        assert layout.fsdp == 1 or (layout.group > 1 and layout.pp == layout.tp == 1)
-    plain = {layout for layout in layouts if layout.fsdp == 1}
-    assert Layout(dp=gpus) in plain and Layout(ulysses=gpus) in plain and Layout(ring=gpus) in plain
+        assert layout.world_size == gpus and layout.cfg in (1, 2) and layout.fsdp_size in (1, layout.group_size)
+        assert not layout.fsdp or (layout.group_size > 1 and layout.pp == layout.tp == 1)
+    plain = {layout for layout in layouts if not layout.fsdp}
+    assert ParallelDims(dp=gpus) in plain and ParallelDims(ulysses=gpus) in plain and ParallelDims(ring=gpus) in plain
 
 
 def test_ranked_and_rejected_cover_every_layout_once():
@@ -28,38 +30,38 @@ def test_ranked_and_rejected_cover_every_layout_once():
 
 
 def test_mesh_order_puts_ulysses_innermost_and_dp_outermost():
-    layout = Layout(dp=2, cfg=2, ring=2, ulysses=2)
+    layout = ParallelDims(dp=2, cfg=2, ring=2, ulysses=2)
     assert [layout.span(axis)[0] for axis in AXES] == [8, 4, 4, 2, 1, 1]
 
 
 def test_links_per_axis_on_two_nodes():
     cluster = make_cluster(16, nodes=2, gpu="h100", interconnect="ethernet")
-    layout = Layout(ring=2, ulysses=8)
+    layout = ParallelDims(ring=2, ulysses=8)
     assert axis_link(layout, "ulysses", cluster).name == "nvlink"
     assert axis_link(layout, "ring", cluster).name == "ethernet"
-    assert axis_link(Layout(dp=2, ring=2, ulysses=4), "ring", cluster).name == "nvlink"
+    assert axis_link(ParallelDims(dp=2, ring=2, ulysses=4), "ring", cluster).name == "nvlink"
 
 
 def test_pcie_groups_beyond_a_socket_use_the_slow_bridge():
     cluster = make_cluster(8, gpu="l40")
-    assert axis_link(Layout(dp=2, ulysses=4), "ulysses", cluster).name == "pcie"
-    assert axis_link(Layout(ulysses=8), "ulysses", cluster).name == "pcie-cross-socket"
+    assert axis_link(ParallelDims(dp=2, ulysses=4), "ulysses", cluster).name == "pcie"
+    assert axis_link(ParallelDims(ulysses=8), "ulysses", cluster).name == "pcie-cross-socket"
 
 
 def test_rejection_reasons_name_the_limit():
     reasons = {rejection.layout: rejection.reasons for rejection in plan("flux.1-dev", 16).rejected}
-    assert "does not divide the 24 heads" in reasons[Layout(ulysses=16)][0]
-    assert "classifier-free guidance" in reasons[Layout(dp=8, cfg=2)][0]
+    assert "does not divide the 24 heads" in reasons[ParallelDims(ulysses=16)][0]
+    assert "classifier-free guidance" in reasons[ParallelDims(dp=8, cfg=2)][0]
     tiny = {r.layout: r.reasons for r in plan("tiny-flux", 4, steps=20).rejected}
-    assert "exceeds the 2 layers" in tiny[Layout(pp=4)][0]
+    assert "exceeds the 2 layers" in tiny[ParallelDims(pp=4)][0]
     big = {r.layout: r.reasons for r in plan("wan2.1-14b", 8).rejected}
-    assert "GiB per rank > 79.60 GiB" in big[Layout(dp=8)][0] and "fsdp" in big[Layout(dp=8)][0]
+    assert "GiB per rank > 79.60 GiB" in big[ParallelDims(dp=8)][0] and "fsdp" in big[ParallelDims(dp=8)][0]
 
 
 def test_pp_and_tp_are_estimated_but_flagged():
-    assert unavailable_reason(Layout(ulysses=8)) is None
-    assert "pp" in unavailable_reason(Layout(pp=2, ulysses=4))
-    assert "tp" in unavailable_reason(Layout(tp=2, dp=4))
+    assert unavailable_reason(ParallelDims(ulysses=8)) is None
+    assert "pp" in unavailable_reason(ParallelDims(pp=2, ulysses=4))
+    assert "tp" in unavailable_reason(ParallelDims(tp=2, dp=4))
     flagged = [candidate for candidate in plan("flux.1-dev", 8, gpu="l40").ranked if candidate.unavailable]
     assert flagged and all(candidate.layout.pp > 1 or candidate.layout.tp > 1 for candidate in flagged)
 
@@ -76,7 +78,7 @@ def test_throughput_splits_only_for_memory():
 
 def test_throughput_splits_for_max_latency():
     free = plan("flux.1-dev", 8).best
-    assert free.layout == Layout(dp=8)
+    assert free.layout == ParallelDims(dp=8)
     bounded = plan("flux.1-dev", 8, max_latency=2.0).best
     assert bounded.estimate.seconds_per_job <= 2.0 and bounded.layout.dp == 2
     reasons = [reason for r in plan("flux.1-dev", 8, max_latency=2.0).rejected for reason in r.reasons]
@@ -114,10 +116,11 @@ def test_bad_inputs_are_value_errors_naming_the_fix():
         plan("flux.1-dev", 8, width=0)
 
 
-def test_runnable_layouts_become_the_runners_parallel_dims():
-    dims = plan("wan2.1-14b", 8, objective="latency").best.layout.parallel_dims()
-    assert (dims.dp, dims.cfg, dims.ring, dims.ulysses, dims.fsdp) == (1, 2, 1, 4, False)
+def test_the_best_layout_is_one_the_runner_accepts():
+    dims = plan("wan2.1-14b", 8, objective="latency").best.layout
+    assert dims == ParallelDims(cfg=2, ulysses=4)
     dims.validate(world_size=8, num_heads=40, uses_cfg=True)
-    assert Layout(ulysses=4, fsdp=4).parallel_dims().fsdp is True
-    with pytest.raises(ValueError, match="pp not in the runner"):
-        Layout(pp=2).parallel_dims()
+    assert ParallelDims(ulysses=4, fsdp=True).fsdp_size == 4  # the planner's fsdp degree is the runner's
+    assert unavailable_reason(ParallelDims(pp=2)) == "pp not in the runner yet (estimate only)"
+    with pytest.raises(ValueError, match=r"--pp 2 \(PipeFusion"):
+        ParallelDims(pp=2).validate(world_size=2, num_heads=40, uses_cfg=True)

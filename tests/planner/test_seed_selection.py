@@ -6,10 +6,11 @@ including PipeFusion and TP that genbatch's runner does not have yet; "runnable"
 
 from __future__ import annotations
 
+from genbatch.parallel.dims import ParallelDims
 from genbatch.planner import best_layout, plan
 from genbatch.planner.cost import estimate
 from genbatch.planner.hardware import make_cluster
-from genbatch.planner.layouts import Layout, crosses_nodes
+from genbatch.planner.layouts import crosses_nodes
 from genbatch.planner.shapes import resolve_shape
 from genbatch.planner.workload import make_workload
 
@@ -29,7 +30,7 @@ def test_flux_nvlink_ulysses_4_or_8_rest_dp():
     ranked = [candidate.layout for candidate in plan("flux.1-dev", 8, objective="latency").ranked]
     tp8 = next(i for i, layout in enumerate(ranked) if layout.tp == 8)
     usp = next(i for i, layout in enumerate(ranked) if layout.ulysses == 2 and layout.ring == 2)
-    assert ranked.index(Layout(ulysses=8)) < usp < tp8  # "备选 Ulysses 2 × Ring 2", "不推荐 TP 8"
+    assert ranked.index(ParallelDims(ulysses=8)) < usp < tp8  # "备选 Ulysses 2 × Ring 2", "不推荐 TP 8"
 
 
 def test_qwen_image_nvlink_cfg2_ulysses_or_ulysses():
@@ -42,17 +43,17 @@ def test_qwen_image_nvlink_cfg2_ulysses_or_ulysses():
 def test_wan_14b_nvlink_cfg2_ulysses4_vae_over_8():
     # "Wan 14B 720p（CFG） CFG 2 × Ulysses 4，VAE patch 并行 8 | 备选 Ulysses 8；加 Ring 若 all-to-all 慢 | 不推荐 TP"
     result = plan("wan2.1-14b", 8, objective="latency")
-    assert result.ranked[0].layout == result.best.layout == Layout(cfg=2, ulysses=4)
+    assert result.ranked[0].layout == result.best.layout == ParallelDims(cfg=2, ulysses=4)
     assert best_layout("wan2.1-14b", 8, objective="latency")["vae_parallel"] == 8
     ranked = [candidate.layout for candidate in result.ranked]
-    assert ranked.index(Layout(ulysses=8)) < min(i for i, layout in enumerate(ranked) if layout.tp > 1)
+    assert ranked.index(ParallelDims(ulysses=8)) < min(i for i, layout in enumerate(ranked) if layout.tp > 1)
 
 
 def test_hunyuanvideo_nvlink_ulysses8_then_ulysses4_ring2():
     # "HunyuanVideo（无 CFG） Ulysses 8 | 备选 Ulysses 4 × Ring 2"
     ranked = [candidate.layout for candidate in plan("hunyuanvideo", 8, objective="latency").ranked]
-    assert ranked[0] == Layout(ulysses=8)
-    assert ranked[1] == Layout(ring=2, ulysses=4)
+    assert ranked[0] == ParallelDims(ulysses=8)
+    assert ranked[1] == ParallelDims(ring=2, ulysses=4)
 
 
 # --- section 8, single node PCIe (8xL40) ----------------------------------------------------------------------
@@ -81,7 +82,7 @@ def test_across_nodes_ulysses_inside_pipefusion_over_ethernet():
     # 让 16 卡比 8 卡再快 1.16 倍" (two 8xL40 machines over Ethernet)
     result = plan("flux.1-dev", 16, nodes=2, gpu="l40", interconnect="ethernet", objective="latency")
     best = result.ranked[0].layout
-    assert best == Layout(pp=4, ulysses=4)
+    assert best == ParallelDims(pp=4, ulysses=4)
     assert crosses_nodes(best, "pp", result.cluster) and not crosses_nodes(best, "ulysses", result.cluster)
     one_node = plan("flux.1-dev", 8, gpu="l40", objective="latency").ranked[0].estimate.seconds_per_job
     assert result.ranked[0].estimate.seconds_per_job < one_node  # 16 cards beat 8
@@ -92,7 +93,7 @@ def test_across_nodes_cfg_groups_on_two_nodes():
     for network in ("infiniband", "ethernet"):
         result = plan("wan2.1-14b", 16, nodes=2, interconnect=network, objective="latency")
         best = result.best.layout
-        assert best == Layout(cfg=2, ulysses=8)
+        assert best == ParallelDims(cfg=2, ulysses=8)
         assert crosses_nodes(best, "cfg", result.cluster) and not crosses_nodes(best, "ulysses", result.cluster)
 
 
@@ -110,21 +111,21 @@ def test_video_needs_splitting_on_80gb():
     # "视频上 SP 是必需 ... 80 GB 卡在 129 帧 / 1080p 上已放不下 VAE 与余量"
     result = plan("wan2.1-14b", 8, frames=129)
     assert result.best.layout.dp < 8
-    dp8 = next(rejection for rejection in result.rejected if rejection.layout == Layout(dp=8))
+    dp8 = next(rejection for rejection in result.rejected if rejection.layout == ParallelDims(dp=8))
     assert "GiB per rank" in dp8.reasons[0]
 
 
 # --- section 11, self-test answers ------------------------------------------------------------------------------
 
 
-def _flux_cost(layout: Layout, cluster):
+def _flux_cost(layout: ParallelDims, cluster):
     return estimate(layout, make_workload(resolve_shape("flux.1-dev")), cluster)
 
 
 def test_q1_tp4_and_ulysses4_bytes_and_time():
     # "TP：... 85 MB / 层 × 57 = 4.8 GB → 16 ms（... 且在关键路径）。Ulysses：... 21 MB / 层 → 1.2 GB → 4 ms（10%）"
     cluster = make_cluster(4)
-    tp, ulysses = _flux_cost(Layout(tp=4), cluster), _flux_cost(Layout(ulysses=4), cluster)
+    tp, ulysses = _flux_cost(ParallelDims(tp=4), cluster), _flux_cost(ParallelDims(ulysses=4), cluster)
     assert abs(tp.comm_bytes["tp"] / 4.8e9 - 1) < 0.05 and abs(ulysses.comm_bytes["ulysses"] / 1.2e9 - 1) < 0.05
     assert 0.014 < tp.comm_s < 0.019 and 0.003 < ulysses.comm_s < 0.008
     assert tp.comm_exposed_s == tp.comm_s  # neither overlaps
@@ -134,7 +135,7 @@ def test_q1_tp4_and_ulysses4_bytes_and_time():
 def test_q2_ring_vs_pipefusion_over_ethernet():
     # "Ring-2 跨节点：... 28 MB / 层 × 57 = 1.6 GB → 0.5 s / 步，远超每步计算。PipeFusion-2：每步每 stage 传 N d = 28 MB → 10 ms"
     cluster = make_cluster(2, nodes=2, gpu="l40", interconnect="ethernet")
-    ring, pipe = _flux_cost(Layout(ring=2), cluster), _flux_cost(Layout(pp=2), cluster)
+    ring, pipe = _flux_cost(ParallelDims(ring=2), cluster), _flux_cost(ParallelDims(pp=2), cluster)
     assert abs(ring.comm_bytes["ring"] / 1.6e9 - 1) < 0.05 and 0.45 < ring.comm_s < 0.6
     assert ring.comm_exposed_s > 0.5 * ring.comm_s  # far beyond the attention it could hide under
     assert abs(pipe.comm_bytes["pp"] / 28e6 - 1) < 0.05 and 0.007 < pipe.comm_s < 0.013
@@ -148,7 +149,7 @@ def test_q3_cfg_parallel_does_not_apply_to_guidance_distilled_models():
         assert all(candidate.layout.cfg == 1 for candidate in result.ranked)
         assert any("classifier-free guidance" in reason for r in result.rejected for reason in r.reasons)
     # "条件与无条件分支 ... 每步一次 [N, c p²]（FLUX 形状 0.6 MB）": priced on FLUX's shape
-    exchange = _flux_cost(Layout(cfg=2), make_cluster(2)).comm_bytes["cfg"]
+    exchange = _flux_cost(ParallelDims(cfg=2), make_cluster(2)).comm_bytes["cfg"]
     assert 0.45e6 < exchange < 0.65e6
 
 
@@ -157,8 +158,8 @@ def test_q4_stale_kv_needs_many_steps_and_pipefusion_keeps_its_layers_kv():
     result = plan("flux.1-dev", 8, steps=4, gpu="l40", objective="latency")
     assert all(candidate.layout.pp == 1 for candidate in result.ranked)
     assert any("too few" in reason for rejection in result.rejected for reason in rejection.reasons)
-    four = _flux_cost(Layout(pp=4), make_cluster(4))
-    one = _flux_cost(Layout(dp=4), make_cluster(4))
+    four = _flux_cost(ParallelDims(pp=4), make_cluster(4))
+    one = _flux_cost(ParallelDims(dp=4), make_cluster(4))
     stale_gib = four.memory["activations"] - one.memory["activations"] / 4
     assert 0.65 < stale_gib * 2**30 / 1e9 < 0.9
     assert abs(four.memory["weights"] * 4 - one.memory["weights"]) < 0.01  # weights split 1/p by layer
@@ -170,5 +171,5 @@ def test_q5_throughput_only_means_data_parallel_8():
                                              "fsdp": 1, "vae_parallel": 1}
     # section 2: "四张卡各跑一个请求的吞吐（4 张 / 4.30 s）永远高于四张卡切一个请求"
     ranked = plan("flux.1-dev", 4).ranked
-    assert ranked[0].layout == Layout(dp=4)
+    assert ranked[0].layout == ParallelDims(dp=4)
     assert all(ranked[0].jobs_per_hour > candidate.jobs_per_hour for candidate in ranked[1:])
