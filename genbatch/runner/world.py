@@ -249,6 +249,7 @@ def start_world(options, stop=None) -> World:
                 world_size, dp=options.dp, cfg=options.cfg, pp=options.pp, ring=options.ring,
                 ulysses=options.ulysses, tp=options.tp, fsdp=options.fsdp,
             )
+        dims.check_runnable()  # however the layout was chosen, an axis the runner lacks stops the run here
         if dims.world_size != world_size:
             raise ValueError(
                 f"{dims.describe()} = {dims.world_size} ranks, but {world_size} processes were started; leave --dp "
