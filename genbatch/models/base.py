@@ -121,7 +121,9 @@ class TransformerPlan:
     tensor_plan: Mapping[str, str] = field(default_factory=dict)
     """Module name pattern -> tensor-parallel sharding style. Filled by the tensor-parallel work; empty now."""
     compile_units: tuple[str, ...] = ()
-    """Module name patterns compiled one unit each. Filled by the compile work; empty now."""
+    """Module name globs, matched part by part (`blocks.*` is each block, not its submodules), whose `forward`
+    `--compile` compiles one unit each (`genbatch.parallel.compile`): the repeated blocks. Empty: the class is
+    not compiled."""
     stage_boundaries: tuple[int, ...] = ()
     """Indices into the repeated blocks where pipeline stages may start. Filled by the PipeFusion work;
     empty now."""

@@ -160,6 +160,8 @@ FAMILY = ModelFamily(
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=_JOINT),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT, streams=_JOINT)),
             sequence=SequenceSplits(),  # diffusers' own _cp_plan
+            # diffusers' _repeated_blocks: FluxTransformerBlock, FluxSingleTransformerBlock
+            compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
         ),
     },
     text_encoders={"CLIPTextModel": CLIP_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},

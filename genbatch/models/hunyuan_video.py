@@ -194,6 +194,8 @@ FAMILY = ModelFamily(
                 "rope": {0: Split(dim=0, expected_dims=2, output=True), 1: Split(dim=0, expected_dims=2, output=True)},
                 "proj_out": Gather(dim=1, expected_dims=3),
             }),
+            # diffusers' _repeated_blocks: the dual- and single-stream blocks (the token refiner's run once)
+            compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
         ),
     },
     text_encoders={

@@ -218,6 +218,7 @@ FAMILY = ModelFamily(
             # diffusers' own _cp_plan: both streams, the text mask and the rotary tables split at the first
             # block; the processor builds the key-padding mask from the split text mask
             sequence=SequenceSplits(),
+            compile_units=("transformer_blocks.*",),  # diffusers' _repeated_blocks: QwenImageTransformerBlock
         ),
     },
     text_encoders={

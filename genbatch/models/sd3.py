@@ -155,6 +155,9 @@ FAMILY = ModelFamily(
                         "proj_out": Gather(dim=1, expected_dims=3)},
                 output_stream=_IMAGE,
             ),
+            # genbatch's own: diffusers declares no _repeated_blocks for SD3 (the last block, context_pre_only,
+            # and SD3.5's dual-attention blocks are the same class and compile as their own graphs)
+            compile_units=("transformer_blocks.*",),
         ),
     },
     text_encoders={"CLIPTextModelWithProjection": CLIP_TEXT_ENCODER_WITH_PROJECTION, "T5EncoderModel": T5_ENCODER},

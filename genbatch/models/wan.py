@@ -154,6 +154,7 @@ FAMILY = ModelFamily(
             attention=(AttentionSite(pattern="blocks.*.attn1", kind=SELF, streams=("hidden_states",)),
                        AttentionSite(pattern="blocks.*.attn2", kind=CROSS, streams=())),
             sequence=SequenceSplits(),  # diffusers' own _cp_plan
+            compile_units=("blocks.*",),  # diffusers' _repeated_blocks: WanTransformerBlock
         ),
     },
     denoisers=("transformer", "transformer_2"),  # Wan 2.2: a second expert below the boundary timestep

@@ -11,9 +11,10 @@ The whole order, fixed now; the steps marked (later) belong to axes or features 
                            (`parallel.sequence`) on each denoiser (ring x ulysses)
     3. cache hooks         (later) step caching: hooks on the repeated blocks that skip them when the
                            group agrees the residual is stale
-    4. compile             (later) torch.compile of each compile unit (the repeated blocks), after the
-                           hooks above so that it traces through them, before FSDP so that FSDP's
-                           all-gathers stay outside the compiled regions
+    4. compile             `--compile`: torch.compile of each compile unit's forward (the family's
+                           repeated blocks, `parallel/compile.py`), after the plans and hooks above so
+                           that it traces through them, before FSDP so that FSDP's all-gathers stay
+                           outside the compiled regions
     5. FSDP2               fully_shard per block, then the root, on transformers and text encoders, over
                            `ctx.fsdp_mesh` (the job group minus tp and pp), filled from the group leader's
                            weights (the runner builds the components on the meta device and loads the
@@ -30,6 +31,7 @@ import torch
 from genbatch.jobs.models import ModelSpec
 from genbatch.models import family
 from genbatch.parallel import fsdp
+from genbatch.parallel.compile import CompileConfig, compile_units
 from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.sequence import SequenceGroup, SequenceParallel
 
@@ -63,27 +65,38 @@ def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext) -> list
     return [SequenceParallel(model, group) for _, model in _components(pipe, denoisers(spec))]
 
 
-def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
-    """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton)."""
+def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileConfig) -> None:
+    """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph."""
+    plans = family(spec.family)
+    for _, model in _components(pipe, denoisers(spec)):
+        units = plans.transformer_plan(type(model).__name__).compile_units
+        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1)
+
+
+def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None) -> None:
+    """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton);
+    `compile`: how step 4 compiles (None: not at all)."""
     # 1. stage split (pp): cut the denoisers' repeated blocks at the family's `stage_boundaries`; pp > 1
     #    is refused at start-up until PipeFusion lands (`parallel.axes`), so there is nothing to cut yet
     # 2. tensor-parallel plans (tp: refused above 1 until it lands), then the sequence-parallel plans
     apply_sequence_parallel(pipe, spec, ctx)
     # 3. cache hooks on the repeated blocks: none until step caching lands
-    # 4. compile the family's compile units: none until compilation lands
+    # 4. compile the family's compile units
+    if compile is not None:
+        apply_compile(pipe, spec, ctx, compile)
 
 
-def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
+def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None) -> None:
     """The order on a pipeline loaded whole on every rank (no FSDP, so no step 5)."""
-    apply_plans(pipe, spec, ctx)
+    apply_plans(pipe, spec, ctx, compile)
 
 
-def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext) -> None:
+def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None) -> None:
     """The order for `--fsdp`: steps 1-4 on `skeleton` (its `sharded(spec)` components built on the meta
     device), then step 5: each of those components sharded over `ctx.fsdp_mesh`, per block then the root,
     and filled from `full`, the whole pipeline the group leader loaded on the CPU (None on other ranks)."""
     leader = ctx.group.rank == 0
-    apply_plans(skeleton, spec, ctx)
+    apply_plans(skeleton, spec, ctx, compile)
     # 5. FSDP per block, then the root
     for name, module in _components(skeleton, sharded(spec)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)

@@ -18,7 +18,6 @@ Works the same on gloo (CPU tests) and NCCL (GPUs): only torch.distributed calls
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -26,23 +25,39 @@ import torch
 import torch.distributed as dist
 
 
+KINDS = ("all_to_all", "p2p", "all_gather", "sp_gather", "sp_mask", "cfg_exchange", "fsdp_all_gather", "broadcast",
+         "all_reduce", "control")
+"""The ledger's kinds, present from the start (a new one may still appear)."""
+
+
+def _counters() -> dict[str, torch.Tensor]:
+    return {kind: torch.zeros((), dtype=torch.int64) for kind in KINDS}
+
+
 @dataclass(slots=True)
 class CommLedger:
-    """Bytes sent by this rank, by collective kind, since the last `take()`."""
+    """Bytes sent by this rank, by collective kind, since the last `take()`.
 
-    sent: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    The counts are 0-d int64 tensors under fixed keys: a compiled region (`--compile`) that counts its
+    all-to-alls adds to a tensor in its graph, where a Python int would be a value dynamo guards on (and a
+    key added or dropped a change of the dict's length), each of which would recompile the region."""
+
+    sent: dict[str, torch.Tensor] = field(default_factory=_counters)
 
     def add(self, kind: str, nbytes: int) -> None:
-        self.sent[kind] += int(nbytes)
+        if kind not in self.sent:
+            self.sent[kind] = torch.zeros((), dtype=torch.int64)
+        self.sent[kind] += nbytes
 
     def take(self) -> dict[str, int]:
-        """Return the counts so far and start again from zero (called at each step boundary)."""
-        counts = dict(self.sent)
-        self.sent.clear()
+        """Return the counts so far (kinds with bytes) and start again from zero (at each step boundary)."""
+        counts = {kind: int(sent) for kind, sent in self.sent.items() if int(sent)}
+        for sent in self.sent.values():
+            sent.zero_()
         return counts
 
     def total(self) -> int:
-        return sum(self.sent.values())
+        return sum(int(sent) for sent in self.sent.values())
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

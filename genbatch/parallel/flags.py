@@ -58,3 +58,26 @@ def layout_options(*, constraints: bool):
         return command
 
     return decorate
+
+
+COMPILE_BACKENDS = ("inductor", "aot_eager", "eager")
+"""The torch.compile backends `--compile-backend` takes: inductor (generates fused code: the fast one), and
+two that skip code generation (aot_eager traces through AOTAutograd, eager only runs dynamo), to check
+tracing and graph breaks."""
+
+
+def compile_options(command):
+    """A decorator adding `--compile/--no-compile` and `--compile-backend` to a click command (gen run, gen bench);
+    their values reach it as `compile` and `compile_backend`. They are not layout flags: `--layout auto` keeps them."""
+    command = click.option("--compile-backend", type=click.Choice(COMPILE_BACKENDS), default="inductor",
+                           show_default=True, help="The torch.compile backend --compile uses.")(command)
+    return click.option("--compile/--no-compile", default=False, show_default=True,
+                        help="torch.compile each repeated transformer block's forward (after sequence parallel, "
+                             "before FSDP); mixed sizes compile at most twice per block class.")(command)
+
+
+def compile_args(compile: bool, compile_backend: str = "inductor") -> list[str]:
+    """The `gen run` arguments that give these compile settings (what gen bench passes on)."""
+    if not compile:
+        return []
+    return ["--compile"] + ([] if compile_backend == "inductor" else ["--compile-backend", compile_backend])

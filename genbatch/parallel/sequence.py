@@ -170,7 +170,8 @@ class SequenceParallel:
 
     def layout(self, streams: tuple[str, ...]) -> SequenceLayout:
         """Per-rank token counts of an attention's sequence: the sum of its streams' slice sizes."""
-        cached = self.state.layouts.get(streams)
+        compiling = torch.compiler.is_compiling()  # no cache inside a compiled block: its state would be a guard
+        cached = None if compiling else self.state.layouts.get(streams)
         if cached is not None:
             return cached
         size = self.group.size
@@ -182,7 +183,8 @@ class SequenceParallel:
             for rank, length in enumerate(SequenceLayout.split(total, size).lengths):
                 lengths[rank] += length
         layout = SequenceLayout(tuple(lengths))
-        self.state.layouts[streams] = layout
+        if not compiling:
+            self.state.layouts[streams] = layout
         return layout
 
     def _route(self, name: str, module: torch.nn.Module, key: tuple, route: _Route) -> None:

@@ -101,12 +101,13 @@ def load_pipeline(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
     return finish_placement(load_skeleton(spec, dtype, meta=()), spec, device)
 
 
-def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype):
+def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None):
     """`--fsdp` loading: the sharded components built on the meta device on every rank, the whole pipeline
-    read once on the group leader's CPU to fill their shards, the rest placed on this rank's device."""
+    read once on the group leader's CPU to fill their shards, the rest placed on this rank's device;
+    `compile`: the run's `CompileConfig` (None: eager)."""
     skeleton = load_skeleton(spec, dtype, meta=sharded(spec))
     full = load_pipeline(spec, torch.device("cpu"), dtype) if ctx.group.rank == 0 else None
-    shard_pipeline(skeleton, full, spec, ctx)
+    shard_pipeline(skeleton, full, spec, ctx, compile)
     del full
     return finish_placement(skeleton, spec, ctx.device, skip=sharded(spec))
 

@@ -81,9 +81,21 @@ class RunOptions:
     """Hand jobs to whichever group is free (False: a static strided split)."""
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     vae_parallel: bool = True
+    compile: bool = False
+    """torch.compile each repeated transformer block's forward (`genbatch.parallel.compile`)."""
+    compile_backend: str = "inductor"
+    """The torch.compile backend for `compile` (`genbatch.parallel.flags.COMPILE_BACKENDS`)."""
     max_pending_writes: int = 4
     """Finished jobs whose uploads may be in flight while the next job runs."""
     quiet: bool = False
+
+    def compile_config(self):
+        """The `CompileConfig` step 4 of the parallelisation order applies (None: no compile)."""
+        if not self.compile:
+            return None
+        from genbatch.parallel.compile import CompileConfig
+
+        return CompileConfig(backend=self.compile_backend)
 
     def row_defaults(self) -> JobOverrides:
         """The defaults for rows that leave a setting empty: the run-level overrides, with `model` as the model
@@ -112,7 +124,7 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "device": str(world.ctx.device),
         "dtype": str(world.dtype).removeprefix("torch."),
         "options": {k: getattr(options, k) for k in ("dp", "cfg", "pp", "ring", "ulysses", "tp", "fsdp", "share",
-                                                              "vae_parallel")},
+                                                              "vae_parallel", "compile", "compile_backend")},
         "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},

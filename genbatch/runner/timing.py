@@ -2,6 +2,11 @@
 
 On CUDA, boundaries are CUDA events read once per job (no synchronisation per step); on the CPU they are
 `perf_counter` readings. Each finished interval becomes one row of the timings table.
+
+Compiles (`--compile`) happen inside the first steps that meet a new shape. Each one dynamo ran during an
+interval (`genbatch.parallel.compile.CLOCK`) becomes a `compile` row of its own, with its seconds, the block
+class (`unit`) and its input `shape`, at the step it happened in; the interval's own row excludes those
+seconds, so a step row is the step's run time and nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -10,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 
 import torch
+
+from genbatch.parallel.compile import CLOCK
 
 
 @dataclass(slots=True)
@@ -26,6 +33,10 @@ class _Interval:
     start: _Mark
     end: _Mark
     extra: dict
+    excluded: float = 0.0
+    """Seconds inside the interval that belong to other rows (compiles)."""
+    seconds: float | None = None
+    """The interval's length when known directly (a compile's), instead of from its marks."""
 
 
 @dataclass(slots=True)
@@ -43,7 +54,14 @@ class JobTimer:
         return _Mark(wall=time.time(), clock=time.perf_counter(), event=event)
 
     def add(self, stage: str, start: _Mark, end: _Mark, step: int | None = None, **extra) -> None:
-        self.intervals.append(_Interval(stage, step, start, end, extra))
+        excluded = 0.0
+        for event in CLOCK.take():  # compiles that ran since the last interval ended
+            began = _Mark(wall=end.wall - (end.clock - event.start), clock=event.start, event=None)
+            self.intervals.append(_Interval("compile", step, began, end, {"unit": event.unit, "shape": event.shape},
+                                            seconds=event.seconds))
+            overlap = min(end.clock, event.start + event.seconds) - max(start.clock, event.start)
+            excluded += max(0.0, overlap)
+        self.intervals.append(_Interval(stage, step, start, end, extra, excluded=excluded))
 
     def stage(self, stage: str, **extra) -> "_StageContext":
         """`with timer.stage("vae_decode"):` times the block as one interval."""
@@ -55,10 +73,13 @@ class JobTimer:
             torch.cuda.synchronize(self.device)
         rows = []
         for interval in self.intervals:
-            if interval.start.event is not None:
+            if interval.seconds is not None:
+                seconds = interval.seconds
+            elif interval.start.event is not None:
                 seconds = interval.start.event.elapsed_time(interval.end.event) / 1000.0
             else:
                 seconds = interval.end.clock - interval.start.clock
+            seconds = max(0.0, seconds - interval.excluded)
             rows.append(
                 {**common, "stage": interval.stage, "step": interval.step, "start": interval.start.wall,
                  "seconds": seconds, **interval.extra}

@@ -63,6 +63,8 @@ class World:
     """True when this run started the process group (and so destroys it at the end)."""
     stop: object = None
     """The run's StopRequest: a signal while the ranks wait for rank 0's shared values ends the process."""
+    compile: object = None
+    """The run's `genbatch.parallel.compile.CompileConfig` (None: the denoisers run eagerly)."""
 
     @property
     def world_size(self) -> int:
@@ -202,9 +204,9 @@ class World:
         from genbatch.parallel.apply import parallelize_pipeline
 
         if self.ctx.dims.fsdp and self.ctx.group.size > 1:
-            return load_sharded_pipeline(spec, self.ctx, self.dtype)
+            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile)
         pipe = load_pipeline(spec, self.ctx.device, self.dtype)
-        parallelize_pipeline(pipe, spec, self.ctx)
+        parallelize_pipeline(pipe, spec, self.ctx, self.compile)
         return pipe
 
     def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
@@ -260,4 +262,5 @@ def start_world(options, stop=None) -> World:
             leave_process_group()
         raise UsageError(str(error)) from None
     dtype = DTYPES[options.dtype or default_dtype(device)]
-    return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop)
+    return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop,
+                 compile=options.compile_config())

@@ -1,0 +1,126 @@
+"""`--compile`: each repeated block's forward compiled in place, at step 4 of the parallelisation order.
+
+With the `aot_eager` backend (dynamo and AOTAutograd tracing, no code generation: what graph breaks and
+recompiles depend on) the compiled denoiser must give the eager latents (within 1e-4; aot_eager runs the
+same kernels, so they are in fact equal), one graph per block class (per kind of block: SD3's last block,
+`context_pre_only`, is its own), no graph break under one process, Ulysses, CFG and FSDP; under Ring the
+P2P exchange breaks the graph and runs eagerly outside it. Mixed sizes compile at most twice per block
+class, and every compile is a `compile` timing row whose seconds the step rows leave out.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genbatch.models import family, resolve_model
+from genbatch.parallel.compile import CLOCK, CompileConfig, unit_names
+from genbatch.runner.timing import JobTimer
+from tests.support.distributed import run_on_ranks
+from tests.support.runs import job, job_executor
+
+PRESETS = ("tiny-wan", "tiny-flux", "tiny-sd3")
+
+
+def _denoise(out: str, preset: str, compile: bool, jobs=None, **layout) -> dict:
+    """Eager or compiled (aot_eager) final latents of `jobs` (one default job), with dynamo's counters."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    CLOCK.counts.clear()
+    CLOCK.take()
+    latents, rows = [], []
+    with job_executor(out, compile=compile, compile_backend="aot_eager", **layout) as (world, executor):
+        for spec in jobs or [job(preset, num_inference_steps=2)]:
+            timer = JobTimer(world.ctx.device)
+            latents.append(executor.denoise(spec, timer))
+            rows += timer.rows()
+    return {"latents": latents, "rows": rows, "graph_breaks": sum(counters["graph_break"].values()),
+            "graphs": counters["stats"]["unique_graphs"], "compiles": dict(CLOCK.counts)}
+
+
+def _compare(out: str, preset: str, **layout) -> dict:
+    eager = _denoise(out, preset, False, **layout)
+    compiled = _denoise(out, preset, True, **layout)
+    diff = max(float((a - b).abs().max()) for a, b in zip(eager["latents"], compiled["latents"]))
+    return {"diff": diff, **{key: compiled[key] for key in ("rows", "graph_breaks", "graphs", "compiles")}}
+
+
+def test_compile_units_are_each_repeated_block_of_every_family():
+    from genbatch.runner.presets import build_preset
+
+    for preset in (*PRESETS, "tiny-qwen-image", "tiny-hunyuan-video"):
+        model = build_preset(preset, meta=("transformer",)).transformer
+        plan = family(resolve_model(preset).family).transformer_plan(type(model).__name__)
+        blocks = [f"{path}.{index}" for path in plan.blocks.repeated
+                  for index in range(len(model.get_submodule(path)))]
+        assert unit_names(model, plan.compile_units) == blocks, preset
+
+
+def test_a_compile_mode_without_inductor_is_refused():
+    with pytest.raises(ValueError, match="--compile-backend inductor"):
+        CompileConfig(backend="aot_eager", mode="max-autotune")
+    with pytest.raises(ValueError, match="is not one of"):
+        CompileConfig(backend="tensorrt")
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_compiled_denoiser_equals_eager_in_one_process_without_graph_breaks(preset, tmp_path):
+    result = _compare(str(tmp_path), preset)
+    assert result["diff"] <= 1e-4
+    assert result["graph_breaks"] == 0
+    assert result["graphs"] == sum(result["compiles"].values()) <= 2  # one graph per kind of block, reused
+    compiles = [row for row in result["rows"] if row["stage"] == "compile"]
+    assert len(compiles) == result["graphs"] and all(row["unit"] and row["shape"] for row in compiles)
+    steps = [row for row in result["rows"] if row["stage"] == "denoise_step"]
+    assert compiles[0]["step"] == steps[0]["step"] == 0
+    # the first step ran the compiles; its row leaves them out, so it is no longer than the compiles
+    assert steps[0]["seconds"] < sum(row["seconds"] for row in compiles)
+
+
+def _ulysses_two(rank: int, world_size: int, out: str) -> dict:
+    return {preset: _compare(f"{out}/{rank}/{preset}", preset, ulysses=2) for preset in PRESETS}
+
+
+def test_compiled_equals_eager_under_ulysses_2_with_the_all_to_alls_in_the_graph(tmp_path):
+    for rank, results in enumerate(run_on_ranks(_ulysses_two, world_size=2, args=(str(tmp_path),), timeout_s=240)):
+        for preset, result in results.items():
+            assert result["diff"] <= 1e-4, (rank, preset, result["diff"])
+            assert result["graph_breaks"] == 0, (rank, preset)
+            assert result["graphs"] <= 2, (rank, preset)
+
+
+def _ring_two(rank: int, world_size: int, out: str) -> dict:
+    return _compare(f"{out}/{rank}", "tiny-wan", ring=2)
+
+
+def test_ring_exchange_runs_eagerly_between_compiled_graphs(tmp_path):
+    for rank, result in enumerate(run_on_ranks(_ring_two, world_size=2, args=(str(tmp_path),), timeout_s=240)):
+        assert result["diff"] <= 1e-4, rank
+        assert result["graph_breaks"] > 0, rank  # the P2P exchange is outside the graphs, run eagerly
+
+
+def _cfg_ulysses_fsdp(rank: int, world_size: int, out: str) -> dict:
+    return _compare(f"{out}/{rank}", "tiny-wan", cfg=2, ulysses=2, fsdp=True)
+
+
+@pytest.mark.slow
+def test_compiled_equals_eager_under_cfg_2_ulysses_2_with_fsdp(tmp_path):
+    for rank, result in enumerate(run_on_ranks(_cfg_ulysses_fsdp, world_size=4, args=(str(tmp_path),),
+                                               timeout_s=280)):
+        assert result["diff"] <= 1e-4, rank
+        assert result["graph_breaks"] == 0, rank
+        assert result["compiles"] == {"WanTransformerBlock": 1}, rank
+
+
+def test_mixed_sizes_compile_at_most_twice_per_block_class(tmp_path):
+    jobs = [job("tiny-wan", id=f"{width}x{height}x{frames}", width=width, height=height, num_frames=frames,
+                num_inference_steps=1)
+            for width, height in ((64, 48), (48, 32), (80, 64)) for frames in (5, 9)]
+    result = _denoise(str(tmp_path), "tiny-wan", True, jobs=jobs)
+    assert result["graph_breaks"] == 0
+    assert 1 <= result["compiles"]["WanTransformerBlock"] <= 2
+    compiles = [row for row in result["rows"] if row["stage"] == "compile"]
+    assert len(compiles) == result["compiles"]["WanTransformerBlock"]
+    assert len({row["shape"] for row in compiles}) == len(compiles)  # each written with the shape it met
