@@ -7,6 +7,7 @@ import sys
 import click
 
 from genbatch.benchmark.suites import SUITES
+from genbatch.parallel.flags import compile_args, compile_options
 
 
 @click.command("bench")
@@ -27,8 +28,10 @@ from genbatch.benchmark.suites import SUITES
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for OUT and the baseline (repeatable).")
 @click.option("--overwrite", is_flag=True, help="Replace a report already in OUT.")
+@compile_options
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
-                  model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool) -> None:
+                  model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
+                  compile: bool, compile_backend: str) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
 
     Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
@@ -45,5 +48,6 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
     from genbatch.benchmark.nightly import BenchOptions, run_bench
 
     options = BenchOptions(out=out, suite=suite, layouts=layouts, baseline=baseline, threshold=threshold,
-                           model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite)
+                           model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
+                           run_args=tuple(compile_args(compile, compile_backend)))
     sys.exit(run_bench(options))

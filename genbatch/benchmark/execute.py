@@ -55,12 +55,14 @@ class SuiteRunner:
     storage_options: dict | None = None
     dtype: str | None = None
     """fp32 / bf16 / fp16 (None: gen run's default for the device)."""
+    run_args: tuple[str, ...] = ()
+    """More `gen run` arguments for every layout (e.g. `--compile`)."""
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     """Where progress lines go."""
 
     def command(self, layout: ParallelDims) -> list[str]:
         command = [sys.executable, "-m", "genbatch", "run", self.manifest_url, "--out", self.run_url(layout),
-                   "--model", self.model_dir, "-q", *run_args(layout)]
+                   "--model", self.model_dir, "-q", *run_args(layout), *self.run_args]
         if self.dtype:
             command += ["--dtype", self.dtype]
         for option in self.storage_args:

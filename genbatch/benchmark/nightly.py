@@ -43,6 +43,8 @@ class BenchOptions:
     """`KEY=VALUE` fsspec options for OUT and the baseline (passed on to `gen run`)."""
     overwrite: bool = False
     """Replace a report already in OUT (else OUT must not hold one)."""
+    run_args: tuple[str, ...] = ()
+    """More `gen run` arguments for every layout (`--compile`, from `genbatch.parallel.flags.compile_args`)."""
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
     """Where progress and the comparison are printed."""
 
@@ -101,7 +103,8 @@ def run_bench(options: BenchOptions) -> int:
     fs.makedirs(root, exist_ok=True)
     fs.pipe_file(f"{root}/manifest.parquet", to_parquet_bytes(records_to_table(suite.manifest_rows())))
     runner = SuiteRunner(suite=suite, manifest_url=f"{url}/manifest.parquet", model_dir=model_dir, out=url,
-                         storage_args=options.storage_args, storage_options=storage, dtype=options.dtype, say=say)
+                         storage_args=options.storage_args, storage_options=storage, dtype=options.dtype, say=say,
+                         run_args=options.run_args)
     runs = runner.run_all(layouts)
     timings = concat([run.timings for run in runs]) if runs else pa.table({})
     metrics = report_metrics(timings)

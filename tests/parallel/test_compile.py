@@ -124,3 +124,45 @@ def test_mixed_sizes_compile_at_most_twice_per_block_class(tmp_path):
     compiles = [row for row in result["rows"] if row["stage"] == "compile"]
     assert len(compiles) == result["compiles"]["WanTransformerBlock"]
     assert len({row["shape"] for row in compiles}) == len(compiles)  # each written with the shape it met
+
+
+# -- the option, end to end ----------------------------------------------------------------------------------
+
+
+def test_gen_run_compile_writes_compile_rows_also_with_layout_auto(tmp_path):
+    import pyarrow.compute as pc
+
+    from genbatch.io import RunStore
+    from tests.support.runs import run_cli, write_manifest
+
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox"}])
+    for layout in ("manual", "auto"):
+        torch._dynamo.reset()
+        out = str(tmp_path / layout)
+        result = run_cli("run", manifest, "--out", out, "--model", "tiny-wan", "--steps", "2", "--compile",
+                         "--compile-backend", "aot_eager", "--layout", layout, "-q")
+        assert result.returncode == 0, result.stderr
+        timings = RunStore(out).read_timings()
+        compiles = timings.filter(pc.equal(timings["stage"], "compile"))
+        assert compiles.num_rows == 1 and compiles["unit"].to_pylist() == ["WanTransformerBlock"], layout
+        assert RunStore(out).read_run_info()["options"]["compile"] is True
+
+
+def test_gen_submit_and_gen_bench_pass_compile_to_gen_run(tmp_path):
+    from genbatch.benchmark.execute import SuiteRunner
+    from genbatch.benchmark.suites import get_suite
+    from genbatch.parallel.dims import ParallelDims
+    from genbatch.parallel.flags import compile_args
+    from tests.support.runs import run_cli
+
+    result = run_cli("submit", str(tmp_path / "m.parquet"), "--out", str(tmp_path / "run"), "--nodes", "1",
+                     "--gpus-per-node", "0", "--procs-per-node", "1", "--compile", "--compile-backend", "aot_eager",
+                     "--dry-run")
+    assert result.returncode == 0, result.stderr
+    command = result.stdout[result.stdout.rindex("genbatch run"):]  # the script's own command, not its comment
+    assert "--compile \\\n    --compile-backend aot_eager" in command
+    assert compile_args(True) == ["--compile"] and compile_args(False, "aot_eager") == []
+    runner = SuiteRunner(suite=get_suite("tiny"), manifest_url="m", model_dir="d", out="o",
+                         run_args=tuple(compile_args(True, "eager")))
+    assert runner.command(ParallelDims())[-3:] == ["--compile", "--compile-backend", "eager"]
+    assert "--compile-backend" in run_cli("bench", "--help").stdout
