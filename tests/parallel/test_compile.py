@@ -166,3 +166,13 @@ def test_gen_submit_and_gen_bench_pass_compile_to_gen_run(tmp_path):
                          run_args=tuple(compile_args(True, "eager")))
     assert runner.command(ParallelDims())[-3:] == ["--compile", "--compile-backend", "eager"]
     assert "--compile-backend" in run_cli("bench", "--help").stdout
+
+
+def test_inductor_compiled_wan_equals_eager_within_1e_4(tmp_path):
+    """The suite's one inductor compile (generated C++ kernels: reassociated sums, so not bitwise)."""
+    latents = {}
+    for compile in (False, True):
+        torch._dynamo.reset()
+        with job_executor(str(tmp_path), compile=compile, compile_backend="inductor") as (world, executor):
+            latents[compile] = executor.denoise(job("tiny-wan", num_inference_steps=2), JobTimer(world.ctx.device))
+    assert float((latents[True] - latents[False]).abs().max()) <= 1e-4
