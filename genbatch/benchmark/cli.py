@@ -7,7 +7,7 @@ import sys
 import click
 
 from genbatch.benchmark.suites import SUITES
-from genbatch.parallel.flags import compile_args, compile_options
+from genbatch.parallel.flags import kernel_args, kernel_options
 
 
 @click.command("bench")
@@ -28,10 +28,10 @@ from genbatch.parallel.flags import compile_args, compile_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for OUT and the baseline (repeatable).")
 @click.option("--overwrite", is_flag=True, help="Replace a report already in OUT.")
-@compile_options
+@kernel_options
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
                   model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
-                  compile: bool, compile_backend: str) -> None:
+                  compile: bool, compile_backend: str, attention: str) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
 
     Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
@@ -49,5 +49,5 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
 
     options = BenchOptions(out=out, suite=suite, layouts=layouts, baseline=baseline, threshold=threshold,
                            model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
-                           run_args=tuple(compile_args(compile, compile_backend)))
+                           run_args=tuple(kernel_args(compile, compile_backend, attention)))
     sys.exit(run_bench(options))

@@ -44,7 +44,7 @@ class BenchOptions:
     overwrite: bool = False
     """Replace a report already in OUT (else OUT must not hold one)."""
     run_args: tuple[str, ...] = ()
-    """More `gen run` arguments for every layout (`--compile`, from `genbatch.parallel.flags.compile_args`)."""
+    """More `gen run` arguments for every layout (`--compile`, `--attention`: `genbatch.parallel.flags.kernel_args`)."""
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
     """Where progress and the comparison are printed."""
 

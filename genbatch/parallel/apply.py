@@ -54,14 +54,25 @@ def _components(pipe, names) -> list[tuple[str, torch.nn.Module]]:
     return [(name, getattr(pipe, name)) for name in names if getattr(pipe, name, None) is not None]
 
 
-def sequence_group(ctx: ParallelContext) -> SequenceGroup:
-    return SequenceGroup(ulysses=ctx.ulysses, ring=ctx.ring, sp=ctx.sp)
+def sequence_group(ctx: ParallelContext, attention: str = "auto") -> SequenceGroup:
+    return SequenceGroup(ulysses=ctx.ulysses, ring=ctx.ring, sp=ctx.sp, kernel=attention)
 
 
-def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext) -> list[SequenceParallel]:
+def apply_attention_kernel(pipe, spec: ModelSpec, attention: str) -> None:
+    """The denoisers' own attention calls (diffusers' dispatch) run the `attention` backend (`auto`: unchanged)."""
+    if attention == "auto":
+        return
+    from genbatch.parallel.attention.local import DIFFUSERS_BACKENDS
+
+    for _, model in _components(pipe, denoisers(spec)):
+        model.set_attention_backend(DIFFUSERS_BACKENDS[attention])
+
+
+def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, attention: str = "auto"
+                            ) -> list[SequenceParallel]:
     if ctx.dims.sp == 1:
         return []
-    group = sequence_group(ctx)
+    group = sequence_group(ctx, attention)
     return [SequenceParallel(model, group) for _, model in _components(pipe, denoisers(spec))]
 
 
@@ -73,30 +84,36 @@ def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileCo
         compile_units(model, units, config, fullgraph=ctx.dims.ring == 1)
 
 
-def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None) -> None:
+def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
+                attention: str = "auto") -> None:
     """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton);
-    `compile`: how step 4 compiles (None: not at all)."""
+    `compile`: how step 4 compiles (None: not at all); `attention`: the local attention backend
+    (`genbatch.parallel.attention.local.BACKENDS`, checked at start-up) for step 2."""
     # 1. stage split (pp): cut the denoisers' repeated blocks at the family's `stage_boundaries`; pp > 1
     #    is refused at start-up until PipeFusion lands (`parallel.axes`), so there is nothing to cut yet
     # 2. tensor-parallel plans (tp: refused above 1 until it lands), then the sequence-parallel plans
-    apply_sequence_parallel(pipe, spec, ctx)
+    #    (the attention kernel first: sequence parallel routes over the processors it set)
+    apply_attention_kernel(pipe, spec, attention)
+    apply_sequence_parallel(pipe, spec, ctx, attention)
     # 3. cache hooks on the repeated blocks: none until step caching lands
     # 4. compile the family's compile units
     if compile is not None:
         apply_compile(pipe, spec, ctx, compile)
 
 
-def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None) -> None:
+def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
+                         attention: str = "auto") -> None:
     """The order on a pipeline loaded whole on every rank (no FSDP, so no step 5)."""
-    apply_plans(pipe, spec, ctx, compile)
+    apply_plans(pipe, spec, ctx, compile, attention)
 
 
-def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None) -> None:
+def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
+                   attention: str = "auto") -> None:
     """The order for `--fsdp`: steps 1-4 on `skeleton` (its `sharded(spec)` components built on the meta
     device), then step 5: each of those components sharded over `ctx.fsdp_mesh`, per block then the root,
     and filled from `full`, the whole pipeline the group leader loaded on the CPU (None on other ranks)."""
     leader = ctx.group.rank == 0
-    apply_plans(skeleton, spec, ctx, compile)
+    apply_plans(skeleton, spec, ctx, compile, attention)
     # 5. FSDP per block, then the root
     for name, module in _components(skeleton, sharded(spec)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)

@@ -66,9 +66,18 @@ two that skip code generation (aot_eager traces through AOTAutograd, eager only 
 tracing and graph breaks."""
 
 
-def compile_options(command):
-    """A decorator adding `--compile/--no-compile` and `--compile-backend` to a click command (gen run, gen bench);
-    their values reach it as `compile` and `compile_backend`. They are not layout flags: `--layout auto` keeps them."""
+ATTENTION_KERNELS = ("auto", "flash-attn", "cudnn", "flash", "efficient", "math", "cpu-flash")
+"""`--attention`'s values (`genbatch.parallel.attention.local.KERNELS` maps them to the backends)."""
+
+
+def kernel_options(command):
+    """A decorator adding `--compile/--no-compile`, `--compile-backend` and `--attention` to a click command
+    (gen run, gen bench); their values reach it as `compile`, `compile_backend` and `attention`. They are not
+    layout flags: `--layout auto` keeps them."""
+    command = click.option("--attention", type=click.Choice(ATTENTION_KERNELS), default="auto", show_default=True,
+                           help="The attention kernel on each rank, with or without sequence parallel: auto takes "
+                                "the fastest legal one for the device, dtype and head size; one that cannot run "
+                                "exits 2 at start-up naming one that can.")(command)
     command = click.option("--compile-backend", type=click.Choice(COMPILE_BACKENDS), default="inductor",
                            show_default=True, help="The torch.compile backend --compile uses.")(command)
     return click.option("--compile/--no-compile", default=False, show_default=True,
@@ -76,8 +85,9 @@ def compile_options(command):
                              "before FSDP); mixed sizes compile at most twice per block class.")(command)
 
 
-def compile_args(compile: bool, compile_backend: str = "inductor") -> list[str]:
-    """The `gen run` arguments that give these compile settings (what gen bench passes on)."""
+def kernel_args(compile: bool, compile_backend: str = "inductor", attention: str = "auto") -> list[str]:
+    """The `gen run` arguments that give these settings (what gen bench passes on)."""
+    args = ["--attention", attention] if attention != "auto" else []
     if not compile:
-        return []
-    return ["--compile"] + ([] if compile_backend == "inductor" else ["--compile-backend", compile_backend])
+        return args
+    return args + ["--compile"] + ([] if compile_backend == "inductor" else ["--compile-backend", compile_backend])

@@ -9,7 +9,7 @@ import click
 
 from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import job_override_options, overrides_from_options, storage_options_from
-from genbatch.parallel.flags import compile_options, layout_options
+from genbatch.parallel.flags import kernel_options, layout_options
 
 
 def _layout_options(command):
@@ -49,7 +49,7 @@ def _layout_options(command):
                    "with its state kept (exit 75: rerun to continue); access denied or no such bucket exit 2 at once.")
 @click.option("--vae-parallel/--no-vae-parallel", default=True, show_default=True,
               help="Decode patch-parallel across each job group.")
-@compile_options
+@kernel_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the manifest and output filesystems (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
@@ -104,7 +104,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
             vae_parallel=options["vae_parallel"], compile=options["compile"],
-            compile_backend=options["compile_backend"], quiet=options["quiet"], max_attempts=options["max_attempts"],
+            compile_backend=options["compile_backend"], attention=options["attention"], quiet=options["quiet"], max_attempts=options["max_attempts"],
             storage_timeout=options["storage_timeout"],
         )
         status = run(run_options, stop)

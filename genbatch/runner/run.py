@@ -85,6 +85,8 @@ class RunOptions:
     """torch.compile each repeated transformer block's forward (`genbatch.parallel.compile`)."""
     compile_backend: str = "inductor"
     """The torch.compile backend for `compile` (`genbatch.parallel.flags.COMPILE_BACKENDS`)."""
+    attention: str = "auto"
+    """The attention kernel (`genbatch.parallel.flags.ATTENTION_KERNELS`), checked at start-up."""
     max_pending_writes: int = 4
     """Finished jobs whose uploads may be in flight while the next job runs."""
     quiet: bool = False
@@ -124,7 +126,8 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "device": str(world.ctx.device),
         "dtype": str(world.dtype).removeprefix("torch."),
         "options": {k: getattr(options, k) for k in ("dp", "cfg", "pp", "ring", "ulysses", "tp", "fsdp", "share",
-                                                              "vae_parallel", "compile", "compile_backend")},
+                                                              "vae_parallel", "compile", "compile_backend",
+                                                              "attention")},
         "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},

@@ -18,6 +18,7 @@ import torch.distributed as dist
 from genbatch.jobs import exit_codes
 from genbatch.jobs.slurm_step import step_process_group_env
 from genbatch.models import resolve_model
+from genbatch.parallel.attention.local import KERNELS, check_kernel
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.teardown import leave_process_group
@@ -65,6 +66,13 @@ class World:
     """The run's StopRequest: a signal while the ranks wait for rank 0's shared values ends the process."""
     compile: object = None
     """The run's `genbatch.parallel.compile.CompileConfig` (None: the denoisers run eagerly)."""
+    attention_kernel: str = "auto"
+    """`--attention`: the kernel's name as the flag spells it (`genbatch.parallel.attention.local.KERNELS`)."""
+
+    @property
+    def attention(self) -> str:
+        """The local attention backend of `attention_kernel`."""
+        return KERNELS[self.attention_kernel]
 
     @property
     def world_size(self) -> int:
@@ -179,6 +187,10 @@ class World:
                 self.ctx.dims.validate(world_size=self.world_size, num_heads=spec.num_heads, uses_cfg=spec.uses_cfg)
             except ValueError as error:
                 raise UsageError(f"layout {self.ctx.dims.describe()} does not fit model {name}: {error}") from None
+            try:
+                check_kernel(self.attention_kernel, self.ctx.device, self.dtype, spec.head_dim)
+            except ValueError as error:
+                raise UsageError(f"model {name}: {error}") from None
 
     def executor(self, options, store, writer, run_id: str, stop=None):
         """The job executor of this rank; `stop` is the run's installed StopRequest (a new one if None)."""
@@ -204,9 +216,9 @@ class World:
         from genbatch.parallel.apply import parallelize_pipeline
 
         if self.ctx.dims.fsdp and self.ctx.group.size > 1:
-            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile)
+            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention)
         pipe = load_pipeline(spec, self.ctx.device, self.dtype)
-        parallelize_pipeline(pipe, spec, self.ctx, self.compile)
+        parallelize_pipeline(pipe, spec, self.ctx, self.compile, self.attention)
         return pipe
 
     def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
@@ -263,4 +275,4 @@ def start_world(options, stop=None) -> World:
         raise UsageError(str(error)) from None
     dtype = DTYPES[options.dtype or default_dtype(device)]
     return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop,
-                 compile=options.compile_config())
+                 compile=options.compile_config(), attention_kernel=options.attention)

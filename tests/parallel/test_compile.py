@@ -152,7 +152,7 @@ def test_gen_submit_and_gen_bench_pass_compile_to_gen_run(tmp_path):
     from genbatch.benchmark.execute import SuiteRunner
     from genbatch.benchmark.suites import get_suite
     from genbatch.parallel.dims import ParallelDims
-    from genbatch.parallel.flags import compile_args
+    from genbatch.parallel.flags import kernel_args
     from tests.support.runs import run_cli
 
     result = run_cli("submit", str(tmp_path / "m.parquet"), "--out", str(tmp_path / "run"), "--nodes", "1",
@@ -161,9 +161,9 @@ def test_gen_submit_and_gen_bench_pass_compile_to_gen_run(tmp_path):
     assert result.returncode == 0, result.stderr
     command = result.stdout[result.stdout.rindex("genbatch run"):]  # the script's own command, not its comment
     assert "--compile \\\n    --compile-backend aot_eager" in command
-    assert compile_args(True) == ["--compile"] and compile_args(False, "aot_eager") == []
+    assert kernel_args(True) == ["--compile"] and kernel_args(False, "aot_eager") == []
     runner = SuiteRunner(suite=get_suite("tiny"), manifest_url="m", model_dir="d", out="o",
-                         run_args=tuple(compile_args(True, "eager")))
+                         run_args=tuple(kernel_args(True, "eager")))
     assert runner.command(ParallelDims())[-3:] == ["--compile", "--compile-backend", "eager"]
     assert "--compile-backend" in run_cli("bench", "--help").stdout
 

@@ -17,6 +17,8 @@ class SequenceGroup:
     """The ranks that pass K/V blocks around (same Ulysses rank, every ring row)."""
     sp: Comm
     """All ring x ulysses ranks, in SP-rank order (for the split/gather of whole sequences)."""
+    kernel: str = "auto"
+    """The local attention backend each rank runs on its part (`genbatch.parallel.attention.local.BACKENDS`)."""
 
     @property
     def size(self) -> int:

@@ -9,10 +9,15 @@ Ring attention needs. Backends, picked by `backend="auto"`:
 | `cpu_flash` | CPU    | always on CPU                                        | aten `_scaled_dot_product_flash_attention_for_cpu` |
 | `flash_attn`| CUDA   | flash-attn installed, fp16/bf16, head dim <= 256     | `flash_attn.flash_attn_func` (optional extra)   |
 | `flash`     | CUDA   | fp16/bf16, head dim % 8 == 0 and <= 256, sm80+       | aten `_scaled_dot_product_flash_attention`      |
+| `cudnn`     | CUDA   | never (chosen with `--attention cudnn`)              | aten `_scaled_dot_product_cudnn_attention`      |
 | `efficient` | CUDA   | otherwise when the head dim is aligned (8 fp16, 4 fp32) | aten `_scaled_dot_product_efficient_attention` |
 | `math`      | any    | anything else                                        | explicit scores + logsumexp, fp32 (exact, O(s^2) memory) |
 
 No `.item()` and no host sync: the choice depends only on dtype, device and shapes.
+
+`--attention` names a kernel (`KERNELS`: the flag's spelling -> the backend); `kernel_problem` says why one
+cannot run on a device, dtype and head size, and `check_kernel` turns that into the start-up error naming
+the kernel `auto` would take there.
 
 A key-padding mask (`key_mask`, (b, s_k) bool, True where a key may be attended to) becomes an additive
 bias `(b, 1, 1, s_k)`: 0 for kept keys, -inf for padded ones. Flash kernels take no bias, so with a mask
@@ -27,7 +32,14 @@ import importlib
 
 import torch
 
-BACKENDS = ("auto", "cpu_flash", "flash_attn", "flash", "efficient", "math")
+BACKENDS = ("auto", "cpu_flash", "flash_attn", "flash", "cudnn", "efficient", "math")
+KERNELS = {"auto": "auto", "flash-attn": "flash_attn", "cudnn": "cudnn", "flash": "flash", "efficient": "efficient",
+           "math": "math", "cpu-flash": "cpu_flash"}
+"""`--attention`'s values -> the backend `local_attention` runs."""
+DIFFUSERS_BACKENDS = {"flash_attn": "flash", "cudnn": "_native_cudnn", "flash": "_native_flash",
+                      "efficient": "_native_efficient", "math": "_native_math", "cpu_flash": "native"}
+"""A backend -> diffusers' attention backend that runs the same kernel (for the attention sequence parallel
+does not take over: every attention of a one-process run, and cross-attention to replicated text)."""
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -47,18 +59,63 @@ def _capability(device: torch.device) -> tuple[int, int]:
 
 def pick_backend(q: torch.Tensor) -> str:
     """The backend `auto` uses for this query tensor (b, s, h, d)."""
-    head_dim = q.shape[-1]
-    if q.device.type == "cpu":
+    if q.device.type != "cuda":  # no import or device query off CUDA (compiled CPU code traces this)
+        return auto_backend(q.device.type, q.dtype, q.shape[-1], None, False)
+    return auto_backend("cuda", q.dtype, q.shape[-1], _capability(q.device), _flash_attn_func() is not None)
+
+
+def auto_backend(device_type: str, dtype: torch.dtype, head_dim: int, capability: tuple[int, int] | None,
+                 flash_attn: bool) -> str:
+    """The backend `auto` takes for a device type, dtype and head size (`capability`: the CUDA device's;
+    `flash_attn`: whether the optional extra is installed)."""
+    if device_type == "cpu":
         return "cpu_flash"
-    if q.device.type != "cuda":
+    if device_type != "cuda":
         return "math"
-    if q.dtype in _HALF and head_dim <= 256 and _flash_attn_func() is not None:
-        return "flash_attn"
-    if q.dtype in _HALF and head_dim % 8 == 0 and head_dim <= 256 and _capability(q.device) >= (8, 0):
-        return "flash"
-    if head_dim % (8 if q.dtype in _HALF else 4) == 0:
-        return "efficient"
-    return "math"
+    return next(name for name in ("flash_attn", "flash", "efficient", "math")
+                if kernel_problem(name, device_type, dtype, head_dim, capability, flash_attn) is None)
+
+
+def kernel_problem(backend: str, device_type: str, dtype: torch.dtype, head_dim: int,
+                   capability: tuple[int, int] | None, flash_attn: bool) -> str | None:
+    """Why `backend` cannot run attention of this device type, dtype and head size; None when it can."""
+    half = dtype in _HALF
+    if backend in ("auto", "math"):
+        return None
+    if backend == "cpu_flash":
+        return None if device_type == "cpu" else f"runs on CPUs only, not {device_type}"
+    if device_type != "cuda":
+        return f"needs a CUDA GPU (this run is on {device_type})"
+    if backend == "efficient":
+        return None if head_dim % (8 if half else 4) == 0 else f"needs a head dim divisible by {8 if half else 4}"
+    if not half:
+        return f"takes fp16 or bf16, not {str(dtype).removeprefix('torch.')} (pass --dtype bf16)"
+    if backend == "flash_attn":
+        if not flash_attn:
+            return "needs the optional flash-attn package (pip install 'genbatch[flash]')"
+        return None if head_dim <= 256 else "takes head dims up to 256"
+    if capability is None or capability < (8, 0):
+        return "needs an sm80 or newer GPU"
+    if backend == "flash":
+        return None if head_dim % 8 == 0 and head_dim <= 256 else "takes head dims divisible by 8, up to 256"
+    return None if head_dim % 8 == 0 and head_dim <= 128 else "takes head dims divisible by 8, up to 128"  # cudnn
+
+
+def check_kernel(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+    """The backend for `--attention kernel` on this device, dtype and head size; ValueError naming a kernel
+    that works when it cannot run."""
+    if kernel not in KERNELS:
+        raise ValueError(f"--attention {kernel} is not a kernel; use one of {', '.join(KERNELS)}")
+    capability = _capability(device) if device.type == "cuda" else None
+    flash_attn = _flash_attn_func() is not None
+    backend = KERNELS[kernel]
+    problem = kernel_problem(backend, device.type, dtype, head_dim, capability, flash_attn)
+    if problem is None:
+        return backend
+    works = {name: flag for flag, name in KERNELS.items()}[auto_backend(device.type, dtype, head_dim, capability,
+                                                                         flash_attn)]
+    raise ValueError(f"--attention {kernel} {problem}; --attention {works} works for "
+                     f"{str(dtype).removeprefix('torch.')} attention with head dim {head_dim} on {device.type}")
 
 
 def local_attention(
@@ -95,6 +152,9 @@ def local_attention(
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(qt, kt, vt, scale=scale)
     elif backend == "flash":
         out, lse = torch.ops.aten._scaled_dot_product_flash_attention(qt, kt, vt, scale=scale)[:2]
+    elif backend == "cudnn":
+        out, lse = torch.ops.aten._scaled_dot_product_cudnn_attention(qt, kt, vt, None, True, scale=scale)[:2]
+        lse = lse.reshape(out.shape[:3])  # (b, h, s_q[, 1]) -> (b, h, s_q)
     elif backend == "efficient":
         out, lse = torch.ops.aten._scaled_dot_product_efficient_attention(qt, kt, vt, None, True, scale=scale)[:2]
         lse = lse[..., :s_q]  # some versions pad the lse's sequence dim to a multiple of 32
@@ -113,8 +173,8 @@ def _masked_attention(q, k, v, key_mask, scale, backend):
         )
     if backend == "auto":
         backend = {"cpu": "cpu_flash", "cuda": "efficient"}.get(q.device.type, "math")
-    if backend in ("flash", "flash_attn"):
-        raise ValueError(f"backend {backend!r} takes no attention mask; use 'auto', 'efficient' or 'math'")
+    if backend in ("flash", "flash_attn", "cudnn"):
+        raise ValueError(f"backend {backend!r} takes no attention mask here; use 'auto', 'efficient' or 'math'")
     # (b, s_k) -> (b, 1, 1, s_k): 0 where a key is kept, -inf where it is padding
     bias = torch.zeros(key_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~key_mask, float("-inf"))
     bias = bias[:, None, None, :]

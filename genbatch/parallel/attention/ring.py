@@ -31,14 +31,16 @@ def ring_pass(
     lengths: Sequence[int],
     scale: float | None = None,
     key_mask: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
-    """q, k, v (b, s_rank, h, d) with `lengths[r]` tokens on ring rank r -> out (b, s_rank, h, d).
+    """q, k, v (b, s_rank, h, d) with `lengths[r]` tokens on ring rank r -> out (b, s_rank, h, d); `backend`:
+    the local kernel of each block (`local_attention`'s).
 
     `key_mask` (b, sum(lengths)) bool, in ring-rank order, drops padded keys: every rank holds all of it
     (it is small), so only K/V travel and each block's slice of the mask is cut locally."""
     p, r = comm.size, comm.rank
     if p == 1:
-        return local_attention(q, k, v, scale=scale, key_mask=key_mask)[0]
+        return local_attention(q, k, v, scale=scale, key_mask=key_mask, backend=backend)[0]
     offsets = SequenceLayout(tuple(lengths)).offsets
     b, s_q, h, d = q.shape
     after, before = (r + 1) % p, (r - 1) % p
@@ -55,7 +57,7 @@ def ring_pass(
             works = comm.exchange(sends, recvs)
         if s_q and lengths[holder]:
             block_mask = None if key_mask is None else key_mask.narrow(1, offsets[holder], lengths[holder])
-            block_out, block_lse = local_attention(q, kv[0], kv[1], scale=scale, key_mask=block_mask)
+            block_out, block_lse = local_attention(q, kv[0], kv[1], scale=scale, key_mask=block_mask, backend=backend)
             if out is None:  # the first block is this rank's own, never empty here
                 out, lse = block_out.float(), block_lse
             else:
@@ -78,11 +80,12 @@ def ring_attention(
     *,
     scale: float | None = None,
     key_mask: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """This rank's shard q, k, v (b, s_rank, h, d) -> its shard of the full-sequence attention (b, s_rank, h, d).
 
-    `comm` is the ring group; `layout` gives every ring rank's s_rank (uneven allowed); `key_mask` (b, S)
+    `backend`: the local kernel. `comm` is the ring group; `layout` gives every ring rank's s_rank (uneven allowed); `key_mask` (b, S)
     bool in ring-rank order drops padded keys."""
     check_qkv(q, k, v, "ring_attention")
     layout.check(comm.size, comm.rank, q.shape[1], "ring_attention")
-    return ring_pass(q, k, v, comm, layout.lengths, scale, key_mask)
+    return ring_pass(q, k, v, comm, layout.lengths, scale, key_mask, backend)

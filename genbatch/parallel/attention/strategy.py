@@ -79,8 +79,9 @@ class ExactAttention:
 
     def attend(self, q, k, v, *, site, layout, key_mask, scale):
         group = self.group
+        options = {"scale": scale, "key_mask": key_mask, "backend": group.kernel}
         if group.ring.size == 1:
-            return ulysses_attention(q, k, v, group.ulysses, layout, scale=scale, key_mask=key_mask)
+            return ulysses_attention(q, k, v, group.ulysses, layout, **options)
         if group.ulysses.size == 1:
-            return ring_attention(q, k, v, group.ring, layout, scale=scale, key_mask=key_mask)
-        return usp_attention(q, k, v, group.ulysses, group.ring, layout, scale=scale, key_mask=key_mask)
+            return ring_attention(q, k, v, group.ring, layout, **options)
+        return usp_attention(q, k, v, group.ulysses, group.ring, layout, **options)

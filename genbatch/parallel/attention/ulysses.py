@@ -77,15 +77,16 @@ def ulysses_attention(
     *,
     scale: float | None = None,
     key_mask: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """This rank's shard q, k, v (b, s_rank, h, d) -> its shard of the full-sequence attention (b, s_rank, h, d).
 
-    `comm` is the Ulysses group (its size U must divide h); `layout` gives every rank's s_rank. `key_mask`
+    `backend`: the local kernel (`local_attention`'s). `comm` is the Ulysses group (its size U must divide h); `layout` gives every rank's s_rank. `key_mask`
     (b, S) bool, in rank order (every rank's keys one after the other), drops padded keys."""
     check_qkv(q, k, v, "ulysses_attention")
     layout.check(comm.size, comm.rank, q.shape[1], "ulysses_attention")
 
     def attend(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor) -> torch.Tensor:
-        return local_attention(qh, kh, vh, scale=scale, key_mask=key_mask)[0]
+        return local_attention(qh, kh, vh, scale=scale, key_mask=key_mask, backend=backend)[0]
 
     return ulysses_wrap(q, k, v, comm, layout.lengths, attend)

@@ -29,10 +29,11 @@ def usp_attention(
     *,
     scale: float | None = None,
     key_mask: torch.Tensor | None = None,
+    backend: str = "auto",
 ) -> torch.Tensor:
     """This rank's shard q, k, v (b, s_rank, h, d) -> its shard of the full-sequence attention (b, s_rank, h, d).
 
-    `layout` covers all U x R ranks in SP-rank order (ring_rank * U + ulysses_rank); U must divide h.
+    `backend`: the local kernel. `layout` covers all U x R ranks in SP-rank order (ring_rank * U + ulysses_rank); U must divide h.
     `key_mask` (b, S) bool in SP-rank order drops padded keys: a ring row's keys are the contiguous keys of
     its Ulysses ranks, so the same mask serves the ring over the rows."""
     check_qkv(q, k, v, "usp_attention")
@@ -43,6 +44,6 @@ def usp_attention(
 
     def attend(qh: torch.Tensor, kh: torch.Tensor, vh: torch.Tensor) -> torch.Tensor:
         # (b, S_row, h/U, d) for the whole row -> ring over the rows, same head group on every ring rank
-        return ring_pass(qh, kh, vh, ring, rows, scale, key_mask)
+        return ring_pass(qh, kh, vh, ring, rows, scale, key_mask, backend)
 
     return ulysses_wrap(q, k, v, ulysses, row, attend)
