@@ -20,6 +20,7 @@ from genbatch.planner.hardware import PCIE, Cluster, Link
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.layouts import axis_link, link_for_extent
 from genbatch.planner.memory import memory_per_rank
+from genbatch.planner.profile import COLLECTIVE_OF_AXIS, Profile
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
 # Fitted together by least squares on log time to xDiT's FLUX.1-dev table (seed 000 §1: 1xH100 4.30 s,
@@ -71,6 +72,8 @@ class Estimate:
     """Bytes this rank sends per step, all collectives together."""
     comm_bytes: dict[str, float] = field(default_factory=dict)
     """Bytes per step by axis: ulysses, ring, tp, fsdp, cfg, pp, sp_gather."""
+    comm_messages: dict[str, float] = field(default_factory=dict)
+    """Collectives (or transfers) per step by axis: each pays its link's latency."""
     links: dict[str, str] = field(default_factory=dict)
     """The link each active axis's traffic crosses."""
     memory: dict[str, float] = field(default_factory=dict)
@@ -92,14 +95,23 @@ def _overlapped(transfer_s: float, compute_s: float) -> float:
 
 @dataclass(slots=True)
 class _Tally:
-    """Per-step communication, summed axis by axis."""
+    """Per-step communication, summed axis by axis; a profile's measured bandwidths replace the modelled time."""
 
+    profile: Profile | None = None
     nbytes: dict[str, float] = field(default_factory=dict)
+    messages: dict[str, float] = field(default_factory=dict)
     raw_s: float = 0.0
     exposed_s: float = 0.0
 
-    def add(self, axis: str, nbytes: float, raw_s: float, exposed_s: float) -> None:
+    def add(self, axis: str, nbytes: float, raw_s: float, exposed_s: float, link: Link | None = None,
+            messages: float = 0.0) -> None:
+        kind = COLLECTIVE_OF_AXIS[axis]
+        measured = self.profile.bandwidth(link.name, kind) if self.profile and link else None
+        if measured is not None:  # effective bandwidth and latency: what these bytes added to a measured step
+            latency = self.profile.latency(link.name, kind)
+            raw_s = exposed_s = nbytes / (measured * 1e9) + messages * (link.latency_s if latency is None else latency)
         self.nbytes[axis] = self.nbytes.get(axis, 0.0) + nbytes
+        self.messages[axis] = self.messages.get(axis, 0.0) + messages
         self.raw_s += raw_s
         self.exposed_s += exposed_s
 
@@ -126,8 +138,24 @@ class _Compute:
         return self.forwards * self.layers * self.layer_s
 
 
-def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches: int) -> _Compute:
-    """Linear and attention seconds when the rank's N/sp tokens go through its layers in `patches` pieces."""
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepTerms:
+    """The inputs of a step's price that do not depend on the free parameters: what a fit regresses on."""
+
+    linear_flops: float
+    """Linear-layer FLOPs per step on this rank."""
+    rows: float
+    """Rows per rank of each linear layer's GEMM (tokens over sequence ranks, patches and TP)."""
+    attention_flops: float
+    """Attention FLOPs per step on this rank."""
+    layer_forwards: float
+    """Layer forwards per step on this rank (each pays the fixed per-layer cost)."""
+    ranks: int
+    """Ranks on one machine (they share a CPU's cores)."""
+
+
+def _flops(layout: ParallelDims, work: Workload, *, patches: int) -> tuple[float, float, float]:
+    """Linear and attention FLOPs per layer and forward, and the rows per rank of each GEMM."""
     shape = work.shape
     n, d, text, tp = work.sequence, shape.hidden_size, shape.text_tokens, layout.tp
     cross = not shape.joint_text
@@ -136,60 +164,108 @@ def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches:
     linear += (4 * text * d * d / tp) if cross else 0.0  # text K/V projections, on every sequence rank
     attention = 4 * tokens * (n + (text if cross else 0)) * d / tp
     rows = tokens / (patches * tp)  # TP narrows each GEMM as much as fewer rows would
-    efficiency = GEMM_EFFICIENCY * rows / (rows + GEMM_HALF_ROWS)
+    return linear, attention, rows
+
+
+def _forwards_and_layers(layout: ParallelDims, work: Workload) -> tuple[int, float]:
+    return (2 if work.shape.uses_cfg else 1) // layout.cfg, work.shape.num_layers / layout.pp
+
+
+def step_terms(layout: ParallelDims, work: Workload, cluster: Cluster) -> StepTerms:
+    """A steady step's FLOPs, rows and layer forwards on one rank of `layout`."""
+    linear, attention, rows = _flops(layout, work, patches=layout.pp)
+    forwards, layers = _forwards_and_layers(layout, work)
+    return StepTerms(linear_flops=forwards * layers * linear, rows=rows, attention_flops=forwards * layers * attention,
+                     layer_forwards=forwards * layers * layout.pp, ranks=cluster.gpus_per_node)
+
+
+def core_slowdown(profile: Profile | None, ranks: int) -> float:
+    """How much longer compute takes when `ranks` share a CPU's cores (1 without a fitted `core_sharing`)."""
+    if profile is None or profile.core_sharing is None:
+        return 1.0
+    return 1.0 + profile.core_sharing * (ranks - 1)
+
+
+def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches: int,
+             profile: Profile | None = None) -> _Compute:
+    """Linear and attention seconds when the rank's N/sp tokens go through its layers in `patches` pieces."""
+    linear, attention, rows = _flops(layout, work, patches=patches)
     peak = cluster.gpu.bf16_tflops * 1e12
+    gemm, share = peak, GEMM_EFFICIENCY  # large-GEMM rate = gemm x share
+    half_rows, attention_rate = GEMM_HALF_ROWS, peak * ATTENTION_EFFICIENCY
+    if profile is not None:
+        if profile.gemm_tflops is not None:
+            gemm, share = profile.gemm_tflops * 1e12, 1.0
+        half_rows = profile.gemm_half_rows if profile.gemm_half_rows is not None else half_rows
+        if profile.attention_tflops is not None:
+            attention_rate = profile.attention_tflops * 1e12
+    efficiency = share * rows / (rows + half_rows)
+    slowdown = core_slowdown(profile, cluster.gpus_per_node)
+    forwards, layers = _forwards_and_layers(layout, work)
     return _Compute(
-        forwards=(2 if shape.uses_cfg else 1) // layout.cfg,
-        layers=shape.num_layers / layout.pp,
-        linear_s=linear / (peak * efficiency),
-        attention_s=attention / (peak * ATTENTION_EFFICIENCY),
+        forwards=forwards,
+        layers=layers,
+        linear_s=slowdown * (linear / (gemm * efficiency)),
+        attention_s=slowdown * (attention / attention_rate),
     )
 
 
-def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute) -> tuple[_Tally, dict]:
+def layer_overhead(profile: Profile | None) -> float:
+    """Fixed seconds per layer and forward: the profile's, else the published `LAYER_OVERHEAD_S`."""
+    if profile is not None and profile.layer_overhead_s is not None:
+        return profile.layer_overhead_s
+    return LAYER_OVERHEAD_S
+
+
+def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute,
+                   profile: Profile | None = None) -> tuple[_Tally, dict]:
     """Bytes, raw and exposed seconds per step of every collective but PipeFusion's, and the links they use."""
     u, r, tp, sp = layout.ulysses, layout.ring, layout.tp, layout.sp
     per_step = compute.forwards * compute.layers  # layer-forwards per step
     nd = work.sequence * work.shape.hidden_size * BYTES_PER_VALUE  # one [N, d] bf16 tensor
-    tally, links = _Tally(), {}
+    tally, links = _Tally(profile=profile), {}
+    overhead = layer_overhead(profile)
     if u > 1:
         link = links["ulysses"] = axis_link(layout, "ulysses", cluster)
         per_layer = 4 * (u - 1) / u * nd / (u * r * tp)  # four all-to-alls of this rank's [N/(u r), d/tp]
         time = _transfer(per_layer, link, messages=4)
-        tally.add("ulysses", per_step * per_layer, per_step * time, per_step * time)
+        tally.add("ulysses", per_step * per_layer, per_step * time, per_step * time, link, per_step * 4)
     if r > 1:
         link = links["ring"] = axis_link(layout, "ring", cluster)
         chunk = 2 * nd / (r * u * tp)  # K and V of N/r tokens, d/(u tp) channels, each round
         round_s = _transfer(chunk, link)
         exposed = (r - 1) * _overlapped(round_s, compute.attention_s / r) + r * RING_ROUND_OVERHEAD_S
-        tally.add("ring", per_step * (r - 1) * chunk, per_step * (r - 1) * round_s, per_step * exposed)
+        tally.add("ring", per_step * (r - 1) * chunk, per_step * (r - 1) * round_s, per_step * exposed, link,
+                  per_step * (r - 1))
     if tp > 1:
         link = links["tp"] = axis_link(layout, "tp", cluster)
         per_layer = 2 * 2 * (tp - 1) / tp * nd / sp  # two ring all-reduces of [N/sp, d]
         time = _transfer(per_layer, link, messages=2)
-        tally.add("tp", per_step * per_layer, per_step * time, per_step * time)
+        tally.add("tp", per_step * per_layer, per_step * time, per_step * time, link, per_step * 2)
     if layout.fsdp_size > 1:
         link = links["fsdp"] = link_for_extent(layout.group_size, cluster)
         shape = work.shape
         per_layer = shape.parameters * BYTES_PER_VALUE / shape.num_layers * (layout.fsdp_size - 1) / layout.fsdp_size
         gather = _transfer(per_layer, link)
         # the first layer's gather waits; each next one is prefetched under the previous layer's compute
-        exposed = gather + (compute.layers - 1) * _overlapped(gather, compute.layer_s + LAYER_OVERHEAD_S)
-        tally.add("fsdp", per_step * per_layer, per_step * gather, compute.forwards * exposed)
+        exposed = gather + (compute.layers - 1) * _overlapped(gather, compute.layer_s + overhead)
+        tally.add("fsdp", per_step * per_layer, per_step * gather, compute.forwards * exposed, link, per_step)
     if sp > 1:
         link = links["sp_gather"] = link_for_extent(sp * tp, cluster)
         per_forward = (sp - 1) / sp * work.prediction_bytes  # all-gather the output over the sequence ranks
         time = _transfer(per_forward, link)
-        tally.add("sp_gather", compute.forwards * per_forward, compute.forwards * time, compute.forwards * time)
+        tally.add("sp_gather", compute.forwards * per_forward, compute.forwards * time, compute.forwards * time, link,
+                  compute.forwards)
     if layout.cfg > 1:
         link = links["cfg"] = axis_link(layout, "cfg", cluster)
         per_step_bytes = work.prediction_bytes / sp  # this rank's share of its branch's prediction, once a step
         time = _transfer(per_step_bytes, link)
-        tally.add("cfg", per_step_bytes, time, time)
+        tally.add("cfg", per_step_bytes, time, time, link, 1)
     return tally, {axis: link.name for axis, link in links.items()}
 
 
-def _pipefusion(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute, tally: _Tally, step: float):
+def _pipefusion(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute, tally: _Tally, step: float,
+                profile: Profile | None = None):
     """PipeFusion's steady step (its P2P hides under compute) and its per-job warm-up and bubble, in seconds."""
     stages = patches = layout.pp  # as many patches as stages (xDiT's default)
     link = axis_link(layout, "pp", cluster)
@@ -197,24 +273,25 @@ def _pipefusion(layout: ParallelDims, work: Workload, cluster: Cluster, compute:
     time = compute.forwards * _transfer(per_step, link, messages=patches)  # this stage's [N/sp, d], in pieces
     step += _overlapped(time, compute.step_s)  # asynchronous P2P (seed 000 §6.3: N d per stage per step)
     tally.add("pp", compute.forwards * per_step, time, 0.0)
-    whole = _compute(layout, work, cluster, patches=1)
+    whole = _compute(layout, work, cluster, patches=1, profile=profile)
     # warm-up: stages run one after another on the whole latent, no patches, no stale K/V
-    warm_step = compute.forwards * work.shape.num_layers * (whole.layer_s + LAYER_OVERHEAD_S)
+    warm_step = compute.forwards * work.shape.num_layers * (whole.layer_s + layer_overhead(profile))
     warm_step += stages * time + tally.exposed_s
     warm = min(PIPEFUSION_WARMUP_STEPS, work.steps)
     bubble = (stages - 1) / patches * step if work.steps > warm else 0.0  # seed 003: M S / (M S + N - 1)
     return step, warm * (warm_step - step) + bubble, link.name
 
 
-def estimate(layout: ParallelDims, work: Workload, cluster: Cluster) -> Estimate:
-    """Price `layout` (its structural validity is checked elsewhere)."""
-    compute = _compute(layout, work, cluster, patches=layout.pp)
-    overhead = compute.forwards * compute.layers * layout.pp * LAYER_OVERHEAD_S
-    tally, links = _communication(layout, work, cluster, compute)
+def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Profile | None = None) -> Estimate:
+    """Price `layout` (its structural validity is checked elsewhere), with `profile`'s fitted parameters where
+    it has them and the published figures elsewhere."""
+    compute = _compute(layout, work, cluster, patches=layout.pp, profile=profile)
+    overhead = compute.forwards * compute.layers * layout.pp * layer_overhead(profile)
+    tally, links = _communication(layout, work, cluster, compute, profile)
     step = compute.step_s + overhead + tally.exposed_s
     pipeline = 0.0
     if layout.pp > 1:
-        step, pipeline, links["pp"] = _pipefusion(layout, work, cluster, compute, tally, step)
+        step, pipeline, links["pp"] = _pipefusion(layout, work, cluster, compute, tally, step, profile)
     decode = _decode_seconds(layout, work, cluster)
     if work.offload_text_encoder:  # loaded from host memory for each job, over the GPU's PCIe link
         decode += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)
@@ -229,6 +306,7 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster) -> Estimate
         pipeline_s=pipeline,
         comm_bytes_per_step=sum(tally.nbytes.values()),
         comm_bytes=tally.nbytes,
+        comm_messages=tally.messages,
         links=links,
         memory=memory_per_rank(layout, work),
     )

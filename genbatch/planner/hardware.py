@@ -203,3 +203,17 @@ def make_cluster(
         cross_socket=cross_socket,
         inter=network,
     )
+
+
+CPU = GpuType(name="cpu", bf16_tflops=0.1, memory_gib=64.0, link="pcie",
+              source="assumed: a CPU's throughput comes from a calibration profile (`gen plan --calibrate`)")
+"""A CPU machine running ranks under gloo, as `gen run` does without GPUs (tests, benchmarks)."""
+GLOO = Link(name="gloo", gbs=1.0, latency_s=50e-6,
+            source="assumed: gloo over loopback TCP between processes of one machine; calibrate to measure it")
+
+
+def cpu_cluster(ranks: int) -> Cluster:
+    """One CPU machine running `ranks` processes that talk over gloo."""
+    if ranks < 1:
+        raise ValueError(f"ranks {ranks} must be at least 1")
+    return Cluster(gpu=CPU, gpus=ranks, nodes=1, memory_gib=CPU.memory_gib, intra=GLOO, cross_socket=None, inter=None)

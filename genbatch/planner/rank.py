@@ -15,8 +15,9 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
-from genbatch.planner.hardware import Cluster, make_cluster
+from genbatch.planner.hardware import GPUS, Cluster, make_cluster
 from genbatch.planner.layouts import enumerate_layouts, plan_degrees, structural_problems, unavailable_reason
+from genbatch.planner.profile import Profile
 from genbatch.planner.shapes import ModelShape, resolve_shape
 from genbatch.planner.workload import Workload, make_workload
 
@@ -67,6 +68,8 @@ class Plan:
     """Layouts ruled out, with reasons: first those too big or too slow, then those that cannot run at all."""
     constraints: LayoutConstraints = LayoutConstraints()
     """The layout flags every ranked and rejected layout satisfies (`gen plan --ulysses 4 ...`)."""
+    profile: Profile | None = None
+    """The calibration profile whose parameters priced the layouts; None: published figures only."""
 
     @property
     def best(self) -> Candidate:
@@ -103,7 +106,7 @@ def _sort_key(candidate: Candidate, objective: str) -> tuple:
 
 
 def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max_latency: float | None = None,
-         constraints: LayoutConstraints | None = None) -> Plan:
+         constraints: LayoutConstraints | None = None, profile: Profile | None = None) -> Plan:
     """Enumerate, validate, price and order every layout of `cluster.gpus` for `work`; with `constraints`, only
     the layouts that satisfy them (ValueError naming them and the nearest fixes when none of those fits)."""
     if objective not in OBJECTIVES:
@@ -116,7 +119,7 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
         if problems:
             illegal.append(Rejection(layout=layout, reasons=tuple(problems)))
             continue
-        cost = estimate(layout, work, cluster)
+        cost = estimate(layout, work, cluster, profile)
         memory = _memory_problem(cost, cluster)
         if memory:
             problems.append(memory)
@@ -137,7 +140,7 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
         ranked = kept
         rejected = [rejection for rejection in rejected if constraints.admits(rejection.layout)]
     return Plan(work=work, cluster=cluster, objective=objective, max_latency=max_latency, ranked=tuple(ranked),
-                rejected=tuple(rejected), constraints=constraints)
+                rejected=tuple(rejected), constraints=constraints, profile=profile)
 
 
 def _unmet(constraints: LayoutConstraints, work: Workload, cluster: Cluster, ranked: list[Candidate],
@@ -172,13 +175,18 @@ def plan(
     objective: str = "throughput",
     max_latency: float | None = None,
     constraints: LayoutConstraints | None = None,
+    profile: Profile | None = None,
 ) -> Plan:
-    """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs."""
+    """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs,
+    priced with `profile`'s fitted parameters where it has them."""
+    if profile is not None and profile.device in GPUS and profile.device != gpu.lower():
+        raise ValueError(f"profile {profile.name!r} was measured on {profile.device}, not {gpu}; "
+                         f"plan with --gpu {profile.device}, or calibrate on {gpu}")
     cluster = make_cluster(gpus, nodes=nodes, gpu=gpu, gpu_mem=gpu_mem, interconnect=interconnect,
                            intra_node=intra_node, network_gbps=network_gbps)
     work = make_workload(resolve_shape(model), width=width, height=height, frames=frames, steps=steps,
                          offload_text_encoder=offload_text_encoder)
-    return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints)
+    return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile)
 
 
 def best_layout(model: str | ModelSpec | ModelShape, gpus: int, **options) -> dict[str, int]:
