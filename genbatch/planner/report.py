@@ -4,16 +4,14 @@ from __future__ import annotations
 
 from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import ParallelDims
+from genbatch.planner.explain import explain, round_figures as _round
 from genbatch.planner.layouts import plan_degrees
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan
 
-SCHEMA_VERSION = 2
-"""Bumped when a field of `plan_to_dict` changes meaning or goes away (2: PipeFusion's degree is `pp`, the
-runner's axis name, and every layout carries its `layout` name)."""
-
-
-def _round(value: float, digits: int = 4) -> float:
-    return float(f"{value:.{digits}g}")
+SCHEMA_VERSION = 3
+"""Bumped when a field of `plan_to_dict` changes meaning, goes away or is added (2: PipeFusion's degree is `pp`,
+the runner's axis name, and every layout carries its `layout` name; 3: the plan names its `profile` and every
+layout carries `explain`: its inputs, parameters and their sources, and the terms of its sum)."""
 
 
 def layout_to_dict(layout: ParallelDims) -> dict:
@@ -21,8 +19,8 @@ def layout_to_dict(layout: ParallelDims) -> dict:
     return {"layout": layout.name, **plan_degrees(layout)}
 
 
-def candidate_to_dict(candidate: Candidate) -> dict:
-    """One ranked layout: its name and degrees, its estimates and the parts behind them."""
+def candidate_to_dict(candidate: Candidate, plan: Plan) -> dict:
+    """One ranked layout: its name and degrees, its estimates, the parts behind them and their explanation."""
     cost = candidate.estimate
     return {
         **layout_to_dict(candidate.layout),
@@ -44,6 +42,7 @@ def candidate_to_dict(candidate: Candidate) -> dict:
             "links": dict(cost.links),
             "memory_gib": {part: _round(gib) for part, gib in cost.memory.items()},
         },
+        "explain": explain(candidate.layout, plan.work, plan.cluster, cost, plan.profile),
     }
 
 
@@ -74,11 +73,14 @@ def plan_to_dict(plan: Plan) -> dict:
             "intra_node": cluster.intra.name,
             "network": cluster.inter.name if cluster.inter else None,
         },
+        "profile": None if plan.profile is None else {
+            "name": plan.profile.name, "device": plan.profile.device, "fit": plan.profile.fit,
+        },
         "objective": plan.objective,
         "max_latency": plan.max_latency,
         "constraints": plan.constraints.given,
         "best": best,
-        "layouts": [candidate_to_dict(candidate) for candidate in plan.ranked],
+        "layouts": [candidate_to_dict(candidate, plan) for candidate in plan.ranked],
         "rejected": [{**layout_to_dict(rejection.layout), "reasons": list(rejection.reasons)} for rejection in plan.rejected],
     }
 

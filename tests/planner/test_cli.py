@@ -27,13 +27,14 @@ def _json(*args: str) -> dict:
 
 def test_json_schema_best_first_with_rejections():
     data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
-    assert data["schema"] == 2 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["schema"] == 3 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["profile"] is None
     assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
                                 "image_tokens": 75600, "offload_text_encoder": False}
     assert data["cluster"]["gpu"] == "h100" and data["cluster"]["gpus"] == 8 and data["cluster"]["network"] is None
     layouts = data["layouts"]
     for layout in layouts:
-        assert LAYOUT_KEYS | ESTIMATE_KEYS | {"available", "note", "breakdown"} == set(layout)
+        assert LAYOUT_KEYS | ESTIMATE_KEYS | {"available", "note", "breakdown", "explain"} == set(layout)
         degrees = [layout[axis] for axis in ("dp", "cfg", "pp", "ring", "ulysses", "tp")]
         assert math.prod(degrees) == 8
         assert layout["available"] == (layout["note"] is None)
@@ -41,12 +42,27 @@ def test_json_schema_best_first_with_rejections():
         assert set(parts["memory_gib"]) >= {"weights", "activations", "vae_decode", "total"}
         assert sum(parts["comm_bytes_per_step"].values()) == pytest.approx(layout["comm_bytes_per_step"], abs=10)
         assert layout["jobs_per_hour"] == pytest.approx(layout["dp"] * 3600 / layout["seconds_per_job"], rel=1e-3)
+        _check_explanation(layout)
     exact = [layout["seconds_per_job"] for layout in layouts if layout["pp"] == 1]
     assert exact == sorted(exact)
     assert {key: layouts[0][key] for key in LAYOUT_KEYS} == data["best"]
     assert data["best"]["cfg"] == 2 and data["best"]["ulysses"] == 4
     assert data["rejected"] and all(set(r) == LAYOUT_KEYS | {"reasons"} and r["reasons"] for r in data["rejected"])
     json.dumps(data, allow_nan=False)
+
+
+def _check_explanation(layout: dict) -> None:
+    """The terms add up to the estimate, and every active axis names its link, kind, figures and source."""
+    why = layout["explain"]
+    assert why["profile"] is None and why["inputs"]["steps"] == 50
+    assert set(why["terms_s_per_job"]) == {"compute_s", "fixed_s", "exposed_comm_s", "pipeline_s", "decode_s"}
+    assert why["sum_s_per_job"] == pytest.approx(layout["seconds_per_job"], rel=1e-3)
+    assert why["terms_s_per_job"]["compute_s"] == pytest.approx(50 * layout["breakdown"]["compute_s_per_step"], rel=1e-3)
+    assert why["inputs"]["comm_bytes_per_step"] == layout["breakdown"]["comm_bytes_per_step"]
+    assert set(why["parameters"]["communication"]) == set(layout["breakdown"]["links"])
+    for axis, figures in why["parameters"]["communication"].items():
+        assert figures["link"] == layout["breakdown"]["links"][axis] and figures["source"] == "published"
+    assert all(why["parameters"][name]["source"] == "published" for name in ("gemm_tflops", "layer_overhead_s"))
 
 
 def test_json_throughput_on_two_ethernet_nodes():
