@@ -3,23 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 
 import click
 
 from genbatch.jobs.exit_codes import USAGE
 from genbatch.jobs.models import UnknownModelError
 from genbatch.parallel.flags import layout_options
+from genbatch.planner.calibrate import calibrate_runs, format_fit
 from genbatch.planner.constraints import LayoutConstraints
 from genbatch.planner.hardware import GPUS, NETWORKS, NODE_LINKS
+from genbatch.planner.profile import load_profile, save_profile
 from genbatch.planner.rank import OBJECTIVES, plan
 from genbatch.planner.report import format_table, plan_to_dict
 from genbatch.planner.shapes import PUBLISHED
 
 
 @click.command("plan")
-@click.option("--model", "-m", required=True,
+@click.option("--model", "-m", default=None,
               help=f"Published model ({', '.join(PUBLISHED)}), preset, or diffusers pipeline directory.")
-@click.option("--gpus", "-g", type=int, required=True, help="GPUs in total.")
+@click.option("--gpus", "-g", type=int, default=None, help="GPUs in total.")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Machines the GPUs are spread over.")
 @click.option("--interconnect", type=click.Choice(NODE_LINKS + NETWORKS), default=None,
               help="One node: the GPU link (default: the GPU's usual one). Several nodes: the network between "
@@ -27,7 +30,8 @@ from genbatch.planner.shapes import PUBLISHED
 @click.option("--intra-node", type=click.Choice(NODE_LINKS), default=None,
               help="With several nodes: the GPU link inside each (default: the GPU's usual one).")
 @click.option("--network-gbps", type=float, default=None, help="Network rate between nodes, Gbit/s per GPU.")
-@click.option("--gpu", type=click.Choice(sorted(GPUS)), default="h100", show_default=True, help="GPU model.")
+@click.option("--gpu", type=click.Choice(sorted(GPUS)), default=None,
+              help="GPU model (default: the profile's, else h100); with --calibrate, the GPUs the runs used.")
 @click.option("--gpu-mem", type=float, default=None, help="GiB per GPU the run may use (default: the GPU's).")
 @click.option("--width", type=int, default=None, help="Output width (default: the model's).")
 @click.option("--height", type=int, default=None, help="Output height (default: the model's).")
@@ -41,18 +45,48 @@ from genbatch.planner.shapes import PUBLISHED
 @layout_options(constraints=True)
 @click.option("--top", type=int, default=10, show_default=True, help="Layouts the table shows.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
+@click.option("--calibrate", "calibrate", multiple=True, type=click.Path(file_okay=False),
+              help="Fit a profile to the step timings of these `gen run` / `gen bench` OUT folders (repeatable), "
+              "save it (--profile-out), print the fit, and plan with it when --model and --gpus are given.")
+@click.option("--profile-out", default=None,
+              help="With --calibrate: a profile NAME (under $XDG_CONFIG_HOME/genbatch/profiles) or a PATH.json "
+              "(default: DEVICE-MODEL of the runs).")
+@click.option("--profile", "profile_name", default=None,
+              help="Price layouts with this calibration profile (NAME or PATH) where it measured, published "
+              "figures elsewhere.")
 def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
-                 steps, offload_text_encoder, objective, max_latency, top, as_json, **layout) -> None:
+                 steps, offload_text_encoder, objective, max_latency, top, as_json, calibrate, profile_out,
+                 profile_name, **layout) -> None:
     """Rank every legal parallel layout (dp, cfg, ring, ulysses, fsdp; pp and tp as estimates) by
     estimated seconds per job and jobs per hour, showing compute, communication and memory per rank.
 
     The layout flags of `gen run` (--dp --cfg --pp --ring --ulysses --tp --fsdp/--no-fsdp) are constraints
-    here: `--ulysses 4` ranks only layouts with ulysses 4."""
+    here: `--ulysses 4` ranks only layouts with ulysses 4.
+
+    Calibration: `gen plan --calibrate OUT... [--profile-out NAME]` fits the cost model's free parameters to
+    measured steps and saves them as a profile; `gen plan --profile NAME ...` plans with it."""
     try:
+        profile = None
+        if calibrate:
+            if profile_name:
+                raise ValueError("--calibrate makes a profile and plans with it; drop --profile")
+            name = os.path.basename(profile_out).removesuffix(".json") if profile_out else None
+            fitted = calibrate_runs(list(calibrate), name=name, gpu=gpu or "h100", interconnect=interconnect)
+            path = save_profile(fitted.profile, profile_out or fitted.profile.name)
+            click.echo(format_fit(fitted, path), err=as_json)
+            profile = fitted.profile
+            if model is None and gpus is None:
+                return
+        elif profile_name:
+            profile = load_profile(profile_name)
+        if model is None or gpus is None:
+            raise ValueError("give --model and --gpus (or --calibrate OUT... alone to make a profile)")
+        if gpu is None:
+            gpu = profile.device if profile is not None and profile.device in GPUS else "h100"
         result = plan(model, gpus, nodes=nodes, interconnect=interconnect, intra_node=intra_node,
                       network_gbps=network_gbps, gpu=gpu, gpu_mem=gpu_mem, width=width, height=height, frames=frames,
                       steps=steps, offload_text_encoder=offload_text_encoder, objective=objective,
-                      max_latency=max_latency, constraints=LayoutConstraints(**layout))
+                      max_latency=max_latency, constraints=LayoutConstraints(**layout), profile=profile)
     except (UnknownModelError, ValueError) as error:
         click.echo(f"gen plan: {error}", err=True)
         raise SystemExit(USAGE) from None

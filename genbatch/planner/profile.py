@@ -134,6 +134,6 @@ def load_profile(name_or_path: str) -> Profile:
     try:
         with open(path) as handle:
             data = json.load(handle)
-    except (OSError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise ValueError(f"{path} is not a genbatch profile ({error}); give a file `gen plan --calibrate` wrote")
     return Profile.from_dict(data, source=path)

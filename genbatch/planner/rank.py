@@ -15,7 +15,7 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
-from genbatch.planner.hardware import GPUS, Cluster, make_cluster
+from genbatch.planner.hardware import GPUS, Cluster, cpu_cluster, make_cluster
 from genbatch.planner.layouts import enumerate_layouts, plan_degrees, structural_problems, unavailable_reason
 from genbatch.planner.profile import Profile
 from genbatch.planner.shapes import ModelShape, resolve_shape
@@ -182,8 +182,13 @@ def plan(
     if profile is not None and profile.device in GPUS and profile.device != gpu.lower():
         raise ValueError(f"profile {profile.name!r} was measured on {profile.device}, not {gpu}; "
                          f"plan with --gpu {profile.device}, or calibrate on {gpu}")
-    cluster = make_cluster(gpus, nodes=nodes, gpu=gpu, gpu_mem=gpu_mem, interconnect=interconnect,
-                           intra_node=intra_node, network_gbps=network_gbps)
+    if profile is not None and profile.device == "cpu":  # ranks on one CPU machine, as the profile measured
+        if nodes != 1:
+            raise ValueError(f"profile {profile.name!r} was measured on one CPU machine; drop --nodes {nodes}")
+        cluster = cpu_cluster(gpus)
+    else:
+        cluster = make_cluster(gpus, nodes=nodes, gpu=gpu, gpu_mem=gpu_mem, interconnect=interconnect,
+                               intra_node=intra_node, network_gbps=network_gbps)
     work = make_workload(resolve_shape(model), width=width, height=height, frames=frames, steps=steps,
                          offload_text_encoder=offload_text_encoder)
     return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile)
