@@ -114,8 +114,7 @@ class _Design:
 
 
 def _design(observations: list[Observation], sharing: float, published: dict[str, tuple[float, float]]) -> _Design:
-    slow = np.array([core_slowdown(Profile(name="", device="cpu", core_sharing=sharing), o.terms.ranks)
-                     for o in observations])
+    slow = np.array([core_slowdown(sharing, o.terms.ranks) for o in observations])
     linear = np.array([o.terms.linear_flops for o in observations])
     rows = np.array([o.terms.rows for o in observations])
     columns = {

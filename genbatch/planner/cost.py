@@ -179,11 +179,10 @@ def step_terms(layout: ParallelDims, work: Workload, cluster: Cluster) -> StepTe
                      layer_forwards=forwards * layers * layout.pp, ranks=cluster.gpus_per_node)
 
 
-def core_slowdown(profile: Profile | None, ranks: int) -> float:
-    """How much longer compute takes when `ranks` share a CPU's cores (1 without a fitted `core_sharing`)."""
-    if profile is None or profile.core_sharing is None:
-        return 1.0
-    return 1.0 + profile.core_sharing * (ranks - 1)
+def core_slowdown(sharing: float | None, ranks: int) -> float:
+    """How much longer compute takes when `ranks` share a CPU's cores: 1 + sharing (ranks - 1), 1 without a
+    fitted sharing (a profile's `core_sharing`)."""
+    return 1.0 if sharing is None else 1.0 + sharing * (ranks - 1)
 
 
 def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches: int,
@@ -200,7 +199,7 @@ def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches:
         if profile.attention_tflops is not None:
             attention_rate = profile.attention_tflops * 1e12
     efficiency = share * rows / (rows + half_rows)
-    slowdown = core_slowdown(profile, cluster.gpus_per_node)
+    slowdown = core_slowdown(profile.core_sharing if profile else None, cluster.gpus_per_node)
     forwards, layers = _forwards_and_layers(layout, work)
     return _Compute(
         forwards=forwards,
