@@ -31,7 +31,7 @@ from genbatch.parallel.flags import kernel_args, kernel_options
 @kernel_options
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
                   model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
-                  compile: bool, compile_backend: str, attention: str) -> None:
+                  compile: bool, compile_backend: str, attention: str, compile_cache: str | None) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
 
     Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
@@ -49,5 +49,5 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
 
     options = BenchOptions(out=out, suite=suite, layouts=layouts, baseline=baseline, threshold=threshold,
                            model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
-                           run_args=tuple(kernel_args(compile, compile_backend, attention)))
+                           run_args=tuple(kernel_args(compile, compile_backend, attention, compile_cache)))
     sys.exit(run_bench(options))

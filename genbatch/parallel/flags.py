@@ -71,9 +71,13 @@ ATTENTION_KERNELS = ("auto", "flash-attn", "cudnn", "flash", "efficient", "math"
 
 
 def kernel_options(command):
-    """A decorator adding `--compile/--no-compile`, `--compile-backend` and `--attention` to a click command
-    (gen run, gen bench); their values reach it as `compile`, `compile_backend` and `attention`. They are not
+    """A decorator adding `--compile/--no-compile`, `--compile-backend`, `--compile-cache` and `--attention` to a
+    click command (gen run, gen bench); their values reach it as `compile`, `compile_backend`, `compile_cache`
+    and `attention`. They are not
     layout flags: `--layout auto` keeps them."""
+    command = click.option("--compile-cache", metavar="URL",
+                           help="Keep compiled artifacts here (any fsspec URL) for later runs and requeues "
+                                "[default: OUT/compile-cache].")(command)
     command = click.option("--attention", type=click.Choice(ATTENTION_KERNELS), default="auto", show_default=True,
                            help="The attention kernel on each rank, with or without sequence parallel: auto takes "
                                 "the fastest legal one for the device, dtype and head size; one that cannot run "
@@ -85,9 +89,11 @@ def kernel_options(command):
                              "before FSDP); mixed sizes compile at most twice per block class.")(command)
 
 
-def kernel_args(compile: bool, compile_backend: str = "inductor", attention: str = "auto") -> list[str]:
+def kernel_args(compile: bool, compile_backend: str = "inductor", attention: str = "auto",
+                compile_cache: str | None = None) -> list[str]:
     """The `gen run` arguments that give these settings (what gen bench passes on)."""
     args = ["--attention", attention] if attention != "auto" else []
+    args += ["--compile-cache", compile_cache] if compile_cache else []
     if not compile:
         return args
     return args + ["--compile"] + ([] if compile_backend == "inductor" else ["--compile-backend", compile_backend])

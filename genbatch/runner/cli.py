@@ -104,7 +104,8 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
             vae_parallel=options["vae_parallel"], compile=options["compile"],
-            compile_backend=options["compile_backend"], attention=options["attention"], quiet=options["quiet"], max_attempts=options["max_attempts"],
+            compile_backend=options["compile_backend"], attention=options["attention"],
+            compile_cache=options["compile_cache"], quiet=options["quiet"], max_attempts=options["max_attempts"],
             storage_timeout=options["storage_timeout"],
         )
         status = run(run_options, stop)

@@ -87,9 +87,22 @@ class RunOptions:
     """The torch.compile backend for `compile` (`genbatch.parallel.flags.COMPILE_BACKENDS`)."""
     attention: str = "auto"
     """The attention kernel (`genbatch.parallel.flags.ATTENTION_KERNELS`), checked at start-up."""
+    compile_cache: str | None = None
+    """Where compiled artifacts are kept across runs (any fsspec URL; None: OUT/compile-cache)."""
     max_pending_writes: int = 4
     """Finished jobs whose uploads may be in flight while the next job runs."""
     quiet: bool = False
+
+    def compile_cache_for(self, world: World):
+        """The run's `CompileCache` for this layout (None without `compile`)."""
+        if not self.compile:
+            return None
+        from genbatch.runner.compile_cache import CompileCache, artifact_name
+
+        name = artifact_name(layout=world.ctx.dims.name, dtype=world.dtype, device=world.ctx.device,
+                             backend=self.compile_backend)
+        return CompileCache(url=self.compile_cache or f"{self.out.rstrip('/')}/compile-cache", name=name,
+                            storage_options=self.storage_options)
 
     def compile_config(self):
         """The `CompileConfig` step 4 of the parallelisation order applies (None: no compile)."""
@@ -127,7 +140,7 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "dtype": str(world.dtype).removeprefix("torch."),
         "options": {k: getattr(options, k) for k in ("dp", "cfg", "pp", "ring", "ulysses", "tp", "fsdp", "share",
                                                               "vae_parallel", "compile", "compile_backend",
-                                                              "attention")},
+                                                              "attention", "compile_cache")},
         "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},
@@ -274,6 +287,9 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     stop.on_exit(writer.flush)  # a signal that ends a waiting rank keeps the finished jobs' uploads
     stop.on_exit(store.flush_timings)
     executor = world.executor(options, store, writer, run_id, stop)
+    compile_cache = options.compile_cache_for(world)
+    if compile_cache is not None:
+        compile_cache.load()  # before the first job compiles
     progress = RunProgress(total=selected, already_done=selected - len(pending), given_up=len(given_up),
                            enabled=ctx.rank == 0 and not options.quiet)
     interrupted = False
@@ -321,6 +337,8 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
         progress.close()
         writer.flush()
         store.flush_timings()
+        if compile_cache is not None and ctx.rank == 0:
+            compile_cache.save()  # a requeued or later run compiles from these artifacts
     if interrupted:
         if ctx.rank == 0 and not options.quiet:
             print("genbatch: stopped by signal; state checkpointed. Rerun the same command to continue "

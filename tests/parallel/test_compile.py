@@ -168,11 +168,41 @@ def test_gen_submit_and_gen_bench_pass_compile_to_gen_run(tmp_path):
     assert "--compile-backend" in run_cli("bench", "--help").stdout
 
 
-def test_inductor_compiled_wan_equals_eager_within_1e_4(tmp_path):
-    """The suite's one inductor compile (generated C++ kernels: reassociated sums, so not bitwise)."""
+def test_inductor_compiled_wan_equals_eager_within_1e_4_and_its_artifacts_reload(tmp_path, monkeypatch):
+    """The suite's one inductor compile (generated C++ kernels: reassociated sums, so not bitwise); its
+    artifacts, saved, then unpacked into another empty inductor cache after dynamo forgets everything,
+    compile to the same latents."""
+    from genbatch.runner.compile_cache import CompileCache
+
     latents = {}
-    for compile in (False, True):
+    for name, compile in (("eager", False), ("cold", True), ("warm", True)):
         torch._dynamo.reset()
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / f"inductor-{name}"))
+        cache = CompileCache(url=str(tmp_path / "cache"), name="wan.tar.gz")
+        if name == "warm":
+            assert cache.load() and any((tmp_path / "inductor-warm").rglob("*.so"))
         with job_executor(str(tmp_path), compile=compile, compile_backend="inductor") as (world, executor):
-            latents[compile] = executor.denoise(job("tiny-wan", num_inference_steps=2), JobTimer(world.ctx.device))
-    assert float((latents[True] - latents[False]).abs().max()) <= 1e-4
+            latents[name] = executor.denoise(job("tiny-wan", num_inference_steps=2), JobTimer(world.ctx.device))
+        if name == "cold":
+            assert cache.save() and (tmp_path / "cache" / "wan.tar.gz").stat().st_size > 0
+    assert float((latents["cold"] - latents["eager"]).abs().max()) <= 1e-4
+    assert torch.equal(latents["warm"], latents["cold"])
+
+
+def test_gen_run_keeps_compiled_artifacts_for_the_next_run(tmp_path, monkeypatch):
+    """The run writes what torch hands it under --compile-cache (rank 0, at the end), and the next run loads
+    it before compiling (aot_eager makes no artifacts, so torch's two calls are stood in for)."""
+    from tests.support.runs import run_cli, write_manifest
+
+    loaded = []
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    monkeypatch.setattr(torch.compiler, "load_cache_artifacts", loaded.append)
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox"}])
+    for out in ("first", "second"):
+        torch._dynamo.reset()
+        result = run_cli("run", manifest, "--out", str(tmp_path / out), "--model", "tiny-wan", "--steps", "1",
+                         "--compile", "--compile-backend", "aot_eager", "--compile-cache", str(tmp_path / "cc"), "-q")
+        assert result.returncode == 0, result.stderr
+    files = list((tmp_path / "cc").iterdir())
+    assert [f.name for f in files] == [f"torch-{torch.__version__}-aot_eager-float32-cpu-single.tar.gz"]
+    assert loaded == [b"artifacts"]  # the archive's mega-cache member
