@@ -41,7 +41,8 @@ LAYOUTS = [
 QUICK = {"one rank", "ulysses 2", "ring 2", "ulysses 2 x ring 2", "cfg 2", "dp 2 x ulysses 2"}
 
 
-def run_layout(model_dir, manifest, out, dp, cfg, ring, ulysses, fsdp, dtype) -> list[dict]:
+def run_layout(model_dir, manifest, out, dp, cfg, ring, ulysses, fsdp, dtype, threads=None) -> list[dict]:
+    """Run one layout with `gen run`; each rank gets `threads` OpenMP threads (default: the cores over the ranks)."""
     world = dp * cfg * ring * ulysses
     command = [sys.executable, "-m", "genbatch", "run", manifest, "--out", out, "--model", model_dir, "-q",
                "--dtype", dtype, "--cfg", str(cfg), "--ring", str(ring), "--ulysses", str(ulysses)]
@@ -49,7 +50,7 @@ def run_layout(model_dir, manifest, out, dp, cfg, ring, ulysses, fsdp, dtype) ->
         command.append("--fsdp")
     if world > 1:
         command += ["--nproc", str(world)]
-    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+    env = {**os.environ, "PYTHONPATH": REPO, "OMP_NUM_THREADS": str(threads or max(1, (os.cpu_count() or 1) // world))}
     done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(command)}\nfailed with status {done.returncode}:\n{done.stderr[-4000:]}")
