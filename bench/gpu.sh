@@ -4,7 +4,12 @@
 #      4 clips of 832x480, 33 frames, 10 steps) on one GPU, with its report (Markdown, Parquet, plots);
 #   2. genbatch against the plain diffusers pipeline (WanPipeline.__call__) on the same work, each in a fresh
 #      process, measured the same way: seconds per step and peak memory, ratios genbatch / diffusers printed
-#      (issue 3's target: at most 1.00x).
+#      (issue 3's target: at most 1.00x);
+#   3. the same pairing compiled: genbatch `--compile` against diffusers `compile_repeated_blocks(fullgraph=True)`
+#      (inductor; cold compiles included in the wall time, the median step excludes them; target: genbatch's step
+#      within 1.02x of diffusers', and compiled at least 1.3x faster than step 2's eager);
+#   4. the attention kernels, eager: cuDNN attention on both sides (`--attention cudnn`), and flash-attn only when
+#      the machine already has it.
 # Results go to bench/results/gpu/<UTC time>/ (commit them).
 #
 #   bash bench/gpu.sh                        # a machine with one NVIDIA GPU and CUDA torch installed
@@ -27,7 +32,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --device) device=$2; shift 2 ;;
         --tiny) suite=tiny; shift ;;
-        -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "bench/gpu.sh: unknown argument $1 (use --device cuda|cpu, --tiny)" >&2; exit 2 ;;
     esac
 done
@@ -61,7 +66,7 @@ mkdir -p "$results"
 started=$SECONDS
 archive() {  # whatever was measured, even when a step failed
     if [ -n "${GENBATCH_BENCH_ARCHIVE:-}" ]; then
-        rm -rf "$results/suite/runs" "$results"/versus/*-[0-9]*/run/outputs   # the videos: not results
+        rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs   # the videos: not results
         tar -czf "$GENBATCH_BENCH_ARCHIVE" -C "$(dirname "$results")" "$(basename "$results")"
         echo "bench/gpu.sh: results archived in $GENBATCH_BENCH_ARCHIVE" >&2
     fi
@@ -70,13 +75,28 @@ trap archive EXIT
 
 baseline=()
 if [ -n "${GENBATCH_BENCH_BASELINE:-}" ]; then baseline=(--baseline "$GENBATCH_BENCH_BASELINE"); fi
-echo "== 1/2 gen bench --suite $suite on one device -> $results/suite" >&2
+echo "== 1/4 gen bench --suite $suite on one device -> $results/suite" >&2
 status=0
 "$py" -m genbatch bench --suite "$suite" --layouts single --out "$results/suite" "${baseline[@]}" || status=$?
 
-echo "== 2/2 genbatch vs diffusers on $device -> $results/versus" >&2
+echo "== 2/4 genbatch vs diffusers on $device -> $results/versus" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus"
 
-rm -rf "$results/suite/runs" "$results"/versus/*-[0-9]*/run/outputs   # the videos: not results
+# at tiny size (the tests) aot_eager stands in for inductor and math for the CUDA kernels: the same steps, cheap
+compile_backend=$([ "$suite" = tiny ] && echo aot_eager || echo inductor)
+echo "== 3/4 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
+"$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-compiled" \
+    --compile-backend "$compile_backend"
+
+kernels=(cudnn)
+if [ "$device" = cpu ]; then kernels=(math); fi
+if [ "$device" != cpu ] && "$py" -c "import flash_attn" >/dev/null 2>&1; then kernels+=(flash-attn); fi
+for kernel in "${kernels[@]}"; do
+    echo "== 4/4 attention $kernel on both sides -> $results/versus-$kernel" >&2
+    "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-$kernel" \
+        --attention "$kernel" || status=$?
+done
+
+rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs   # the videos: not results
 echo "bench/gpu.sh: done in $((SECONDS - started)) s; results in $results (suite report: $results/suite/report.md)" >&2
 exit "$status"

@@ -49,12 +49,21 @@ def _peak_bytes(device, clock) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _diffusers_side(model_dir: str, rows: list[dict], device, dtype) -> dict:
+def _diffusers_side(model_dir: str, rows: list[dict], device, dtype, compile_backend: str | None,
+                    attention: str) -> dict:
+    """diffusers' own way: `compile_repeated_blocks` (fullgraph) for a compiled pairing, `set_attention_backend`
+    with the same kernel as genbatch's `--attention`."""
     from diffusers import AutoencoderKLWan, WanPipeline
+
+    from genbatch.parallel.attention.local import DIFFUSERS_BACKENDS, KERNELS
 
     vae = AutoencoderKLWan.from_pretrained(model_dir, subfolder="vae", dtype=torch.float32)
     pipe = WanPipeline.from_pretrained(model_dir, vae=vae, dtype=dtype).to(device)
     pipe.set_progress_bar_config(disable=True)
+    if attention != "auto":
+        pipe.transformer.set_attention_backend(DIFFUSERS_BACKENDS[KERNELS[attention]])
+    if compile_backend is not None:
+        pipe.transformer.compile_repeated_blocks(fullgraph=True, backend=compile_backend)
     job_seconds = []
     for row in rows:
         _sync(device)
@@ -68,13 +77,15 @@ def _diffusers_side(model_dir: str, rows: list[dict], device, dtype) -> dict:
     return {"job_seconds": job_seconds}
 
 
-def _genbatch_side(model_dir: str, manifest: str, out: str, device, dtype) -> dict:
+def _genbatch_side(model_dir: str, manifest: str, out: str, device, dtype, compile_backend: str | None,
+                   attention: str) -> dict:
     from genbatch.io import RunStore
     from genbatch.runner.run import RunOptions, run
 
     out = os.path.join(out, "run")
     status = run(RunOptions(manifest=manifest, out=out, model=model_dir, quiet=True,
-                            dtype="bf16" if dtype == torch.bfloat16 else "fp32"))
+                            dtype="bf16" if dtype == torch.bfloat16 else "fp32", compile=compile_backend is not None,
+                            compile_backend=compile_backend or "inductor", attention=attention))
     if status != 0:
         raise RuntimeError(f"gen run exited {status}; see {out}/results/")
     rows = RunStore(out).read_timings().to_pylist()
@@ -101,7 +112,8 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_name: str) -> dict:
+def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_name: str,
+                 compile_backend: str | None = None, attention: str = "auto") -> dict:
     """Run one side in this process and return its measurements."""
     from diffusers import WanTransformer3DModel
 
@@ -116,24 +128,24 @@ def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_n
         torch.cuda.reset_peak_memory_stats(device)
     with StepClock(device=device, module_class=WanTransformer3DModel) as clock:
         if side == "diffusers":
-            result = _diffusers_side(model_dir, rows, device, dtype)
+            result = _diffusers_side(model_dir, rows, device, dtype, compile_backend, attention)
         else:
-            result = _genbatch_side(model_dir, manifest, out, device, dtype)
+            result = _genbatch_side(model_dir, manifest, out, device, dtype, compile_backend, attention)
     periods = clock.step_periods(jobs=len(rows), steps=rows[0]["num_inference_steps"])
-    return {**result, "side": side, "step_periods": periods, "seconds_per_step": clock.per_step(periods),
+    return {**result, "side": side, "compile": compile_backend, "attention": attention, "step_periods": periods, "seconds_per_step": clock.per_step(periods),
             "peak_bytes": _peak_bytes(device, clock)}
 
 
-def _run_side(side: str, *, model_dir: str, manifest: str, out: str, device: str) -> None:
+def _run_side(side: str, *, model_dir: str, manifest: str, out: str, device: str, kernel_args: list[str]) -> None:
     """One side in a fresh process (its own peak memory, nothing cached from the other side); it writes
     OUT/<side>.json."""
     command = [sys.executable, "-m", "genbatch.benchmark.versus", "--side", side, "--device", device,
-               "--model-dir", model_dir, "--manifest", manifest, "--out", out]
+               "--model-dir", model_dir, "--manifest", manifest, "--out", out, *kernel_args]
     subprocess.run(command, check=True)
 
 
 def compare_sides(*, suite_name: str, device: str, out: str, jobs: int | None, rounds: int, model_cache: str | None,
-                  say=print) -> dict:
+                  say=print, kernel_args: tuple[str, ...] = ()) -> dict:
     """Measure both sides (`rounds` times, alternating which goes first) and return the summary."""
     from genbatch.benchmark.models import materialize
     from genbatch.io.tables import records_to_table, to_parquet_bytes
@@ -154,7 +166,8 @@ def compare_sides(*, suite_name: str, device: str, out: str, jobs: int | None, r
         for side in order:
             say(f"versus: round {round_index + 1}/{rounds}: {side}, {len(rows)} jobs on {device} ...")
             side_out = os.path.join(out, f"{side}-{round_index}")
-            _run_side(side, model_dir=model_dir, manifest=manifest, out=side_out, device=device)
+            _run_side(side, model_dir=model_dir, manifest=manifest, out=side_out, device=device,
+                      kernel_args=list(kernel_args))
     return summarize(suite, out, device)
 
 
@@ -172,7 +185,8 @@ def summarize(suite, out: str, device: str) -> dict:
     summary = {"model": suite.model.name, "model_detail": suite.model.description, "device": _device_name(device),
                "work": {key: rows[0][key] for key in ("width", "height", "num_frames", "num_inference_steps",
                                                       "guidance_scale")},
-               "jobs": len(rows), "rounds": rounds, "dtype": "bf16" if device.startswith("cuda") else "fp32"}
+               "jobs": len(rows), "rounds": rounds, "dtype": "bf16" if device.startswith("cuda") else "fp32",
+               "compile": measured["genbatch"][0].get("compile"), "attention": measured["genbatch"][0].get("attention")}
     for side, results in measured.items():
         # Each round's median; the least disturbed round counts (on a shared machine other work only adds).
         by_round = [statistics.median(result["step_periods"]) for result in results]
@@ -199,7 +213,9 @@ def summary_lines(summary: dict) -> list[str]:
     lines = [
         f"genbatch vs diffusers WanPipeline.__call__: {summary['model_detail']}, {summary['dtype']}, "
         f"{work['width']}x{work['height']}, {work['num_frames']} frames, {work['num_inference_steps']} steps, "
-        f"{summary['jobs']} jobs x {summary['rounds']} round(s), on {summary['device']}",
+        f"{summary['jobs']} jobs x {summary['rounds']} round(s), on {summary['device']}; compile: "
+        f"{summary.get('compile') or 'off'} (diffusers: compile_repeated_blocks), attention: "
+        f"{summary.get('attention') or 'auto'}",
         f"{'':28s} {'genbatch':>12s} {'diffusers':>12s} {'ratio':>8s}",
         f"{'seconds per step':28s} {gen['seconds_per_step']:12.4f} {dif['seconds_per_step']:12.4f} "
         f"{ratio['seconds_per_step']:7.3f}x",
@@ -229,6 +245,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=1, help="measure each side this many times, alternating")
     parser.add_argument("--model-cache", help="where the built model is kept (default ~/.cache/genbatch/bench)")
     parser.add_argument("--reprint", action="store_true", help="measure nothing: summarize the results in --out again")
+    parser.add_argument("--compile-backend", help="compile both sides with this torch.compile backend: genbatch "
+                        "with --compile, diffusers with compile_repeated_blocks(fullgraph=True)")
+    parser.add_argument("--attention", default="auto", help="the attention kernel on both sides (gen run's --attention)")
     parser.add_argument("--side", choices=SIDES, help=argparse.SUPPRESS)
     parser.add_argument("--model-dir", help=argparse.SUPPRESS)
     parser.add_argument("--manifest", help=argparse.SUPPRESS)
@@ -236,15 +255,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.side:
         os.makedirs(args.out, exist_ok=True)
         result = measure_side(args.side, model_dir=args.model_dir, manifest=args.manifest, out=args.out,
-                              device_name=args.device)
+                              device_name=args.device, compile_backend=args.compile_backend, attention=args.attention)
         with open(os.path.join(args.out, f"{args.side}.json"), "w", encoding="utf-8") as handle:
             json.dump(result, handle)
         return 0
     if args.reprint:
         summary = summarize(SUITES[args.suite], args.out, args.device)
     else:
+        kernel_args = (["--compile-backend", args.compile_backend] if args.compile_backend else []) + [
+            "--attention", args.attention]
         summary = compare_sides(suite_name=args.suite, device=args.device, out=args.out, jobs=args.jobs,
-                                rounds=args.rounds, model_cache=args.model_cache)
+                                rounds=args.rounds, model_cache=args.model_cache, kernel_args=tuple(kernel_args))
     lines = summary_lines(summary)
     print("\n".join(lines))
     with open(os.path.join(args.out, "versus.json"), "w", encoding="utf-8") as handle:

@@ -19,7 +19,7 @@ def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
            "GENBATCH_CACHE": tiny_report.genbatch_cache,  # the tiny model the report's run built
            "GENBATCH_BENCH_ARCHIVE": str(archive)}
     result = subprocess.run(["bash", os.path.join(REPO, "bench", "gpu.sh"), "--device", "cpu", "--tiny"], env=env,
-                            capture_output=True, text=True, timeout=240)
+                            capture_output=True, text=True, timeout=290)
     assert result.returncode == 0, result.stdout + result.stderr
     (folder,) = os.listdir(tmp_path)
     assert folder.endswith("-tiny")
@@ -40,3 +40,7 @@ def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
         names = set(packed.getnames())
     assert f"{folder}/versus/versus.json" in names and f"{folder}/suite/report.md" in names
     assert not [name for name in names if name.endswith(".mp4")]  # results, not videos
+    compiled = json.loads((results / "versus-compiled" / "versus.json").read_text())
+    assert compiled["compile"] == "aot_eager" and compiled["ratios"]["seconds_per_step"] > 0
+    assert json.loads((results / "versus-math" / "versus.json").read_text())["attention"] == "math"
+    assert "compile: aot_eager (diffusers: compile_repeated_blocks)" in result.stdout
