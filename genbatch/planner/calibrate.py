@@ -266,7 +266,8 @@ def fit(observations: list[Observation], *, name: str, device: str, published: d
 def format_fit(result: Fit, path: str | None = None) -> str:
     """The fitted parameters, what was held, and the residuals: what `gen plan --calibrate` prints."""
     profile = result.profile
-    lines = [f"calibrated profile {profile.name!r} on {profile.device} from {profile.fit['steps']} steps"
+    jobs = f" (the median step of each of {profile.fit['jobs']} jobs)" if "jobs" in profile.fit else ""
+    lines = [f"calibrated profile {profile.name!r} on {profile.device} from {profile.fit['steps']} steps{jobs}"
              + (f" -> {path}" if path else "")]
     rows = [("gemm_tflops", profile.gemm_tflops), ("gemm_half_rows", profile.gemm_half_rows),
             ("attention_tflops", profile.attention_tflops), ("layer_overhead_s", profile.layer_overhead_s),
@@ -283,12 +284,12 @@ def format_fit(result: Fit, path: str | None = None) -> str:
             lines.append(f"  {label:34s} {'-':>12s}  held: {value}")
     residuals = np.array(result.relative_residuals)
     lines.append(f"  residuals (predicted/measured - 1): rms {np.sqrt(np.mean(residuals**2)):.1%}, "
-                 f"max {np.max(np.abs(residuals)):.1%} over {len(residuals)} steps")
+                 f"max {np.max(np.abs(residuals)):.1%} over {len(residuals)} fitted steps")
     by_label: dict[str, list[float]] = {}
     for label, residual in zip(result.labels, result.relative_residuals):
         by_label.setdefault(label, []).append(residual)
     for label, values in by_label.items():
-        lines.append(f"    {label}: mean {np.mean(values):+.1%} over {len(values)} steps")
+        lines.append(f"    {label}: {np.mean(values):+.1%}" + (f" (mean of {len(values)})" if len(values) > 1 else ""))
     return "\n".join(lines)
 
 
@@ -308,13 +309,18 @@ def calibrate_runs(directories: list[str], *, name: str | None = None, gpu: str 
     if len(devices) > 1:
         raise ValueError(f"the runs mix devices ({', '.join(devices)}); calibrate each machine on its own")
     device = "cpu" if devices == ["cpu"] else gpu.lower()
-    observations = [observation(sample, gpu=gpu, interconnect=interconnect) for sample in samples]
+    by_job: dict[tuple[str, str], list[StepSample]] = {}
+    for sample in samples:
+        by_job.setdefault((sample.run, sample.job_id), []).append(sample)
+    # each job's median step: one slow step (a page fault, a neighbour's burst) does not pull the fit
+    typical = [sorted(steps, key=lambda sample: sample.seconds)[(len(steps) - 1) // 2] for steps in by_job.values()]
+    observations = [observation(sample, gpu=gpu, interconnect=interconnect) for sample in typical]
     published = {}
     for sample in samples:
         cluster = measured_cluster(sample.device, sample.ranks, gpu=gpu, interconnect=interconnect)
         published.update({link.name: (link.gbs, link.latency_s)
                           for link in (cluster.intra, cluster.cross_socket, cluster.inter) if link})
     result = fit(observations, name=name or default_profile_name(samples), device=device, published=published)
-    result.profile.fit["runs"] = sorted({sample.run for sample in samples})
+    result.profile.fit.update(steps=len(samples), jobs=len(by_job), runs=sorted({sample.run for sample in samples}))
     return result
 

@@ -39,11 +39,11 @@ def test_calibrate_fits_writes_and_prints_the_profile(runs, tmp_path, monkeypatc
     path = tmp_path / "config" / "genbatch" / "profiles" / "cpu-tiny-wan.json"
     profile = json.loads(path.read_text())
     used = 2 * 2 * (STEPS - 1)  # two runs, two jobs, every step but the first
-    assert profile["device"] == "cpu" and profile["fit"]["steps"] == used
+    assert profile["device"] == "cpu" and profile["fit"]["steps"] == used and profile["fit"]["jobs"] == 4
     assert profile["gemm_tflops"] > 0 and sorted(profile["fit"]["runs"]) == sorted(runs)
     measured = {**profile["bandwidth_gbs"], **profile["latency_s"], **profile["fit"]["held"]}
     assert any("gloo/all_to_all" in key for key in measured)  # Ulysses' bytes: fitted, or held and said so
-    assert f"from {used} steps -> {path}" in result.stdout
+    assert f"from {used} steps (the median step of each of 4 jobs) -> {path}" in result.stdout
     for text in ("gemm_tflops", "layer_overhead_s", "core_sharing", "gloo/all_to_all", "residuals", "ulysses2 96x64"):
         assert text in result.stdout
 
