@@ -262,6 +262,15 @@ def _start_up(options: RunOptions, world: World, store, rejected, run_id: str, s
     store.write_run_info(_run_info(options, world, run_id, started))
 
 
+def _save_compiled(cache) -> None:
+    """Keep the run's compiled artifacts; a failure to write them costs the next run a compile, not this run."""
+    try:
+        cache.save()
+    except Exception as error:  # noqa: BLE001 - an optional cache: said, never fatal
+        print(f"genbatch: the compiled artifacts were not kept at {cache.url} ({error}); the next run compiles "
+              "again", file=sys.stderr)
+
+
 def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop) -> int:
     ctx = world.ctx
     started = time.time()
@@ -338,7 +347,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
         writer.flush()
         store.flush_timings()
         if compile_cache is not None and ctx.rank == 0:
-            compile_cache.save()  # a requeued or later run compiles from these artifacts
+            _save_compiled(compile_cache)  # a requeued or later run compiles from these artifacts
     if interrupted:
         if ctx.rank == 0 and not options.quiet:
             print("genbatch: stopped by signal; state checkpointed. Rerun the same command to continue "

@@ -206,3 +206,17 @@ def test_gen_run_keeps_compiled_artifacts_for_the_next_run(tmp_path, monkeypatch
     files = list((tmp_path / "cc").iterdir())
     assert [f.name for f in files] == [f"torch-{torch.__version__}-aot_eager-float32-cpu-single.tar.gz"]
     assert loaded == [b"artifacts"]  # the archive's mega-cache member
+
+
+def test_a_compile_cache_that_cannot_be_written_does_not_fail_the_run(tmp_path, monkeypatch):
+    from tests.support.runs import run_cli, write_manifest
+
+    monkeypatch.setattr(torch.compiler, "save_cache_artifacts", lambda: (b"artifacts", None))
+    (tmp_path / "not-a-folder").write_text("a file where the cache folder should be")
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox"}])
+    torch._dynamo.reset()
+    result = run_cli("run", manifest, "--out", str(tmp_path / "out"), "--model", "tiny-wan", "--steps", "1",
+                     "--compile", "--compile-backend", "aot_eager", "--compile-cache", str(tmp_path / "not-a-folder"),
+                     "-q")
+    assert result.returncode == 0, result.stderr
+    assert "the compiled artifacts were not kept" in result.stderr
