@@ -7,7 +7,10 @@ the other half, printed beside its measurement. Every rank runs one OpenMP threa
 on a machine others share, slow a rank several times over); ranks beyond this machine's cores share them,
 and the profile's ranks-per-core term (core_sharing) carries that, fitted from the FIT half's 1, 2 and 4 ranks.
 
-    python bench/calibration.py [--frames 17] [--sizes 192,128] [--steps 4]
+    python bench/calibration.py [--frames 17] [--sizes 192,128] [--steps 4] [--runs DIR]
+
+With --runs DIR the layouts' run folders are kept there, and a later call with the same DIR fits and predicts
+from them again without running anything.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=17)
     parser.add_argument("--sizes", default="192,128", help="square sizes, comma separated (one job each)")
     parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--runs", default=None, help="keep the run folders here (and reuse those already there)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
 
@@ -49,9 +53,11 @@ def main() -> None:
     from genbatch.planner.shapes import resolve_shape
     from genbatch.planner.workload import make_workload
 
-    with tempfile.TemporaryDirectory() as root:
+    with tempfile.TemporaryDirectory() as scratch:
+        root = args.runs or scratch
         model_dir = os.path.join(root, "model")
-        build_model(model_dir)
+        if not os.path.isdir(model_dir):
+            build_model(model_dir)
         outs = {}
         for name, dp, cfg, ring, ulysses, fsdp in LAYOUTS:
             rows = [{"id": f"clip-{size}-{index}", "prompt": "a harbour at dawn", "seed": 5, "width": size,
@@ -60,6 +66,8 @@ def main() -> None:
             manifest = os.path.join(root, f"m-{dp}.parquet")
             pq.write_table(pa.Table.from_pylist(rows), manifest)
             outs[name] = os.path.join(root, name.replace(" ", "_"))
+            if os.path.isdir(os.path.join(outs[name], "timings")):
+                continue
             run_layout(model_dir, manifest, outs[name], dp, cfg, ring, ulysses, fsdp, "bf16", threads=1)
             print(f"ran {name}", file=sys.stderr, flush=True)
         fitted = calibrate_runs([outs[name] for name in outs if name in FIT], name="bench-cpu")

@@ -151,6 +151,9 @@ def _hold(design: _Design, name: str | None = None) -> bool:
     """Hold `name` (a parameter that came out not positive) or else the next the runs cannot determine; False
     when none is left to hold (the GEMM rate is always fitted)."""
     columns = design.columns
+    latencies = [n for n in reversed(list(columns)) if n.startswith("lat:")]
+    if name == "overhead" and latencies:
+        name = latencies[0]  # collectives per step grow with layer forwards: latencies give way to the fixed cost
     if name is None or name == "gemm":
         # a GEMM rate that comes out negative competes with the fixed cost: hold that first
         prefixes = ("overhead", *_HOLD_ORDER) if name == "gemm" else _HOLD_ORDER
