@@ -1,11 +1,12 @@
 # genbatch developer entry points.
 #   make demo   set up .venv (CPU torch on machines without an NVIDIA GPU) and run the example manifest
-#   make test   set up .venv with the test extras and run the test suite
+#   make test   set up .venv with the test extras and run the test suite (all but the tests marked slow)
+#   make test-slow  the tests marked slow (the larger matrices; .ci/run runs them after make test)
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-test demo test clean
+.PHONY: setup setup-test demo test test-slow clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -23,7 +24,10 @@ demo: setup
 	$(BIN)/gen run examples/manifest.parquet --out runs/example --model tiny-wan
 
 test: setup-test
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -m "not slow"
+
+test-slow: setup-test
+	$(BIN)/python -m pytest -q -m slow
 
 clean:
 	rm -rf $(VENV) runs
