@@ -19,23 +19,30 @@ def _gpu_key(name: str) -> str | None:
     return max(matches, key=len) if matches else None
 
 
-def auto_dims(model: str | None, world_size: int, device: torch.device) -> ParallelDims:
-    """The best runnable layout for `model` on `world_size` processes of this kind of device."""
+def auto_dims(model: str | None, world_size: int, device: torch.device, profile: str | None = None) -> ParallelDims:
+    """The best runnable layout for `model` on `world_size` processes of this kind of device, priced with the
+    calibration `profile` (name or path) when given. On CPUs without a CPU profile: data parallelism."""
     speak = os.environ.get("RANK", "0") == "0"
-    if device.type != "cuda":
+    from genbatch.planner.profile import load_profile
+
+    calibrated = load_profile(profile) if profile is not None else None
+    if device.type != "cuda" and (calibrated is None or calibrated.device != "cpu"):
         if speak:
-            print("genbatch: --layout auto on CPUs: data parallelism over every process", file=sys.stderr)
+            print("genbatch: --layout auto on CPUs: data parallelism over every process"
+                  + (" (the profile was not measured on a CPU)" if calibrated is not None else ""), file=sys.stderr)
         return ParallelDims(dp=world_size)
     if model is None:
         raise ValueError("--layout auto plans the layout for the run's model: pass --model")
     from genbatch.planner.rank import plan
 
-    properties = torch.cuda.get_device_properties(device)
-    gpu = _gpu_key(properties.name) or "h100"
+    machine = {}  # a CPU profile plans the ranks on this CPU
+    if device.type == "cuda":
+        properties = torch.cuda.get_device_properties(device)
+        machine = dict(gpu=_gpu_key(properties.name) or "h100", gpu_mem=properties.total_memory / 2**30)
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    best = plan(model, world_size, nodes=max(1, world_size // per_node), gpu=gpu,
-                gpu_mem=properties.total_memory / 2**30).best
+    best = plan(model, world_size, nodes=max(1, world_size // per_node), profile=calibrated, **machine).best
     if speak:
-        print(f"genbatch: --layout auto picked {best.layout.describe()} on {world_size} x {gpu}",
-              file=sys.stderr)
+        using = f" with profile {calibrated.name}" if calibrated is not None else ""
+        print(f"genbatch: --layout auto picked {best.layout.describe()} on {world_size} x "
+              f"{machine.get('gpu', 'cpu')}{using}", file=sys.stderr)
     return best.layout

@@ -16,6 +16,9 @@ def _layout_options(command):
     """The layout flags (`genbatch.parallel.flags`, shared with `gen plan`), then `--layout`."""
     command = click.option("--layout", type=click.Choice(["manual", "auto"]), default="manual", show_default=True,
                            help="auto: use `gen plan`'s best layout for the GPUs given (ignores the degrees above).")(command)
+    command = click.option("--profile", default=None,
+                           help="With --layout auto: plan with this calibration profile (NAME or PATH, made by "
+                           "`gen plan --calibrate`).")(command)
     return layout_options(constraints=False)(command)
 
 
@@ -90,6 +93,12 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
                 from genbatch.jobs.slurm_env import array_share
 
                 share_value = array_share()
+            if options["profile"] is not None:
+                if options["layout"] != "auto":
+                    raise ValueError("--profile prices the layouts --layout auto chooses from: add --layout auto")
+                from genbatch.planner.profile import load_profile
+
+                load_profile(options["profile"])  # a missing or broken profile fails now, not on the ranks
         except ValueError as error:
             raise UsageError(str(error)) from None
         run_options = RunOptions(
@@ -99,7 +108,8 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             overrides=overrides_from_options(options),
             storage_options=storage_options_from(storage_option),
             dp=options["dp"], cfg=options["cfg"], pp=options["pp"], ring=options["ring"], ulysses=options["ulysses"],
-            tp=options["tp"], fsdp=options["fsdp"], layout=options["layout"], dtype=options["dtype"], backend=options["backend"],
+            tp=options["tp"], fsdp=options["fsdp"], layout=options["layout"],
+            profile=options["profile"], dtype=options["dtype"], backend=options["backend"],
             collective_timeout=options["collective_timeout"], download=options["download"], share=share_value,
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),

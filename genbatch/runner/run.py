@@ -62,6 +62,8 @@ class RunOptions:
     """Shard transformer and text-encoder weights over each job group (FSDP2)."""
     layout: str = "manual"
     """"auto": take `gen plan`'s best layout for these processes instead of the degrees above."""
+    profile: str | None = None
+    """With layout "auto": the calibration profile (name or path) the planner prices layouts with."""
     dtype: str | None = None
     """fp32 / bf16 / fp16 (None: bf16 on GPUs, fp32 on the CPU)."""
     backend: str | None = None

@@ -257,7 +257,7 @@ def start_world(options, stop=None) -> World:
         if options.layout == "auto":
             from genbatch.runner.auto_layout import auto_dims
 
-            dims = auto_dims(options.model, world_size, device)
+            dims = auto_dims(options.model, world_size, device, profile=options.profile)
         else:
             dims = ParallelDims.infer(
                 world_size, dp=options.dp, cfg=options.cfg, pp=options.pp, ring=options.ring,

@@ -25,6 +25,27 @@ def _check_run_args(manifest: str, out: str, run_args: list[str]) -> None:
         raise click.UsageError(f"gen run would refuse these options: {error.format_message()}") from None
 
 
+def _carry_profile(run_args: list[str]) -> list[str]:
+    """`--profile NAME|PATH` for gen run, as the profile file's absolute path: the nodes read that file, not
+    their own config directory (it must be on a file system they share, as the manifest is)."""
+    from genbatch.planner.profile import load_profile, profile_path
+
+    carried = list(run_args)
+    for index, arg in enumerate(carried):
+        if arg == "--profile" and index + 1 < len(carried):
+            name, at, prefix = carried[index + 1], index + 1, ""
+        elif arg.startswith("--profile="):
+            name, at, prefix = arg.split("=", 1)[1], index, "--profile="
+        else:
+            continue
+        try:
+            load_profile(name)
+        except ValueError as error:
+            raise click.UsageError(str(error)) from None
+        carried[at] = prefix + os.path.abspath(profile_path(name))
+    return carried
+
+
 @click.command("submit", context_settings=_CONTEXT)
 @click.argument("manifest")
 @click.option("--out", required=True, help="The run's output: a path or any fsspec URL (as for gen run).")
@@ -82,6 +103,7 @@ def submit_command(ctx: click.Context, manifest: str, out: str, nodes: int, gpus
         procs_per_node = gpus_per_node
     manifest, out, log_dir = _local_abspath(manifest), _local_abspath(out), os.path.abspath(log_dir)
     _check_run_args(manifest, out, run_args)
+    run_args = _carry_profile(run_args)
     try:
         spec = SbatchSpec(
             command=(python, "-m", "genbatch", "run", manifest, "--out", out, *run_args),
