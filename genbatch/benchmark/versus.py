@@ -51,17 +51,17 @@ def _peak_bytes(device, clock) -> int:
 
 def _diffusers_side(model_dir: str, rows: list[dict], device, dtype, compile_backend: str | None,
                     attention: str) -> dict:
-    """diffusers' own way: `compile_repeated_blocks` (fullgraph) for a compiled pairing, `set_attention_backend`
-    with the same kernel as genbatch's `--attention`."""
+    """diffusers' own way: `compile_repeated_blocks` (fullgraph) for a compiled pairing, its processors'
+    attention backend set to the same kernel as genbatch's `--attention`."""
     from diffusers import AutoencoderKLWan, WanPipeline
 
-    from genbatch.parallel.attention.local import DIFFUSERS_BACKENDS, KERNELS
+    from genbatch.parallel.attention.local import KERNELS, set_diffusers_backend
 
     vae = AutoencoderKLWan.from_pretrained(model_dir, subfolder="vae", dtype=torch.float32)
     pipe = WanPipeline.from_pretrained(model_dir, vae=vae, dtype=dtype).to(device)
     pipe.set_progress_bar_config(disable=True)
     if attention != "auto":
-        pipe.transformer.set_attention_backend(DIFFUSERS_BACKENDS[KERNELS[attention]])
+        set_diffusers_backend(pipe.transformer, KERNELS[attention])  # for this model only, as genbatch's side
     if compile_backend is not None:
         pipe.transformer.compile_repeated_blocks(fullgraph=True, backend=compile_backend)
     job_seconds = []

@@ -62,10 +62,10 @@ def apply_attention_kernel(pipe, spec: ModelSpec, attention: str) -> None:
     """The denoisers' own attention calls (diffusers' dispatch) run the `attention` backend (`auto`: unchanged)."""
     if attention == "auto":
         return
-    from genbatch.parallel.attention.local import DIFFUSERS_BACKENDS
+    from genbatch.parallel.attention.local import set_diffusers_backend
 
     for _, model in _components(pipe, denoisers(spec)):
-        model.set_attention_backend(DIFFUSERS_BACKENDS[attention])
+        set_diffusers_backend(model, attention)
 
 
 def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, attention: str = "auto"

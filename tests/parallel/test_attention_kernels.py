@@ -91,3 +91,14 @@ def test_a_one_process_run_sets_the_kernel_on_the_denoiser(tmp_path):
                         for module in transformer.modules() if hasattr(module, "processor")}
         assert backends == ({"None"} if kernel == "auto" else {"AttentionBackendName._NATIVE_MATH"}), (kernel, backends)
     assert float((results["auto"] - results["math"]).abs().max()) <= 1e-4
+
+
+def test_a_kernel_set_on_one_model_leaves_the_process_default_alone(tmp_path):
+    """diffusers' own setter also changes the process-wide backend, which would reach every model built later
+    in the process; genbatch sets the kernel on the job's denoiser only."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    before = _AttentionBackendRegistry.get_active_backend()[0]
+    with job_executor(str(tmp_path), attention="math") as (world, executor):
+        executor.denoise(job("tiny-wan", num_inference_steps=1), JobTimer(world.ctx.device))
+    assert _AttentionBackendRegistry.get_active_backend()[0] == before

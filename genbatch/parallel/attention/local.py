@@ -43,6 +43,19 @@ does not take over: every attention of a one-process run, and cross-attention to
 _HALF = (torch.float16, torch.bfloat16)
 
 
+def set_diffusers_backend(model: torch.nn.Module, backend: str) -> None:
+    """Make the attention calls of `model`'s own processors run `backend` (a `BACKENDS` name), for this
+    model only. diffusers' `set_attention_backend` does the same and also changes the process-wide default
+    backend, which would reach every other model the process builds (a later job's, a test's reference)."""
+    from diffusers.models.attention_dispatch import AttentionBackendName
+
+    name = AttentionBackendName(DIFFUSERS_BACKENDS[backend])
+    for module in model.modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and hasattr(processor, "_attention_backend"):
+            processor._attention_backend = name
+
+
 @functools.cache
 def _flash_attn_func():
     """flash-attn's `flash_attn_func` when the optional extra is installed, else None (imported once)."""
