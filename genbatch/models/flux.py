@@ -176,6 +176,7 @@ FAMILY = ModelFamily(
                    text_encoder_parameters=4.88e9,  # T5-XXL encoder 4.76B + CLIP-L 0.12B
                    vae_parameters=0.084e9, joint_text=True, text_tokens=512, patch_size=(2, 2), vae_spatial=8,
                    vae_temporal=1, out_channels=16, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
-                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, width=1024, height=1024, frames=None, steps=28),
+                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKL", width=1024, height=1024, frames=None,
+                   steps=28),
     ),
 )

@@ -211,6 +211,6 @@ FAMILY = ModelFamily(
                    vae_parameters=0.246e9, joint_text=True, text_tokens=MAX_SEQUENCE_LENGTH, patch_size=(1, 2, 2),
                    vae_spatial=8, vae_temporal=4, out_channels=16,
                    vae_mflop_per_pixel=HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL, vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX,
-                   width=1280, height=720, frames=129, steps=50),
+                   vae_class="AutoencoderKLHunyuanVideo", width=1280, height=720, frames=129, steps=50),
     ),
 )

@@ -235,6 +235,7 @@ FAMILY = ModelFamily(
                    ffn_dim=12288, parameters=20.4e9, text_encoder_parameters=8.29e9,  # Qwen2.5-VL-7B
                    vae_parameters=0.127e9, joint_text=True, text_tokens=TEXT_TOKENS, patch_size=(2, 2),
                    vae_spatial=8, vae_temporal=1, out_channels=16, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
-                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, width=1024, height=1024, frames=None, steps=50),
+                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKLQwenImage", width=1024, height=1024,
+                   frames=None, steps=50),
     ),
 )

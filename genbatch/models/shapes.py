@@ -76,6 +76,10 @@ class ModelShape:
     """Default frames (video), None for images."""
     steps: int
     """Default denoising steps."""
+    vae_class: str = ""
+    """The diffusers class of the VAE (`AutoencoderKLWan`): the planner models that class's decode peak in each
+    decode mode (`genbatch.planner.vae_memory`); empty: the planner assumes the image VAE for images and Wan's
+    frame-causal one for video."""
     pads_frames_to_patch: bool = False
     """True when the pipeline pads the latent frames up to a multiple of the temporal patch before patching
     (CogVideoX 1.5 does); False when the patch embedding sees the latent as it is."""

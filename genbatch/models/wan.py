@@ -138,7 +138,7 @@ _PUBLISHED_COMMON = dict(is_video=True, uses_cfg=True, head_dim=128, patch_size=
                          vae_temporal=4, out_channels=16, joint_text=False, text_tokens=512,
                          text_encoder_parameters=5.68e9,  # UMT5-XXL encoder
                          vae_parameters=0.127e9, vae_mflop_per_pixel=WAN_VAE_MFLOP_PER_PIXEL,
-                         vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, frames=81, steps=50)
+                         vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, vae_class="AutoencoderKLWan", frames=81, steps=50)
 
 FAMILY = ModelFamily(
     name="wan",
