@@ -11,6 +11,7 @@ What each field is for, by reader:
 - FSDP per block, compile units and stage splits (`genbatch.parallel`): `transformers[cls].blocks`,
   `text_encoders`;
 - sequence parallel (`genbatch.parallel.plans`): `transformers[cls].attention` and `transformers[cls].sequence`;
+- tensor parallel (`genbatch.parallel.tensor`): `transformers[cls].tensor_plan`;
 - patch-parallel VAE decode (`genbatch.parallel.vae`): `vae_classes`, `vae_rules`;
 - the planner (`genbatch.planner`): `published` (and the spec itself for presets and directories).
 """
@@ -66,6 +67,9 @@ class AttentionSite:
     """The split streams whose tokens make up the attended sequence, in the order the module concatenates
     them: an input's name (`"hidden_states"`) or `"<module>:<output index>"` for a split module output.
     Empty for `CROSS` (its keys are replicated)."""
+    masked: bool = False
+    """True when the module's attention carries a key-padding mask (padded text tokens): kernels that take
+    no mask (flash, flash-attn, cuDNN here) are refused at start-up for the model."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,6 +112,64 @@ class SequenceSplits:
     modules not listed use `exact`."""
 
 
+COLWISE = "colwise"
+"""Tensor parallel: a Linear's output features split over tp (its input whole), output left split."""
+ROWWISE = "rowwise"
+"""A Linear's input features split over tp; the partial outputs are all-reduced (one all-reduce of [N, d])."""
+PACKED_ROWWISE = "packed_rowwise"
+"""`ROWWISE` for a Linear whose input concatenates several column-split streams (FLUX's single-stream
+`proj_out`: [attention, MLP]): each stream's columns split apart (blocks from its `_tp_packed_row_blocks`)."""
+GATHERED_COLWISE = "colwise_gathered"
+"""`COLWISE`, then the small output all-gathered back whole (the AdaLN modulation's (B, 6d))."""
+HEADS = "heads"
+"""An attention module whose `heads` is divided by tp (its q, k, v are column-split by whole heads)."""
+NORM_ACROSS_HEADS = "rms_norm_across_heads"
+"""An RMSNorm over all heads' channels (Wan's QK norm): its weight split over tp and its mean square
+all-reduced, or the output is silently wrong."""
+TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TensorPlan:
+    """Where tensor parallelism splits a transformer, as data (diffusers' `_tp_plan` is the model)."""
+
+    styles: Mapping[str, str] = field(default_factory=dict)
+    """Module name glob (`blocks.*.attn1.to_q`) -> one of `TENSOR_STYLES`; added to (and overriding) the
+    model's own `_tp_plan` when `from_diffusers`."""
+    from_diffusers: bool = False
+    """True: start from the class's diffusers `_tp_plan` (FLUX, Qwen-Image), whose AdaLN modulation stays
+    replicated until `styles` shards it."""
+    all_reduces: Mapping[str, int] = field(default_factory=dict)
+    """Repeated-block list (`Blocks.repeated`) -> all-reduces of [tokens, d] one block does (the attention
+    output and the MLP output: 2, seed 000's standard case; Wan's cross-attention makes 3, a FLUX single-stream
+    block 1). Joint blocks all-reduce both streams, so their tokens are text plus image."""
+    text_free_last_block: bool = False
+    """True when the last block of the first repeated list all-reduces the image stream alone (SD3's
+    `context_pre_only` block has no text output projection or text MLP)."""
+
+
+def dual_stream_styles(blocks: str) -> dict[str, str]:
+    """The tensor styles of a list of dual-stream (MMDiT) blocks under diffusers' names (SD3's, HunyuanVideo's):
+    q, k, v of both streams split by heads, both output projections and both MLPs row-wise, both AdaLN
+    modulations gathered."""
+    attn = f"{blocks}.*.attn"
+    projections = ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj", "add_v_proj")
+    return {**{f"{attn}.{name}": COLWISE for name in projections},
+            f"{attn}.to_out.0": ROWWISE, f"{attn}.to_add_out": ROWWISE, attn: HEADS,
+            **{f"{blocks}.*.{mlp}.net.0.proj": COLWISE for mlp in ("ff", "ff_context")},
+            **{f"{blocks}.*.{mlp}.net.2": ROWWISE for mlp in ("ff", "ff_context")},
+            f"{blocks}.*.norm1.linear": GATHERED_COLWISE, f"{blocks}.*.norm1_context.linear": GATHERED_COLWISE}
+
+
+def single_stream_styles(blocks: str) -> dict[str, str]:
+    """The tensor styles of a list of single-stream blocks (attention and MLP side by side, one fused output
+    projection over [attention, MLP]: HunyuanVideo's, as diffusers' FLUX plan splits FLUX's)."""
+    attn = f"{blocks}.*.attn"
+    return {**{f"{attn}.{name}": COLWISE for name in ("to_q", "to_k", "to_v")}, attn: HEADS,
+            f"{blocks}.*.proj_mlp": COLWISE, f"{blocks}.*.proj_out": PACKED_ROWWISE,
+            f"{blocks}.*.norm.linear": GATHERED_COLWISE}
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TransformerPlan:
     """One denoising transformer class: its blocks, its attention, and the plans parallelism applies to it."""
@@ -118,8 +180,8 @@ class TransformerPlan:
     """Every attention module of the class, with the streams it sees."""
     sequence: SequenceSplits | None = None
     """Its sequence-parallel split/gather points (None: no sequence parallelism for this class)."""
-    tensor_plan: Mapping[str, str] = field(default_factory=dict)
-    """Module name pattern -> tensor-parallel sharding style. Filled by the tensor-parallel work; empty now."""
+    tensor_plan: TensorPlan | None = None
+    """Its tensor-parallel plan (None: no tensor parallelism for this class; `--tp` above 1 exits 2)."""
     compile_units: tuple[str, ...] = ()
     """Module name globs, matched part by part (`blocks.*` is each block, not its submodules), whose `forward`
     `--compile` compiles one unit each (`genbatch.parallel.compile`): the repeated blocks. Empty: the class is
@@ -186,6 +248,10 @@ class ModelFamily:
                 f"{class_name} is not a transformer of the {self.name} family (it has {sorted(self.transformers)}); "
                 "add its TransformerPlan to the family module"
             ) from None
+
+    def masks_attention(self) -> bool:
+        """True when some transformer of the family attends with a key-padding mask (`AttentionSite.masked`)."""
+        return any(site.masked for plan in self.transformers.values() for site in plan.attention)
 
 
 T5_ENCODER = Blocks(before=("shared",), repeated=("encoder.block",), after=("encoder.final_layer_norm",))

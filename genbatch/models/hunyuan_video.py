@@ -24,6 +24,7 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models.base import (
     CLIP_TEXT_ENCODER,
+    GATHERED_COLWISE,
     JOINT,
     AttentionSite,
     Blocks,
@@ -31,8 +32,11 @@ from genbatch.models.base import (
     ModelFamily,
     SequenceSplits,
     Split,
+    TensorPlan,
     TinyPreset,
     TransformerPlan,
+    dual_stream_styles,
+    single_stream_styles,
 )
 from genbatch.models.hooks import COND, Conditioning, Trajectory
 from genbatch.models.shapes import HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL, VIDEO_VAE_GIB_PER_MPX, ModelShape
@@ -182,9 +186,9 @@ FAMILY = ModelFamily(
             # key-padding mask; the token refiner's self-attention (inside `context_embedder`) runs on the
             # whole text before any split
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT,
-                                     streams=("hidden_states", "encoder_hidden_states")),
+                                     streams=("hidden_states", "encoder_hidden_states"), masked=True),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT,
-                                     streams=("hidden_states", "encoder_hidden_states"))),
+                                     streams=("hidden_states", "encoder_hidden_states"), masked=True)),
             # diffusers has no plan for it: both streams split at the first dual-stream block, after the
             # transformer has built its [video, text] key-padding mask over the whole sequence (the full form
             # of the masks), and the video rotary tables with them
@@ -194,6 +198,13 @@ FAMILY = ModelFamily(
                 "rope": {0: Split(dim=0, expected_dims=2, output=True), 1: Split(dim=0, expected_dims=2, output=True)},
                 "proj_out": Gather(dim=1, expected_dims=3),
             }),
+            # genbatch's own (diffusers has no _tp_plan for it): the dual- and single-stream blocks and the
+            # final modulation; the token refiner runs once on the text, whole on every rank
+            tensor_plan=TensorPlan(
+                styles={**dual_stream_styles("transformer_blocks"), **single_stream_styles("single_transformer_blocks"),
+                        "norm_out.linear": GATHERED_COLWISE},
+                all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
+            ),
             # diffusers' _repeated_blocks: the dual- and single-stream blocks (the token refiner's run once)
             compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
         ),

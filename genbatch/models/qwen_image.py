@@ -28,11 +28,14 @@ from typing import Any
 from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models.base import (
+    GATHERED_COLWISE,
+    HEADS,
     JOINT,
     AttentionSite,
     Blocks,
     ModelFamily,
     SequenceSplits,
+    TensorPlan,
     TinyPreset,
     TransformerPlan,
     mlp_and_out_channels,
@@ -214,10 +217,16 @@ FAMILY = ModelFamily(
                           repeated=("transformer_blocks",), after=("norm_out", "proj_out")),
             # joint attention over [text, image] in every dual-stream block
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT,
-                                     streams=("encoder_hidden_states", "hidden_states")),),
+                                     streams=("encoder_hidden_states", "hidden_states"), masked=True),),
             # diffusers' own _cp_plan: both streams, the text mask and the rotary tables split at the first
             # block; the processor builds the key-padding mask from the split text mask
             sequence=SequenceSplits(),
+            tensor_plan=TensorPlan(
+                from_diffusers=True,  # its _tp_plan, plus the heads and the AdaLN modulation it keeps whole
+                styles={"transformer_blocks.*.attn": HEADS, "transformer_blocks.*.img_mod.1": GATHERED_COLWISE,
+                        "transformer_blocks.*.txt_mod.1": GATHERED_COLWISE, "norm_out.linear": GATHERED_COLWISE},
+                all_reduces={"transformer_blocks": 2},  # attention and MLP outputs of both streams
+            ),
             compile_units=("transformer_blocks.*",),  # diffusers' _repeated_blocks: QwenImageTransformerBlock
         ),
     },

@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from genbatch.jobs import exit_codes
 from genbatch.jobs.slurm_step import step_process_group_env
-from genbatch.models import resolve_model
+from genbatch.models import family, resolve_model
 from genbatch.parallel.attention.local import KERNELS, check_kernel
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
@@ -188,7 +188,8 @@ class World:
             except ValueError as error:
                 raise UsageError(f"layout {self.ctx.dims.describe()} does not fit model {name}: {error}") from None
             try:
-                check_kernel(self.attention_kernel, self.ctx.device, self.dtype, spec.head_dim)
+                check_kernel(self.attention_kernel, self.ctx.device, self.dtype, spec.head_dim,
+                             masked=family(spec.family).masks_attention())
             except ValueError as error:
                 raise UsageError(f"model {name}: {error}") from None
 

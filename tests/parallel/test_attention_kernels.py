@@ -18,6 +18,7 @@ from genbatch.runner.timing import JobTimer
 from tests.support.runs import job, job_executor, run_cli, write_manifest
 
 H100 = (9, 0)
+A100 = (8, 0)
 
 
 def test_the_flag_names_every_kernel():
@@ -42,13 +43,24 @@ def test_kernel_rules_on_a_gpu(backend, dtype, head_dim, capability, flash_attn,
     assert (found is None) if problem is None else (problem in found)
 
 
-def test_auto_takes_the_same_kernels_as_before():
-    assert auto_backend("cuda", torch.bfloat16, 128, H100, True) == "flash_attn"
-    assert auto_backend("cuda", torch.bfloat16, 128, H100, False) == "flash"
+def test_auto_takes_the_fastest_kernel_that_runs():
+    assert auto_backend("cuda", torch.bfloat16, 128, H100, True) == "cudnn"  # Hopper: cuDNN first
+    assert auto_backend("cuda", torch.bfloat16, 256, H100, True) == "flash_attn"  # head dim past cuDNN's
+    assert auto_backend("cuda", torch.bfloat16, 256, H100, False) == "flash"
+    assert auto_backend("cuda", torch.bfloat16, 128, A100, True) == "flash_attn"  # Ampere: cuDNN trails
+    assert auto_backend("cuda", torch.bfloat16, 128, A100, False) == "flash"
     assert auto_backend("cuda", torch.bfloat16, 128, (7, 5), False) == "efficient"
     assert auto_backend("cuda", torch.float32, 128, H100, False) == "efficient"
     assert auto_backend("cuda", torch.float32, 30, H100, False) == "math"
     assert pick_backend(torch.zeros(1, 2, 2, 8)) == "cpu_flash"
+
+
+@pytest.mark.parametrize("backend", ["flash", "flash_attn", "cudnn"])
+def test_kernels_without_a_mask_are_refused_for_masked_attention(backend):
+    problem = kernel_problem(backend, "cuda", torch.bfloat16, 128, H100, True, masked=True)
+    assert "takes no key-padding mask" in problem
+    assert auto_backend("cuda", torch.bfloat16, 128, H100, True, masked=True) == "efficient"
+    assert kernel_problem("efficient", "cuda", torch.bfloat16, 128, H100, True, masked=True) is None
 
 
 def test_a_kernel_that_cannot_run_names_one_that_can():
@@ -102,3 +114,12 @@ def test_a_kernel_set_on_one_model_leaves_the_process_default_alone(tmp_path):
     with job_executor(str(tmp_path), attention="math") as (world, executor):
         executor.denoise(job("tiny-wan", num_inference_steps=1), JobTimer(world.ctx.device))
     assert _AttentionBackendRegistry.get_active_backend()[0] == before
+
+
+def test_gen_run_refuses_a_maskless_kernel_for_a_model_that_masks_text(tmp_path):
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox"}])
+    result = run_cli("run", manifest, "--out", str(tmp_path / "out"), "--model", "tiny-qwen-image", "--attention",
+                     "flash", "-q")
+    assert result.returncode == 2
+    assert "--attention flash takes no key-padding mask" in result.stderr
+    assert "--attention cpu-flash works" in result.stderr

@@ -7,11 +7,15 @@ Ring attention needs. Backends, picked by `backend="auto"`:
 | backend     | device | when auto picks it                                   | kernel                                         |
 |-------------|--------|------------------------------------------------------|------------------------------------------------|
 | `cpu_flash` | CPU    | always on CPU                                        | aten `_scaled_dot_product_flash_attention_for_cpu` |
+| `cudnn`     | CUDA   | sm90+ (Hopper and newer), fp16/bf16, head dim % 8 == 0 and <= 128 | aten `_scaled_dot_product_cudnn_attention` |
 | `flash_attn`| CUDA   | flash-attn installed, fp16/bf16, head dim <= 256     | `flash_attn.flash_attn_func` (optional extra)   |
 | `flash`     | CUDA   | fp16/bf16, head dim % 8 == 0 and <= 256, sm80+       | aten `_scaled_dot_product_flash_attention`      |
-| `cudnn`     | CUDA   | never (chosen with `--attention cudnn`)              | aten `_scaled_dot_product_cudnn_attention`      |
 | `efficient` | CUDA   | otherwise when the head dim is aligned (8 fp16, 4 fp32) | aten `_scaled_dot_product_efficient_attention` |
 | `math`      | any    | anything else                                        | explicit scores + logsumexp, fp32 (exact, O(s^2) memory) |
+
+`auto` tries them in that order (`AUTO_ORDER`), fastest first: on Hopper, cuDNN's fused attention is the fastest
+SDPA kernel (PyTorch made it the default there from 2.5); on Ampere and Ada it trails FlashAttention-2, so it
+comes first only from sm90. `bench/gpu.sh` measures the kernels side by side on the GPU it runs on.
 
 No `.item()` and no host sync: the choice depends only on dtype, device and shapes.
 
@@ -20,8 +24,9 @@ cannot run on a device, dtype and head size, and `check_kernel` turns that into 
 the kernel `auto` would take there.
 
 A key-padding mask (`key_mask`, (b, s_k) bool, True where a key may be attended to) becomes an additive
-bias `(b, 1, 1, s_k)`: 0 for kept keys, -inf for padded ones. Flash kernels take no bias, so with a mask
-`auto` picks `cpu_flash` on CPU, `efficient` on CUDA and `math` elsewhere. A row whose keys are all padded
+bias `(b, 1, 1, s_k)`: 0 for kept keys, -inf for padded ones. The flash kernels (and cuDNN here) take no
+bias, so with a mask `auto` picks `cpu_flash` on CPU, `efficient` on CUDA and `math` elsewhere; a model whose
+attention masks padded text (`AttentionSite.masked`) refuses them at start-up (`check_kernel(masked=True)`). A row whose keys are all padded
 gets out 0 and lse -inf, so merging it with other blocks adds nothing.
 """
 
@@ -40,6 +45,10 @@ DIFFUSERS_BACKENDS = {"flash_attn": "flash", "cudnn": "_native_cudnn", "flash": 
                       "efficient": "_native_efficient", "math": "_native_math", "cpu_flash": "native"}
 """A backend -> diffusers' attention backend that runs the same kernel (for the attention sequence parallel
 does not take over: every attention of a one-process run, and cross-attention to replicated text)."""
+AUTO_ORDER = ("cudnn", "flash_attn", "flash", "efficient", "math")
+"""The CUDA backends `auto` tries, fastest first; the first that can run is taken (`kernel_problem`)."""
+MASKLESS = ("flash_attn", "flash", "cudnn")
+"""Backends that take no key-padding mask."""
 _HALF = (torch.float16, torch.bfloat16)
 
 
@@ -78,23 +87,27 @@ def pick_backend(q: torch.Tensor) -> str:
 
 
 def auto_backend(device_type: str, dtype: torch.dtype, head_dim: int, capability: tuple[int, int] | None,
-                 flash_attn: bool) -> str:
+                 flash_attn: bool, masked: bool = False) -> str:
     """The backend `auto` takes for a device type, dtype and head size (`capability`: the CUDA device's;
-    `flash_attn`: whether the optional extra is installed)."""
+    `flash_attn`: whether the optional extra is installed; `masked`: the attention carries a key-padding
+    mask)."""
     if device_type == "cpu":
         return "cpu_flash"
     if device_type != "cuda":
         return "math"
-    return next(name for name in ("flash_attn", "flash", "efficient", "math")
-                if kernel_problem(name, device_type, dtype, head_dim, capability, flash_attn) is None)
+    return next(name for name in AUTO_ORDER if not _auto_skips(name, capability)
+                and kernel_problem(name, device_type, dtype, head_dim, capability, flash_attn, masked) is None)
 
 
 def kernel_problem(backend: str, device_type: str, dtype: torch.dtype, head_dim: int,
-                   capability: tuple[int, int] | None, flash_attn: bool) -> str | None:
-    """Why `backend` cannot run attention of this device type, dtype and head size; None when it can."""
+                   capability: tuple[int, int] | None, flash_attn: bool, masked: bool = False) -> str | None:
+    """Why `backend` cannot run attention of this device type, dtype and head size (with a key-padding mask
+    when `masked`); None when it can."""
     half = dtype in _HALF
     if backend in ("auto", "math"):
         return None
+    if masked and backend in MASKLESS:
+        return "takes no key-padding mask, and this model's attention masks padded text tokens"
     if backend == "cpu_flash":
         return None if device_type == "cpu" else f"runs on CPUs only, not {device_type}"
     if device_type != "cuda":
@@ -111,22 +124,30 @@ def kernel_problem(backend: str, device_type: str, dtype: torch.dtype, head_dim:
         return "needs an sm80 or newer GPU"
     if backend == "flash":
         return None if head_dim % 8 == 0 and head_dim <= 256 else "takes head dims divisible by 8, up to 256"
-    return None if head_dim % 8 == 0 and head_dim <= 128 else "takes head dims divisible by 8, up to 128"  # cudnn
+    if head_dim % 8 or head_dim > 128:  # cudnn
+        return "takes head dims divisible by 8, up to 128"
+    return None
 
 
-def check_kernel(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
-    """The backend for `--attention kernel` on this device, dtype and head size; ValueError naming a kernel
-    that works when it cannot run."""
+def _auto_skips(backend: str, capability: tuple[int, int] | None) -> bool:
+    """True where `auto` passes over a backend that can run because another is faster there: cuDNN before
+    Hopper."""
+    return backend == "cudnn" and (capability is None or capability < (9, 0))
+
+
+def check_kernel(kernel: str, device: torch.device, dtype: torch.dtype, head_dim: int, masked: bool = False) -> str:
+    """The backend for `--attention kernel` on this device, dtype and head size (`masked`: the model's
+    attention carries key-padding masks); ValueError naming a kernel that works when it cannot run."""
     if kernel not in KERNELS:
         raise ValueError(f"--attention {kernel} is not a kernel; use one of {', '.join(KERNELS)}")
     capability = _capability(device) if device.type == "cuda" else None
     flash_attn = _flash_attn_func() is not None
     backend = KERNELS[kernel]
-    problem = kernel_problem(backend, device.type, dtype, head_dim, capability, flash_attn)
+    problem = kernel_problem(backend, device.type, dtype, head_dim, capability, flash_attn, masked)
     if problem is None:
         return backend
     works = {name: flag for flag, name in KERNELS.items()}[auto_backend(device.type, dtype, head_dim, capability,
-                                                                         flash_attn)]
+                                                                         flash_attn, masked)]
     raise ValueError(f"--attention {kernel} {problem}; --attention {works} works for "
                      f"{str(dtype).removeprefix('torch.')} attention with head dim {head_dim} on {device.type}")
 
@@ -186,7 +207,7 @@ def _masked_attention(q, k, v, key_mask, scale, backend):
         )
     if backend == "auto":
         backend = {"cpu": "cpu_flash", "cuda": "efficient"}.get(q.device.type, "math")
-    if backend in ("flash", "flash_attn", "cudnn"):
+    if backend in MASKLESS:
         raise ValueError(f"backend {backend!r} takes no attention mask here; use 'auto', 'efficient' or 'math'")
     # (b, s_k) -> (b, 1, 1, s_k): 0 where a key is kept, -inf where it is padding
     bias = torch.zeros(key_mask.shape, dtype=q.dtype, device=q.device).masked_fill(~key_mask, float("-inf"))
