@@ -11,12 +11,15 @@ from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_rules
 from genbatch.models.base import (
     CLIP_TEXT_ENCODER,
+    GATHERED_COLWISE,
+    HEADS,
     JOINT,
     T5_ENCODER,
     AttentionSite,
     Blocks,
     ModelFamily,
     SequenceSplits,
+    TensorPlan,
     TinyPreset,
     TransformerPlan,
     transformer_spec,
@@ -160,6 +163,16 @@ FAMILY = ModelFamily(
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=_JOINT),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT, streams=_JOINT)),
             sequence=SequenceSplits(),  # diffusers' own _cp_plan
+            tensor_plan=TensorPlan(
+                from_diffusers=True,  # its _tp_plan, plus the heads and the AdaLN modulation it keeps whole
+                styles={"transformer_blocks.*.attn": HEADS, "single_transformer_blocks.*.attn": HEADS,
+                        "transformer_blocks.*.norm1.linear": GATHERED_COLWISE,
+                        "transformer_blocks.*.norm1_context.linear": GATHERED_COLWISE,
+                        "single_transformer_blocks.*.norm.linear": GATHERED_COLWISE,
+                        "norm_out.linear": GATHERED_COLWISE},
+                # dual-stream: attention and MLP outputs of both streams; single-stream: one fused proj_out
+                all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
+            ),
             # diffusers' _repeated_blocks: FluxTransformerBlock, FluxSingleTransformerBlock
             compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
         ),

@@ -16,6 +16,9 @@ from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_rules
 from genbatch.models.base import (
     CLIP_TEXT_ENCODER_WITH_PROJECTION,
+    COLWISE,
+    GATHERED_COLWISE,
+    HEADS,
     JOINT,
     SELF,
     T5_ENCODER,
@@ -23,10 +26,13 @@ from genbatch.models.base import (
     Blocks,
     Gather,
     ModelFamily,
+    ROWWISE,
     SequenceSplits,
     Split,
+    TensorPlan,
     TinyPreset,
     TransformerPlan,
+    dual_stream_styles,
     transformer_spec,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
@@ -154,6 +160,16 @@ FAMILY = ModelFamily(
                         "context_embedder": {0: Split(dim=1, expected_dims=3, output=True)},
                         "proj_out": Gather(dim=1, expected_dims=3)},
                 output_stream=_IMAGE,
+            ),
+            # genbatch's own (diffusers has no _tp_plan for SD3): the dual-stream blocks, SD3.5's image-only
+            # `attn2`, and the final modulation; the last block's text projection and MLP do not exist
+            tensor_plan=TensorPlan(
+                styles={**dual_stream_styles("transformer_blocks"),
+                        **{f"transformer_blocks.*.attn2.{name}": COLWISE for name in ("to_q", "to_k", "to_v")},
+                        "transformer_blocks.*.attn2.to_out.0": ROWWISE, "transformer_blocks.*.attn2": HEADS,
+                        "norm_out.linear": GATHERED_COLWISE},
+                all_reduces={"transformer_blocks": 2},
+                text_free_last_block=True,
             ),
             # genbatch's own: diffusers declares no _repeated_blocks for SD3 (the last block, context_pre_only,
             # and SD3.5's dual-attention blocks are the same class and compile as their own graphs)

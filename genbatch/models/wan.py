@@ -13,13 +13,19 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_rules
 from genbatch.models.base import (
+    COLWISE,
     CROSS,
+    GATHERED_COLWISE,
+    HEADS,
+    NORM_ACROSS_HEADS,
+    ROWWISE,
     SELF,
     T5_ENCODER,
     AttentionSite,
     Blocks,
     ModelFamily,
     SequenceSplits,
+    TensorPlan,
     TinyPreset,
     TransformerPlan,
     transformer_spec,
@@ -140,6 +146,24 @@ _PUBLISHED_COMMON = dict(is_video=True, uses_cfg=True, head_dim=128, patch_size=
                          vae_parameters=0.127e9, vae_mflop_per_pixel=WAN_VAE_MFLOP_PER_PIXEL,
                          vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, vae_class="AutoencoderKLWan", frames=81, steps=50)
 
+TENSOR_PLAN = TensorPlan(
+    styles={
+        # self- and cross-attention: q, k, v split by heads (attn2's k, v over the replicated text), the output
+        # projection row-wise; the QK norm spans every head, so its mean square is all-reduced over tp
+        **{f"blocks.*.{attn}.{proj}": COLWISE for attn in ("attn1", "attn2") for proj in ("to_q", "to_k", "to_v")},
+        **{f"blocks.*.{attn}.to_out.0": ROWWISE for attn in ("attn1", "attn2")},
+        **{f"blocks.*.{attn}.{norm}": NORM_ACROSS_HEADS for attn in ("attn1", "attn2") for norm in ("norm_q", "norm_k")},
+        "blocks.*.attn1": HEADS,
+        "blocks.*.attn2": HEADS,
+        "blocks.*.ffn.net.0.proj": COLWISE,
+        "blocks.*.ffn.net.2": ROWWISE,
+        # the AdaLN modulation, computed once per forward for every block: (B, 6d) gathered after the split
+        "condition_embedder.time_proj": GATHERED_COLWISE,
+    },
+    all_reduces={"blocks": 3},  # self-attention, cross-attention and MLP outputs
+)
+"""Wan's tensor plan (diffusers has none): the cache-dit / SGLang layout, with the modulation sharded too."""
+
 FAMILY = ModelFamily(
     name="wan",
     pipelines=("WanPipeline",),
@@ -154,6 +178,7 @@ FAMILY = ModelFamily(
             attention=(AttentionSite(pattern="blocks.*.attn1", kind=SELF, streams=("hidden_states",)),
                        AttentionSite(pattern="blocks.*.attn2", kind=CROSS, streams=())),
             sequence=SequenceSplits(),  # diffusers' own _cp_plan
+            tensor_plan=TENSOR_PLAN,
             compile_units=("blocks.*",),  # diffusers' _repeated_blocks: WanTransformerBlock
         ),
     },

@@ -6,9 +6,11 @@ The whole order, fixed now; the steps marked (later) belong to axes or features 
 
     1. stage split (pp)    (later) PipeFusion: the transformer's blocks cut into `pp` stages at the
                            model's stage boundaries; each rank keeps its stage's blocks
-    2. TP and SP plans     (later) tensor parallel: the model's `_tp_plan` shards heads and MLP columns
-                           over `tp`; then sequence parallel: split/gather hooks and the routed attention
-                           (`parallel.sequence`) on each denoiser (ring x ulysses)
+    2. TP and SP plans     tensor parallel: the family's `TensorPlan` (diffusers' `_tp_plan` where it has
+                           one) splits heads, MLP columns and the AdaLN modulation over `tp`
+                           (`parallel.tensor`); then sequence parallel: split/gather hooks and the routed
+                           attention (`parallel.sequence`) on each denoiser (ring x ulysses), which then
+                           sees each rank's heads/tp
     3. cache hooks         (later) step caching: hooks on the repeated blocks that skip them when the
                            group agrees the residual is stale
     4. compile             `--compile`: torch.compile of each compile unit's forward (the family's
@@ -68,6 +70,20 @@ def apply_attention_kernel(pipe, spec: ModelSpec, attention: str) -> None:
         set_diffusers_backend(model, attention)
 
 
+def apply_tensor_parallel(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
+    """Split each denoiser over the tp group by its family's tensor plan (nothing at tp 1)."""
+    if ctx.dims.tp == 1:
+        return
+    from genbatch.parallel.tensor.shard import tensor_parallel
+
+    plans = family(spec.family)
+    for _, model in _components(pipe, denoisers(spec)):
+        plan = plans.transformer_plan(type(model).__name__).tensor_plan
+        if plan is None:
+            raise ValueError(f"{type(model).__name__} has no tensor plan; run {spec.name} with --tp 1")
+        tensor_parallel(model, plan, ctx.tp_comm, ctx.tp_mesh)
+
+
 def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, attention: str = "auto"
                             ) -> list[SequenceParallel]:
     if ctx.dims.sp == 1:
@@ -91,8 +107,9 @@ def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileCon
     (`genbatch.parallel.attention.local.BACKENDS`, checked at start-up) for step 2."""
     # 1. stage split (pp): cut the denoisers' repeated blocks at the family's `stage_boundaries`; pp > 1
     #    is refused at start-up until PipeFusion lands (`parallel.axes`), so there is nothing to cut yet
-    # 2. tensor-parallel plans (tp: refused above 1 until it lands), then the sequence-parallel plans
-    #    (the attention kernel first: sequence parallel routes over the processors it set)
+    # 2. tensor-parallel plans, then the sequence-parallel plans (the attention kernel first: sequence
+    #    parallel routes over the processors it set; the attention modules already count heads/tp)
+    apply_tensor_parallel(pipe, spec, ctx)
     apply_attention_kernel(pipe, spec, attention)
     apply_sequence_parallel(pipe, spec, ctx, attention)
     # 3. cache hooks on the repeated blocks: none until step caching lands

@@ -36,7 +36,7 @@ _AXES = (
          runnable=False),
     Axis(name="ring", what="Ring attention: K/V blocks passed around a ring", runnable=True),
     Axis(name="ulysses", what="Ulysses: heads exchanged by all-to-all", runnable=True),
-    Axis(name="tp", what="tensor parallel: weights split by heads and MLP columns", runnable=False),
+    Axis(name="tp", what="tensor parallel: weights split by heads and MLP columns", runnable=True),
 )
 
 AXES: tuple[str, ...] = tuple(axis.name for axis in _AXES)

@@ -3,7 +3,7 @@
 Built once per process from a validated `ParallelDims`, over every axis of `parallel/axes.py` (dp, cfg, pp,
 ring, ulysses, tp; those of degree 1 too). Every group the parallel layer uses comes from here (never from
 module-level globals): `group` (the job group: every axis but dp), `cfg`, `sp` (ring x ulysses), `ring`,
-`ulysses`, and the sub-mesh FSDP shards over (`fsdp_mesh`: by default the job group minus tp and pp). Each
+`ulysses`, `tp`, and the sub-mesh FSDP shards over (`fsdp_mesh`: by default the job group minus tp and pp). Each
 group is a `Comm`, so its collectives count bytes into the one ledger. `parallel/groups.py` computes the same
 groups as a pure function.
 """
@@ -40,6 +40,10 @@ class ParallelContext:
     sp: Comm
     ring: Comm
     ulysses: Comm
+    tp: Comm | None = None
+    """The tensor-parallel ranks (consecutive); None stands for this rank alone (`tp_comm`)."""
+    tp_mesh: object | None = None
+    """The tp axis as a 1-D DeviceMesh (what `parallelize_module` splits weights over); None in a one-process run."""
     group_mesh: object | None = None
     """The job group as a 1-D DeviceMesh; None in a one-process run."""
     fsdp_mesh: object | None = None
@@ -49,6 +53,11 @@ class ParallelContext:
     def is_leader(self) -> bool:
         """True on the rank that writes this group's outputs."""
         return self.group.rank == 0
+
+    @property
+    def tp_comm(self) -> Comm:
+        """The tp group's `Comm` (this rank alone when there is no tp group)."""
+        return self.tp if self.tp is not None else Comm(None, self.ledger)
 
     @property
     def distributed(self) -> bool:
@@ -94,6 +103,8 @@ def build_context(dims: ParallelDims, device: torch.device) -> ParallelContext:
         sp=comm(sp_mesh),
         ring=comm(mesh["ring"]),
         ulysses=comm(mesh["ulysses"]),
+        tp=comm(mesh["tp"]),
+        tp_mesh=mesh["tp"],
         group_mesh=group_mesh,
         fsdp_mesh=fsdp_mesh,
     )

@@ -53,7 +53,8 @@ class ParallelDims:
     ulysses: int = 1
     """Ulysses degree: heads scattered and sequence gathered by all-to-all; must divide the head count."""
     tp: int = 1
-    """Tensor-parallel degree (the runner does not implement it yet: `check_runnable` refuses more than 1)."""
+    """Tensor-parallel degree: heads and MLP columns split over consecutive ranks; ulysses x tp must divide the
+    head count."""
     fsdp: bool = False
     """Shard the transformer's and text encoder's weights over `fsdp_axes` of the job group with FSDP2."""
     fsdp_axes: tuple[str, ...] = DEFAULT_FSDP_AXES
@@ -192,6 +193,13 @@ class ParallelDims:
             raise ValueError(
                 f"--ulysses {self.ulysses} does not divide the model's {num_heads} attention heads; "
                 f"use one of {fits} (and --ring for the rest of the sequence-parallel degree)"
+            )
+        if num_heads % (self.ulysses * self.tp):
+            fits = [d for d in _divisors(num_heads // self.ulysses) if world_size % (d * self.ulysses) == 0]
+            raise ValueError(
+                f"--ulysses {self.ulysses} x --tp {self.tp} = {self.ulysses * self.tp} does not divide the model's "
+                f"{num_heads} attention heads (each tp rank keeps heads/tp, and Ulysses scatters those); with "
+                f"--ulysses {self.ulysses} use --tp one of {fits}, or move ranks to --ring or --dp"
             )
         if self.cfg not in (1, 2):
             raise ValueError(f"--cfg {self.cfg}: CFG parallel splits two branches, so it is 1 or 2")

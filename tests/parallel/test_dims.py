@@ -38,17 +38,17 @@ def test_non_positive_degrees():
         ParallelDims.infer(4, ring=0)
 
 
-@pytest.mark.parametrize(("degrees", "named"), [({"tp": 2}, r"--tp 2 \(tensor parallel"),
+@pytest.mark.parametrize(("degrees", "named"), [({"pp": 2, "tp": 2}, r"--pp 2 \(PipeFusion"),
                                                 ({"pp": 4, "ulysses": 2}, r"--pp 4 \(PipeFusion")])
 def test_a_layout_the_runner_lacks_is_built_and_named_but_refused_at_start_up(degrees, named):
     dims = ParallelDims(dp=2, **degrees)  # the planner estimates such layouts: the type holds them
     assert ParallelDims.parse(dims.name) == dims and dims.world_size == 2 * dims.group_size
-    assert dims.unrunnable_axes == tuple(axis for axis in ("pp", "tp") if axis in degrees)
+    assert dims.unrunnable_axes == ("pp",)
     with pytest.raises(ValueError, match=named + r".*not implemented.*set it to 1"):
         dims.check_runnable()
     with pytest.raises(ValueError, match=named):
         dims.validate(world_size=dims.world_size, num_heads=8, uses_cfg=True)
-    ParallelDims(dp=2, cfg=2, ring=2, ulysses=2, fsdp=True).check_runnable()  # every runnable axis passes
+    ParallelDims(dp=2, cfg=2, ring=2, ulysses=2, tp=2, fsdp=True).check_runnable()  # every runnable axis passes
 
 
 def test_degrees_and_spans_follow_the_mesh_order():

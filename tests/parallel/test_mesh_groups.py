@@ -16,7 +16,7 @@ from tests.support.runs import REPO
 
 def test_axes_outermost_first_tp_innermost():
     assert AXES == ("dp", "cfg", "pp", "ring", "ulysses", "tp")
-    assert RUNNABLE == {"dp", "cfg", "ring", "ulysses"}
+    assert RUNNABLE == {"dp", "cfg", "ring", "ulysses", "tp"}
 
 
 @pytest.mark.parametrize("name", ["single", "dp2", "cfg2-ulysses2", "dp2-cfg2-ulysses4-fsdp", "ring2-ulysses2-fsdp"])
@@ -32,7 +32,7 @@ def test_layout_name_lists_degrees_outermost_first():
             ParallelDims.parse(bad)
 
 
-@pytest.mark.parametrize(("axis", "what"), [("tp", "tensor parallel"), ("pp", "PipeFusion")])
+@pytest.mark.parametrize(("axis", "what"), [("pp", "PipeFusion")])
 def test_an_axis_not_implemented_is_rejected_at_start_up(axis, what):
     with pytest.raises(ValueError, match=rf"--{axis} 2 \({what}.*not implemented.*set it to 1"):
         ParallelDims.infer(4, **{axis: 2})

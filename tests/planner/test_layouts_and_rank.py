@@ -58,12 +58,12 @@ def test_rejection_reasons_name_the_limit():
     assert "GiB per rank > 79.60 GiB" in big[ParallelDims(dp=8)][0] and "fsdp" in big[ParallelDims(dp=8)][0]
 
 
-def test_pp_and_tp_are_estimated_but_flagged():
+def test_pp_is_estimated_but_flagged_and_tp_runs():
     assert unavailable_reason(ParallelDims(ulysses=8)) is None
     assert "pp" in unavailable_reason(ParallelDims(pp=2, ulysses=4))
-    assert "tp" in unavailable_reason(ParallelDims(tp=2, dp=4))
+    assert unavailable_reason(ParallelDims(tp=2, dp=4)) is None
     flagged = [candidate for candidate in plan("flux.1-dev", 8, gpu="l40").ranked if candidate.unavailable]
-    assert flagged and all(candidate.layout.pp > 1 or candidate.layout.tp > 1 for candidate in flagged)
+    assert flagged and all(candidate.layout.pp > 1 for candidate in flagged)
 
 
 def test_throughput_splits_only_for_memory():

@@ -1,0 +1,102 @@
+"""A transformer's tensor plan resolved on the module and applied, in place, over the tp group.
+
+    plan = resolved_styles(model, family_plan)   # module name -> style: diffusers' _tp_plan + the family's
+    tensor_parallel(model, family_plan, comm, mesh)
+
+The styles (`genbatch.models.base.TENSOR_STYLES`) are applied to every module whose name matches a pattern
+part by part (`blocks.*.attn1.to_q` matches `blocks.3.attn1.to_q`); a pattern a variant of the class lacks
+(SD3.5's `attn2` on SD3, the last SD3 block's text projections) is skipped. Before anything is split every
+split is checked to divide by tp, so a layout that cannot work fails whole, naming the module and the fix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genbatch.models.base import HEADS, NORM_ACROSS_HEADS, PACKED_ROWWISE, ROWWISE, TensorPlan
+from genbatch.parallel.comm import Comm
+from genbatch.parallel.compile import _matches
+from genbatch.parallel.tensor.norm import HeadShardedRMSNorm
+from genbatch.parallel.tensor.styles import apply_style, split_sizes
+
+
+def _diffusers_styles(model: torch.nn.Module) -> dict[str, str]:
+    """The class's diffusers `_tp_plan` in the plan's words."""
+    from diffusers.hooks.tensor_parallel import PackedColwiseParallel, PackedRowwiseParallel
+
+    styles = {}
+    for pattern, style in (getattr(model, "_tp_plan", None) or {}).items():
+        if isinstance(style, PackedRowwiseParallel):
+            style = PACKED_ROWWISE
+        elif isinstance(style, PackedColwiseParallel):
+            raise ValueError(f"{type(model).__name__}'s _tp_plan packs {pattern!r} column-wise, which genbatch "
+                             "does not split; list the model's own styles in its family's TensorPlan")
+        styles[pattern] = style
+    return styles
+
+
+def resolved_styles(model: torch.nn.Module, plan: TensorPlan) -> dict[str, str]:
+    """Module name -> style for this model: diffusers' `_tp_plan` (when the plan starts from it), then the
+    family's styles, each pattern expanded over the model's modules."""
+    patterns = {**(_diffusers_styles(model) if plan.from_diffusers else {}), **plan.styles}
+    if not patterns:
+        raise ValueError(f"{type(model).__name__} has an empty tensor plan; fill its family's TensorPlan")
+    found = {}
+    for name, _ in model.named_modules():
+        for pattern, style in patterns.items():
+            if _matches(name, pattern):
+                found[name] = style
+    return found
+
+
+def _check_divides(model: torch.nn.Module, styles: dict[str, str], size: int) -> None:
+    problems = []
+    for name, style in styles.items():
+        module = model.get_submodule(name)
+        if style == HEADS:
+            if module.heads % size:
+                problems.append(f"{name} has {module.heads} heads")
+        elif style == NORM_ACROSS_HEADS:
+            if module.normalized_shape[0] % size:
+                problems.append(f"{name} normalises {module.normalized_shape[0]} channels")
+        else:
+            for param, shard in split_sizes(style, module).items():
+                if shard is not None and any(block % size for block in shard[1]):
+                    problems.append(f"{name}.{param} splits {shard[1]} along dim {shard[0]}")
+    if problems:
+        raise ValueError(f"--tp {size} does not divide {type(model).__name__}: {'; '.join(problems)}; choose a "
+                         "--tp that divides the head count and the MLP width")
+
+
+def tensor_parallel(model: torch.nn.Module, plan: TensorPlan, comm: Comm, mesh) -> dict[str, str]:
+    """Split `model` over the tp group (`comm`, its 1-D DeviceMesh `mesh`) by `plan`; return the styles
+    applied by module name. Heads divide last, after their projections are split."""
+    styles = resolved_styles(model, plan)
+    _check_divides(model, styles, comm.size)
+    for name, style in styles.items():
+        if style not in (HEADS, NORM_ACROSS_HEADS):
+            apply_style(model.get_submodule(name), style, mesh, comm)
+    for name, style in styles.items():
+        if style == NORM_ACROSS_HEADS:
+            owner, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(owner), attribute, HeadShardedRMSNorm(model.get_submodule(name), comm))
+        elif style == HEADS:
+            _divide_heads(model.get_submodule(name), comm.size)
+    return styles
+
+
+HEAD_WIDTHS = ("heads", "inner_dim", "kv_inner_dim")
+"""The attention module's attributes its processor reshapes by (Wan's unflattens by `heads`, Qwen-Image's
+derives the head size as `inner_dim // heads`): each rank's module counts only its own heads."""
+
+
+def _divide_heads(attention: torch.nn.Module, size: int) -> None:
+    for attribute in HEAD_WIDTHS:
+        value = getattr(attention, attribute, None)
+        if isinstance(value, int):
+            setattr(attention, attribute, value // size)
+
+
+def rowwise_count(styles: dict[str, str]) -> int:
+    """All-reduces one forward issues (one per row-wise module)."""
+    return sum(style in (ROWWISE, PACKED_ROWWISE) for style in styles.values())
