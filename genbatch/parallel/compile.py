@@ -15,7 +15,10 @@ the graph at the exchange and runs it eagerly, outside the graphs; everything el
 
 Shapes: `dynamic=None` (dynamo's automatic dynamic shapes) compiles a unit class once for the first shape
 and once more, with symbolic sizes, at the first shape that differs: a run of mixed resolutions and frame
-counts makes at most two compiles per block class instead of one per shape.
+counts makes at most two compiles per block class instead of one per shape. Under sequence parallel the
+same holds while every split stream divides evenly over the group: the routed attention then takes its
+layout from the query's symbolic size (`SequenceParallel.layout`); a job with uneven shards compiles its own
+graph (its layout's lengths are constants).
 
 `CompileClock` turns dynamo's compile start / end callbacks into timed intervals (`genbatch.runner.timing`
 writes each as a `compile` row, with the block class and its input shape, and takes its seconds out of

@@ -36,6 +36,9 @@ class _ForwardState:
 
     stream_totals: dict[str, int] = field(default_factory=dict)
     layouts: dict[tuple[str, ...], SequenceLayout] = field(default_factory=dict)
+    uneven: bool = False
+    """True when some split stream does not divide evenly over the group. A compiled block reads only this
+    flag (a guard that holds across sizes), never the totals (a guard per size: a recompile per job)."""
 
 
 class _Route:
@@ -51,7 +54,7 @@ class _Route:
     def attend(self, query, key, value, attn_mask, scale):
         """q, k, v (b, s_rank, h, d) of this rank's tokens -> its shard of the full-sequence attention."""
         self.used = True
-        layout = self.sp.layout(self.streams)
+        layout = self.sp.layout(self.streams, query.shape[1])
         key_mask = None
         if attn_mask is not None:
             mask = masks.key_padding(attn_mask, query.shape[0], self.name)
@@ -113,6 +116,7 @@ class SequenceParallel:
         if self.state.stream_totals.get(stream) != total:
             self.state.stream_totals[stream] = total
             self.state.layouts.clear()
+            self.state.uneven = any(length % self.group.size for length in self.state.stream_totals.values())
         layout = SequenceLayout.split(total, self.group.size)
         # (..., S, ...) -> (..., s_rank, ...) along `dim`
         return layout.shard(tensor, self.group.rank, dim).contiguous()
@@ -168,9 +172,15 @@ class SequenceParallel:
 
     # -- attention -----------------------------------------------------------------------------------
 
-    def layout(self, streams: tuple[str, ...]) -> SequenceLayout:
-        """Per-rank token counts of an attention's sequence: the sum of its streams' slice sizes."""
+    def layout(self, streams: tuple[str, ...], local_length=None) -> SequenceLayout:
+        """Per-rank token counts of an attention's sequence: the sum of its streams' slice sizes.
+
+        `local_length` is this rank's count (the query's sequence size). Inside a compiled block, with every
+        stream even over the group, every rank holds that many: the layout is built from it, a symbolic size
+        under dynamic shapes, so one graph serves every size (the totals would be constants guarded per size)."""
         compiling = torch.compiler.is_compiling()  # no cache inside a compiled block: its state would be a guard
+        if compiling and local_length is not None and not self.state.uneven:
+            return SequenceLayout((local_length,) * self.group.size)
         cached = None if compiling else self.state.layouts.get(streams)
         if cached is not None:
             return cached

@@ -114,16 +114,33 @@ def test_compiled_equals_eager_under_cfg_2_ulysses_2_with_fsdp(tmp_path):
         assert result["compiles"] == {"WanTransformerBlock": 1}, rank
 
 
-def test_mixed_sizes_compile_at_most_twice_per_block_class(tmp_path):
-    jobs = [job("tiny-wan", id=f"{width}x{height}x{frames}", width=width, height=height, num_frames=frames,
+def _mixed_size_jobs() -> list:
+    """Three resolutions x two frame counts: six sequence lengths (some of them uneven over two ranks)."""
+    return [job("tiny-wan", id=f"{width}x{height}x{frames}", width=width, height=height, num_frames=frames,
                 num_inference_steps=1)
             for width, height in ((64, 48), (48, 32), (80, 64)) for frames in (5, 9)]
-    result = _denoise(str(tmp_path), "tiny-wan", True, jobs=jobs)
+
+
+def test_mixed_sizes_compile_at_most_twice_per_block_class(tmp_path):
+    result = _denoise(str(tmp_path), "tiny-wan", True, jobs=_mixed_size_jobs())
     assert result["graph_breaks"] == 0
     assert 1 <= result["compiles"]["WanTransformerBlock"] <= 2
     compiles = [row for row in result["rows"] if row["stage"] == "compile"]
     assert len(compiles) == result["compiles"]["WanTransformerBlock"]
     assert len({row["shape"] for row in compiles}) == len(compiles)  # each written with the shape it met
+
+
+def _mixed_sizes_ulysses_two(rank: int, world_size: int, out: str) -> dict:
+    result = _denoise(f"{out}/{rank}", "tiny-wan", True, jobs=_mixed_size_jobs(), ulysses=2)
+    return {key: result[key] for key in ("graph_breaks", "compiles")}
+
+
+@pytest.mark.slow
+def test_mixed_sizes_under_ulysses_compile_at_most_twice_per_block_class(tmp_path):
+    for rank, result in enumerate(run_on_ranks(_mixed_sizes_ulysses_two, world_size=2, args=(str(tmp_path),),
+                                               timeout_s=280)):
+        assert result["graph_breaks"] == 0, rank
+        assert 1 <= result["compiles"]["WanTransformerBlock"] <= 2, (rank, result["compiles"])
 
 
 # -- the option, end to end ----------------------------------------------------------------------------------

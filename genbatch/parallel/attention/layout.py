@@ -28,7 +28,8 @@ class SequenceLayout:
         if not lengths:
             raise ValueError("SequenceLayout needs one length per rank, got none; e.g. SequenceLayout.split(45, 4)")
         for value in lengths:
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            # a SymInt: a compiled block's symbolic sequence size (`SequenceParallel.layout`)
+            if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < 0:
                 raise ValueError(
                     f"SequenceLayout lengths must be non-negative ints, got {lengths!r}; "
                     f"build it with SequenceLayout.split(total, parts)"
