@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# genbatch on one GPU, in under 10 minutes on an H200:
+# genbatch on one GPU (aimed at about 6 minutes on an H200, cold compiles and the FLUX build included):
 #   1. `gen bench --suite gpu --layouts single`: the GPU suite (Wan 2.1 1.3B architecture, random weights, bf16,
 #      4 clips of 832x480, 33 frames, 10 steps) on one GPU, with its report (Markdown, Parquet, plots);
 #   2. genbatch against the plain diffusers pipeline (WanPipeline.__call__) on the same work, each in a fresh
@@ -9,7 +9,10 @@
 #      (inductor; cold compiles included in the wall time, the median step excludes them; target: genbatch's step
 #      within 1.02x of diffusers', and compiled at least 1.3x faster than step 2's eager);
 #   4. the attention kernels, eager: cuDNN attention on both sides (`--attention cudnn`), and flash-attn only when
-#      the machine already has it.
+#      the machine already has it;
+#   5. the FLUX.1-dev architecture (12B, random weights built on the GPU, bf16) at 1024x1024, 2 images, 10 steps:
+#      genbatch against FluxPipeline.__call__ eager, then compiled (`--compile` against compile_repeated_blocks).
+# Every step prints its seconds, so a run that overran says which step to trim.
 # Results go to bench/results/gpu/<UTC time>/ (commit them).
 #
 #   bash bench/gpu.sh                        # a machine with one NVIDIA GPU and CUDA torch installed
@@ -32,7 +35,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --device) device=$2; shift 2 ;;
         --tiny) suite=tiny; shift ;;
-        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
         *) echo "bench/gpu.sh: unknown argument $1 (use --device cuda|cpu, --tiny)" >&2; exit 2 ;;
     esac
 done
@@ -75,27 +78,40 @@ trap archive EXIT
 
 baseline=()
 if [ -n "${GENBATCH_BENCH_BASELINE:-}" ]; then baseline=(--baseline "$GENBATCH_BENCH_BASELINE"); fi
-echo "== 1/4 gen bench --suite $suite on one device -> $results/suite" >&2
+step_started=$SECONDS
+took() { echo "bench/gpu.sh: $1 took $((SECONDS - step_started)) s" >&2; step_started=$SECONDS; }
+echo "== 1/5 gen bench --suite $suite on one device -> $results/suite" >&2
 status=0
 "$py" -m genbatch bench --suite "$suite" --layouts single --out "$results/suite" "${baseline[@]}" || status=$?
+took "step 1"
 
-echo "== 2/4 genbatch vs diffusers on $device -> $results/versus" >&2
+echo "== 2/5 genbatch vs diffusers on $device -> $results/versus" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus"
+took "step 2"
 
 # at tiny size (the tests) aot_eager stands in for inductor and math for the CUDA kernels: the same steps, cheap
 compile_backend=$([ "$suite" = tiny ] && echo aot_eager || echo inductor)
-echo "== 3/4 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
+echo "== 3/5 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-compiled" \
     --compile-backend "$compile_backend"
+took "step 3"
 
 kernels=(cudnn)
 if [ "$device" = cpu ]; then kernels=(math); fi
 if [ "$device" != cpu ] && "$py" -c "import flash_attn" >/dev/null 2>&1; then kernels+=(flash-attn); fi
 for kernel in "${kernels[@]}"; do
-    echo "== 4/4 attention $kernel on both sides -> $results/versus-$kernel" >&2
+    echo "== 4/5 attention $kernel on both sides -> $results/versus-$kernel" >&2
     "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-$kernel" \
         --attention "$kernel" || status=$?
 done
+took "step 4"
+
+image_suite=$([ "$suite" = tiny ] && echo tiny-flux || echo flux)
+echo "== 5/5 $image_suite: genbatch vs diffusers FluxPipeline, eager then compiled ($compile_backend) -> $results/versus-flux*" >&2
+"$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux" || status=$?
+"$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux-compiled" \
+    --compile-backend "$compile_backend" || status=$?
+took "step 5"
 
 rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs   # the videos: not results
 echo "bench/gpu.sh: done in $((SECONDS - started)) s; results in $results (suite report: $results/suite/report.md)" >&2

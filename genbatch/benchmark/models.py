@@ -10,6 +10,11 @@ diffusers pipeline takes in `versus`).
     wan2.1-1.3b-random  Wan 2.1 T2V 1.3B: the real transformer and VAE configs; a UMT5 text encoder of the
                         real width (4096) with 2 of its 24 layers (text encoding runs once a job and is timed
                         apart from the steps); weights saved in bf16
+    tiny-flux           the `tiny-flux` preset as it is (FLUX.1 layout: dual- and single-stream blocks)
+    flux.1-dev-random   FLUX.1-dev: the real transformer (12B: 19 dual- and 38 single-stream blocks, 24 heads x
+                        128) and VAE configs; CLIP-L and T5-XXL at their real widths (768, 4096) with 2 layers
+                        each; built on the GPU when there is one (12B parameters take minutes to initialise on
+                        CPUs), weights saved in bf16
 """
 
 from __future__ import annotations
@@ -42,6 +47,24 @@ WAN21_TEXT_ENCODER = dict(
     relative_attention_max_distance=128, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
     decoder_start_token_id=0,
 )
+
+# black-forest-labs/FLUX.1-dev transformer/config.json and vae/config.json
+FLUX1_DEV_TRANSFORMER = dict(
+    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+    num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+FLUX1_VAE = dict(
+    in_channels=3, out_channels=3, block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=16, norm_num_groups=32,
+    use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611, sample_size=1024,
+)
+FLUX1_SCHEDULER = dict(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096, max_shift=1.15, shift=3.0,
+                       use_dynamic_shifting=True)
+# clip-vit-large-patch14's text model and t5-v1_1-xxl at their real widths, 2 layers each.
+FLUX1_CLIP = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=2, num_attention_heads=12,
+                  max_position_embeddings=77, projection_dim=768, hidden_act="quick_gelu")
+FLUX1_T5 = {**WAN21_TEXT_ENCODER}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,6 +133,29 @@ def _wan21_1_3b():
                        transformer=transformer)
 
 
+def _flux1_dev():
+    import torch
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+    from transformers import CLIPTextConfig, CLIPTextModel, T5Config, T5EncoderModel
+
+    from genbatch.models.tiny import character_tokenizer
+
+    clip_tokenizer = character_tokenizer(model_max_length=77)
+    t5_tokenizer = character_tokenizer(model_max_length=512)
+    ids = dict(pad_token_id=0, bos_token_id=1, eos_token_id=1)
+    torch.manual_seed(0)
+    clip = CLIPTextModel(CLIPTextConfig(vocab_size=len(clip_tokenizer), **FLUX1_CLIP, **ids)).eval()
+    torch.manual_seed(1)
+    t5 = T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), **FLUX1_T5)).eval()
+    torch.manual_seed(2)
+    with torch.device("cuda" if torch.cuda.is_available() else "cpu"):  # 12B parameters: minutes on CPUs
+        transformer = FluxTransformer2DModel(**FLUX1_DEV_TRANSFORMER).eval()
+    torch.manual_seed(3)
+    vae = AutoencoderKL(**FLUX1_VAE).eval()
+    scheduler = FlowMatchEulerDiscreteScheduler(**FLUX1_SCHEDULER)
+    return FluxPipeline(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=clip_tokenizer, text_encoder_2=t5,
+                        tokenizer_2=t5_tokenizer, transformer=transformer)
+
 _TINY_RECIPE = {"preset": "tiny-wan", "transformer": tiny_configs.TINY_WAN_TRANSFORMER,
                 "vae": tiny_configs.TINY_WAN_VAE}
 _QWEN_RECIPE = {"preset": "tiny-qwen-image", "transformer": qwen_image.TINY_TRANSFORMER, "vae": qwen_image.TINY_VAE}
@@ -126,6 +172,15 @@ MODELS: dict[str, BenchModel] = {
         BenchModel(name="tiny-hunyuan-video", build=_preset("tiny-hunyuan-video"), recipe=_HUNYUAN_RECIPE,
                    num_heads=4, description="the tiny-hunyuan-video preset: HunyuanVideo layout, 1 dual- and 1 "
                    "single-stream layer, 4 heads x 8"),
+        BenchModel(name="tiny-flux", build=_preset("tiny-flux"), num_heads=4,
+                   recipe={"preset": "tiny-flux", "transformer": tiny_configs.TINY_FLUX_TRANSFORMER,
+                           "vae": tiny_configs.TINY_FLUX_VAE},
+                   description="the tiny-flux preset: FLUX.1 layout, 1 dual- and 1 single-stream layer, 4 heads x 16"),
+        BenchModel(name="flux.1-dev-random", build=_flux1_dev, save_dtype="bf16", num_heads=24,
+                   description="FLUX.1-dev architecture (19 dual- + 38 single-stream layers, 24 heads x 128, 12B), "
+                   "random weights; CLIP-L and T5-XXL at their widths with 2 layers each",
+                   recipe={"transformer": FLUX1_DEV_TRANSFORMER, "vae": FLUX1_VAE, "clip": FLUX1_CLIP,
+                           "t5": FLUX1_T5}),
         BenchModel(name="bench-wan", description="Wan 2.1 layout, 4 layers, 8 heads x 48, ffn 1536, ~11M parameters",
                    build=_bench_wan, recipe={**_TINY_RECIPE, "transformer": BENCH_WAN_TRANSFORMER},
                    num_heads=8),
@@ -162,11 +217,14 @@ def materialize(model: BenchModel, cache_dir: str | None = None) -> str:
     if model.save_dtype == "bf16":
         import torch
 
-        for name in ("transformer", "text_encoder"):
+        for name in ("transformer", "text_encoder", "text_encoder_2"):
             # plain Module.to: only the stored copy is bf16; loading with dtype=... keeps the
             # model's fp32 modules (norms, time embedder) in fp32 again, as for any published checkpoint
-            torch.nn.Module.to(getattr(pipe, name), torch.bfloat16)
+            if getattr(pipe, name, None) is not None:
+                torch.nn.Module.to(getattr(pipe, name), torch.bfloat16)
     pipe.save_pretrained(temp)
+    del pipe
+    _release_device_memory()  # a model built on the GPU: the sides that load it run in other processes
     try:
         os.replace(temp, path)  # whole or not at all; a concurrent builder may have won the race
     except OSError:
@@ -174,3 +232,10 @@ def materialize(model: BenchModel, cache_dir: str | None = None) -> str:
         if not os.path.isfile(os.path.join(path, "model_index.json")):
             raise
     return path
+
+
+def _release_device_memory() -> None:
+    import torch
+
+    if torch.cuda.is_initialized():
+        torch.cuda.empty_cache()

@@ -8,6 +8,9 @@
     tiny-qwen-image     the tiny-qwen-image preset, 2 images at 64 px with a negative prompt (true CFG: two
                         branches a step), single (tests: seconds)
     tiny-hunyuan-video  the tiny-hunyuan-video preset, 2 clips of 9 frames at 64x48, single (tests: seconds)
+    flux       FLUX.1-dev architecture (random weights, bf16), 2 images at 1024x1024, 10 steps, embedded
+               guidance 3.5, single (bench/gpu.sh's image case)
+    tiny-flux  the tiny-flux preset, 2 images at 64 px, 4 steps, single (the same steps at tiny size)
 
 The manifest is written into the report folder, so a report says exactly what it measured.
 """
@@ -95,6 +98,10 @@ SUITES: dict[str, Suite] = {
               layouts=(ParallelDims(),)),
         Suite(name="tiny-hunyuan-video", model=MODELS["tiny-hunyuan-video"], jobs=2, width=64, height=48,
               num_frames=9, num_inference_steps=4, guidance_scale=6.0, fps=8, layouts=(ParallelDims(),)),
+        Suite(name="flux", model=MODELS["flux.1-dev-random"], jobs=2, width=1024, height=1024, num_frames=None,
+              num_inference_steps=10, guidance_scale=3.5, layouts=(ParallelDims(),)),
+        Suite(name="tiny-flux", model=MODELS["tiny-flux"], jobs=2, width=64, height=64, num_frames=None,
+              num_inference_steps=4, guidance_scale=3.5, layouts=(ParallelDims(),)),
     )
 }
 

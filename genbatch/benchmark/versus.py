@@ -5,10 +5,12 @@
     python -m genbatch.benchmark.versus --device cpu --suite cpu --out bench/results/cpu/versus
 
 The work is a suite's manifest and model: by default the GPU suite's (Wan 2.1 1.3B architecture, random
-weights, bf16, 832x480, 33 frames, 10 steps); `--tiny` the tiny suite's, `--suite cpu` the CPU suite's.
+weights, bf16, 832x480, 33 frames, 10 steps); `--tiny` the tiny suite's, `--suite cpu` the CPU suite's,
+`--suite flux` FLUX.1-dev's architecture at 1024x1024 (`--suite tiny-flux` the same steps at tiny size).
 The model is saved once to a directory (`genbatch.benchmark.models`); then
-  diffusers  `WanPipeline.from_pretrained(DIR, vae=<fp32 VAE>, dtype=bf16)` and `pipe(...)` per job,
-             the way diffusers documents Wan 2.1 text-to-video
+  diffusers  the directory's own pipeline class, `from_pretrained(DIR, dtype=bf16)` and `pipe(...)` per job
+             (Wan with an fp32 VAE, `vae=AutoencoderKLWan.from_pretrained(..., dtype=float32)`, the way
+             diffusers documents Wan 2.1 text-to-video)
   genbatch   `gen run` of the same rows (in process, one rank), which loads DIR the same way
 each in a fresh process. Both are measured by the same `StepClock` (seconds per step: median over jobs of
 the interval between consecutive steps' first transformer calls) and the same peak memory (CUDA: the
@@ -53,12 +55,15 @@ def _diffusers_side(model_dir: str, rows: list[dict], device, dtype, compile_bac
                     attention: str) -> dict:
     """diffusers' own way: `compile_repeated_blocks` (fullgraph) for a compiled pairing, its processors'
     attention backend set to the same kernel as genbatch's `--attention`."""
-    from diffusers import AutoencoderKLWan, WanPipeline
+    import diffusers
 
     from genbatch.parallel.attention.local import KERNELS, set_diffusers_backend
 
-    vae = AutoencoderKLWan.from_pretrained(model_dir, subfolder="vae", dtype=torch.float32)
-    pipe = WanPipeline.from_pretrained(model_dir, vae=vae, dtype=dtype).to(device)
+    pipeline_class, _ = pipeline_classes(model_dir)
+    components = {}
+    if pipeline_class == "WanPipeline":
+        components["vae"] = diffusers.AutoencoderKLWan.from_pretrained(model_dir, subfolder="vae", dtype=torch.float32)
+    pipe = getattr(diffusers, pipeline_class).from_pretrained(model_dir, dtype=dtype, **components).to(device)
     pipe.set_progress_bar_config(disable=True)
     if attention != "auto":
         set_diffusers_backend(pipe.transformer, KERNELS[attention])  # for this model only, as genbatch's side
@@ -68,13 +73,21 @@ def _diffusers_side(model_dir: str, rows: list[dict], device, dtype, compile_bac
     for row in rows:
         _sync(device)
         started = time.perf_counter()
-        pipe(prompt=row["prompt"], negative_prompt=row.get("negative_prompt"), height=row["height"],
-             width=row["width"], num_frames=row["num_frames"], num_inference_steps=row["num_inference_steps"],
-             guidance_scale=row["guidance_scale"], generator=torch.Generator("cpu").manual_seed(row["seed"]),
-             output_type="np")
+        video = {"num_frames": row["num_frames"]} if row.get("num_frames") is not None else {}
+        negative = {"negative_prompt": row["negative_prompt"]} if row.get("negative_prompt") is not None else {}
+        pipe(prompt=row["prompt"], height=row["height"], width=row["width"], **video, **negative,
+             num_inference_steps=row["num_inference_steps"], guidance_scale=row["guidance_scale"],
+             generator=torch.Generator("cpu").manual_seed(row["seed"]), output_type="np")
         _sync(device)
         job_seconds.append(time.perf_counter() - started)
     return {"job_seconds": job_seconds}
+
+
+def pipeline_classes(model_dir: str) -> tuple[str, str]:
+    """The pipeline class and the transformer class a saved pipeline directory names (its model_index.json)."""
+    with open(os.path.join(model_dir, "model_index.json"), encoding="utf-8") as handle:
+        index = json.load(handle)
+    return index["_class_name"], index["transformer"][1]
 
 
 def _genbatch_side(model_dir: str, manifest: str, out: str, device, dtype, compile_backend: str | None,
@@ -115,7 +128,7 @@ def _sync(device) -> None:
 def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_name: str,
                  compile_backend: str | None = None, attention: str = "auto") -> dict:
     """Run one side in this process and return its measurements."""
-    from diffusers import WanTransformer3DModel
+    import diffusers
 
     from genbatch.benchmark.stepclock import StepClock
 
@@ -126,13 +139,14 @@ def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_n
     if device.type == "cuda":
         torch.cuda.set_device(device)
         torch.cuda.reset_peak_memory_stats(device)
-    with StepClock(device=device, module_class=WanTransformer3DModel) as clock:
+    pipeline_class, transformer_class = pipeline_classes(model_dir)
+    with StepClock(device=device, module_class=getattr(diffusers, transformer_class)) as clock:
         if side == "diffusers":
             result = _diffusers_side(model_dir, rows, device, dtype, compile_backend, attention)
         else:
             result = _genbatch_side(model_dir, manifest, out, device, dtype, compile_backend, attention)
     periods = clock.step_periods(jobs=len(rows), steps=rows[0]["num_inference_steps"])
-    return {**result, "side": side, "compile": compile_backend, "attention": attention, "step_periods": periods, "seconds_per_step": clock.per_step(periods),
+    return {**result, "side": side, "pipeline": pipeline_class, "compile": compile_backend, "attention": attention, "step_periods": periods, "seconds_per_step": clock.per_step(periods),
             "peak_bytes": _peak_bytes(device, clock)}
 
 
@@ -183,8 +197,9 @@ def summarize(suite, out: str, device: str) -> dict:
                 measured[side].append(json.load(handle))
     rounds = len(measured["genbatch"])
     summary = {"model": suite.model.name, "model_detail": suite.model.description, "device": _device_name(device),
-               "work": {key: rows[0][key] for key in ("width", "height", "num_frames", "num_inference_steps",
-                                                      "guidance_scale")},
+               "pipeline": measured["genbatch"][0].get("pipeline", "WanPipeline"),
+               "work": {key: rows[0].get(key) for key in ("width", "height", "num_frames", "num_inference_steps",
+                                                          "guidance_scale")},
                "jobs": len(rows), "rounds": rounds, "dtype": "bf16" if device.startswith("cuda") else "fp32",
                "compile": measured["genbatch"][0].get("compile"), "attention": measured["genbatch"][0].get("attention")}
     for side, results in measured.items():
@@ -210,9 +225,10 @@ def summary_lines(summary: dict) -> list[str]:
     """The side-by-side table and the ratios (genbatch / diffusers)."""
     work = summary["work"]
     gen, dif, ratio = summary["genbatch"], summary["diffusers"], summary["ratios"]
+    frames = f"{work['num_frames']} frames, " if work.get("num_frames") is not None else ""
     lines = [
-        f"genbatch vs diffusers WanPipeline.__call__: {summary['model_detail']}, {summary['dtype']}, "
-        f"{work['width']}x{work['height']}, {work['num_frames']} frames, {work['num_inference_steps']} steps, "
+        f"genbatch vs diffusers {summary.get('pipeline', 'WanPipeline')}.__call__: {summary['model_detail']}, "
+        f"{summary['dtype']}, {work['width']}x{work['height']}, {frames}{work['num_inference_steps']} steps, "
         f"{summary['jobs']} jobs x {summary['rounds']} round(s), on {summary['device']}; compile: "
         f"{summary.get('compile') or 'off'} (diffusers: compile_repeated_blocks), attention: "
         f"{summary.get('attention') or 'auto'}",
@@ -237,8 +253,9 @@ def summary_lines(summary: dict) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--suite", choices=["tiny", "cpu", "gpu"], default="gpu",
-                        help="whose model and manifest to run (default gpu: Wan 2.1 1.3B architecture, 480p)")
+    parser.add_argument("--suite", choices=list(SUITES), default="gpu",
+                        help="whose model and manifest to run (default gpu: Wan 2.1 1.3B architecture, 480p; "
+                        "flux: FLUX.1-dev architecture, 1024x1024)")
     parser.add_argument("--tiny", action="store_const", dest="suite", const="tiny", help="same as --suite tiny")
     parser.add_argument("--out", default="bench/results/versus", help="folder for the results (versus.json, .md)")
     parser.add_argument("--jobs", type=int, help="use only the first N rows of the suite's manifest")

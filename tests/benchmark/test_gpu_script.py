@@ -19,7 +19,7 @@ def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
            "GENBATCH_CACHE": tiny_report.genbatch_cache,  # the tiny model the report's run built
            "GENBATCH_BENCH_ARCHIVE": str(archive)}
     result = subprocess.run(["bash", os.path.join(REPO, "bench", "gpu.sh"), "--device", "cpu", "--tiny"], env=env,
-                            capture_output=True, text=True, timeout=290)
+                            capture_output=True, text=True, timeout=420)
     assert result.returncode == 0, result.stdout + result.stderr
     (folder,) = os.listdir(tmp_path)
     assert folder.endswith("-tiny")
@@ -44,3 +44,12 @@ def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
     assert compiled["compile"] == "aot_eager" and compiled["ratios"]["seconds_per_step"] > 0
     assert json.loads((results / "versus-math" / "versus.json").read_text())["attention"] == "math"
     assert "compile: aot_eager (diffusers: compile_repeated_blocks)" in result.stdout
+    # the image case: FLUX, eager and compiled, against FluxPipeline.__call__
+    for folder_name, compile in (("versus-flux", None), ("versus-flux-compiled", "aot_eager")):
+        flux = json.loads((results / folder_name / "versus.json").read_text())
+        assert flux["pipeline"] == "FluxPipeline" and flux["compile"] == compile, folder_name
+        assert flux["work"]["num_frames"] is None and flux["ratios"]["seconds_per_step"] > 0, folder_name
+        side_result = json.loads((results / folder_name / "genbatch-0" / "genbatch.json").read_text())
+        assert len(side_result["step_periods"]) == SUITES["tiny-flux"].jobs * (SUITES["tiny-flux"].num_inference_steps - 1)
+    assert "genbatch vs diffusers FluxPipeline.__call__" in result.stdout
+    assert "bench/gpu.sh: step 5 took" in result.stderr
