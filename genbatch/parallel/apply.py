@@ -135,4 +135,4 @@ def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext, compil
     for name, module in _components(skeleton, sharded(spec)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
         state = fsdp.full_state(getattr(full, name)) if leader else None
-        fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device)
+        fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device, ctx.tp_comm)

@@ -10,11 +10,12 @@ sends each tensor to the group, every rank keeping its own slice.
 from __future__ import annotations
 
 import torch
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
 from genbatch.models.registry import all_repeated_blocks, module_blocks
 from genbatch.parallel.comm import Comm, CommLedger
+from genbatch.parallel.tensor.loading import tp_part
 
 
 def block_paths(module: torch.nn.Module) -> tuple[str, ...]:
@@ -37,25 +38,28 @@ def _block_lists(module: torch.nn.Module) -> list[torch.nn.ModuleList]:
     return found
 
 
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """What this rank holds of a parameter: a DTensor's local part (a tp split, an FSDP shard)."""
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
 def _local_bytes(params) -> int:
-    total = 0
-    for param in params:
-        local = param.to_local() if isinstance(param, DTensor) else param
-        total += local.numel() * local.element_size()
-    return total
+    return sum(_local(param).numel() * _local(param).element_size() for param in params)
 
 
 def _unsharded(module: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """Parameters of `module` that no FSDP unit manages yet."""
-    return [param for param in module.parameters() if not isinstance(param, DTensor)]
+    """Parameters of `module` that no FSDP unit manages yet (a tensor-parallel DTensor still counts: FSDP
+    shards its local part over the non-tp sub-mesh, torchtitan's 2-D layout)."""
+    managed = {id(param) for sub in module.modules() if isinstance(sub, FSDPModule) for param in sub.parameters()}
+    return [param for param in module.parameters() if id(param) not in managed]
 
 
 def _shard_unit(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
     """fully_shard `module` (its not-yet-sharded parameters) and count its all-gather per forward: this
-    rank's padded shard (dim 0 split in ceil(n/p) rows) once to each of the p-1 others."""
+    rank's padded shard (dim 0 of its local part split in ceil(n/p) rows) once to each of the p-1 others."""
     p = mesh.size()
     nbytes = 0
-    for param in _unsharded(module):
+    for param in map(_local, _unsharded(module)):
         rows = -(-param.shape[0] // p) if param.dim() else 1
         nbytes += rows * (param.numel() // max(param.shape[0], 1) if param.dim() else 1) * param.element_size()
     unsharded_class = type(module)
@@ -98,14 +102,30 @@ def shard(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
     _shard_uniform(module, mesh, ledger)
 
 
+def _fsdp_part(tensor: torch.Tensor, mesh) -> torch.Tensor:
+    """This rank's FSDP shard of `tensor`: its chunk of dim 0 (torch.chunk's sizes; empty past the last)."""
+    chunks = torch.chunk(tensor, mesh.size(), dim=0) if tensor.dim() else (tensor,)
+    rank = mesh.get_local_rank() if tensor.dim() else 0
+    return chunks[rank] if rank < len(chunks) else tensor[:0]
+
+
 @torch.no_grad()
-def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device) -> None:
+def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device,
+                tp: Comm | None = None) -> None:
     """Fill a sharded, meta-built module: the leader (full_state given) sends every tensor, each rank keeps
-    its slice. Buffers (persistent or not) are sent whole: every rank needs all of them."""
+    its slice. Buffers (persistent or not) are sent whole: every rank needs all of them. Under tensor
+    parallelism (`tp` of more than one rank) the FSDP sub-meshes of the other tp ranks do not hold the leader,
+    so the leader broadcasts each tensor to the whole group and every rank keeps its FSDP shard of its tp part."""
     module.to_empty(device=device)
     leader = group.rank == 0
     for name, param in module.named_parameters():
         source = full_state[name].to(device=device, dtype=param.dtype) if leader else None
+        if tp is not None and tp.size > 1:
+            if source is None:
+                source = torch.empty(param.shape, dtype=param.dtype, device=device)
+            group.broadcast(source, src_group_rank=0)
+            param.to_local().copy_(_fsdp_part(tp_part(module, name, source, tp.rank, tp.size), mesh))
+            continue
         if source is None:
             source = torch.empty(param.shape, dtype=param.dtype, device=device)
         # distribute_tensor sends mesh rank 0's tensor; each rank keeps its Shard(0) slice

@@ -9,6 +9,7 @@ silently wrong. One all-reduce of (..., 1) values per norm call, counted as "tp_
 from __future__ import annotations
 
 import torch
+from torch.distributed.tensor import DTensor, Shard
 
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.tensor.styles import SHARDS, block_slice
@@ -16,9 +17,10 @@ from genbatch.parallel.tensor.styles import SHARDS, block_slice
 
 class HeadShardedRMSNorm(torch.nn.Module):
     """`torch.nn.RMSNorm(c)` over channels split in `comm.size` parts: x * rsqrt(mean(x^2) + eps) * weight,
-    the mean taken over all c channels of the group."""
+    the mean taken over all c channels of the group. The weight is a Shard(0) DTensor over the tp `mesh`, as
+    the split Linears' are (its global shape is the checkpoint's)."""
 
-    def __init__(self, norm: torch.nn.RMSNorm, comm: Comm):
+    def __init__(self, norm: torch.nn.RMSNorm, comm: Comm, mesh):
         super().__init__()
         (self.width,) = norm.normalized_shape
         if self.width % comm.size:
@@ -29,7 +31,8 @@ class HeadShardedRMSNorm(torch.nn.Module):
         self.weight = None
         if norm.weight is not None:
             local = block_slice(norm.weight.detach(), 0, [self.width], comm.rank, comm.size)
-            self.weight = torch.nn.Parameter(local, requires_grad=False)
+            split = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
+            self.weight = torch.nn.Parameter(split, requires_grad=False)
         setattr(self, SHARDS, {"weight": (0, [self.width])} if norm.weight is not None else {})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -39,4 +42,4 @@ class HeadShardedRMSNorm(torch.nn.Module):
         self.comm.all_reduce(squares, kind="tp_norm")
         eps = self.eps if self.eps is not None else torch.finfo(x.dtype).eps
         normed = (upcast * torch.rsqrt(squares / self.width + eps)).to(x.dtype)
-        return normed * self.weight if self.weight is not None else normed
+        return normed * self.weight.to_local() if self.weight is not None else normed

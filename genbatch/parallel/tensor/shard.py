@@ -79,7 +79,7 @@ def tensor_parallel(model: torch.nn.Module, plan: TensorPlan, comm: Comm, mesh) 
     for name, style in styles.items():
         if style == NORM_ACROSS_HEADS:
             owner, _, attribute = name.rpartition(".")
-            setattr(model.get_submodule(owner), attribute, HeadShardedRMSNorm(model.get_submodule(name), comm))
+            setattr(model.get_submodule(owner), attribute, HeadShardedRMSNorm(model.get_submodule(name), comm, mesh))
         elif style == HEADS:
             _divide_heads(model.get_submodule(name), comm.size)
     return styles
