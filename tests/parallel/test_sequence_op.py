@@ -259,3 +259,12 @@ def test_a_processor_without_an_attention_call_is_refused():
     module.processor = NoAttention()
     with pytest.raises(ValueError, match="calls neither diffusers' dispatch_attention_fn nor F.scaled_dot_product"):
         ProcessorRoutes("test").route("blocks.0.attn", module, "key", lambda *a: None)
+
+
+def test_the_rank_order_index_is_built_once_per_sizes_and_device():
+    cpu = torch.device("cpu")
+    first = masks.rank_order_index_on((5, 3), 2, cpu)
+    assert masks.rank_order_index_on((5, 3), 2, cpu) is first  # every masked attention of a forward shares it
+    assert torch.equal(first, masks.rank_order_index((5, 3), 2))
+    assert first.tolist() == [0, 1, 2, 5, 6, 3, 4, 7]  # rank 0: stream 0's [0, 3) and stream 1's [5, 7)
+    assert masks.rank_order_index_on((6, 3), 2, cpu).tolist() == [0, 1, 2, 6, 7, 3, 4, 5, 8]  # new sizes, new index

@@ -40,6 +40,26 @@ def key_padding(attn_mask: torch.Tensor, batch: int, site: str) -> torch.Tensor:
     return mask.expand(batch, -1)
 
 
+_INDEX_CACHE: dict[tuple, torch.Tensor] = {}
+"""`rank_order_index` on a device, by (totals, parts, device): every masked attention of a forward asks for
+the same one, and on a GPU each fresh index is a host-to-device copy."""
+_INDEX_CACHE_SIZE = 64
+
+
+def rank_order_index_on(totals: Sequence[int], parts: int, device: torch.device) -> torch.Tensor:
+    """`rank_order_index` on `device`, built once per (totals, parts, device) outside compiled code (inside,
+    the cache would be state dynamo guards on, so it is built in the graph)."""
+    if torch.compiler.is_compiling():
+        return rank_order_index(totals, parts).to(device)
+    key = (tuple(totals), parts, device)
+    index = _INDEX_CACHE.get(key)
+    if index is None:
+        if len(_INDEX_CACHE) >= _INDEX_CACHE_SIZE:
+            _INDEX_CACHE.clear()
+        index = _INDEX_CACHE[key] = rank_order_index(totals, parts).to(device)
+    return index
+
+
 def rank_order_index(totals: Sequence[int], parts: int) -> torch.Tensor:
     """Positions in the full [stream 0, stream 1, ...] order of the keys in SP-rank order (1-D int64)."""
     layouts = [SequenceLayout.split(total, parts) for total in totals]
@@ -67,7 +87,7 @@ def rank_ordered(
     if keys == layout.lengths[sp.rank]:
         return gather_local(mask, sp, layout)
     if keys == layout.total:
-        return mask.index_select(1, rank_order_index(totals, layout.parts).to(mask.device))
+        return mask.index_select(1, rank_order_index_on(totals, layout.parts, mask.device))
     raise ValueError(
         f"{site}: the attention mask covers {keys} keys, but this rank holds {layout.lengths[sp.rank]} of the "
         f"{layout.total} keys of its split streams; the model's sequence plan must split every input the "
