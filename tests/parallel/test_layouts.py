@@ -44,8 +44,8 @@ FOUR_RANKS = [
 EIGHT_RANKS = [(WAN, 2, 2, 1, 2, False)]  # dp 2 x cfg 2 x ulysses 2
 
 
-def _run_job(spec_job, dp, cfg, ring, ulysses, fsdp, out):
-    with job_executor(out, dp=dp, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp) as (world, executor):
+def _run_job(spec_job, dp, cfg, ring, ulysses, fsdp, tp=1, *, out):
+    with job_executor(out, dp=dp, cfg=cfg, ring=ring, ulysses=ulysses, tp=tp, fsdp=fsdp) as (world, executor):
         timer = JobTimer(world.ctx.device)
         latents = executor.denoise(spec_job, timer)
         return latents, executor.decode(spec_job, latents, timer)
@@ -58,13 +58,16 @@ def _all_layouts(rank, world_size, layouts, out):
 @pytest.fixture(scope="module")
 def references(tmp_path_factory):
     out = str(tmp_path_factory.mktemp("reference"))
-    return {spec_job.model: _run_job(spec_job, None, 1, 1, 1, False, out) for spec_job in (WAN, FLUX, SD3, QWEN, HUNYUAN)}
+    return {spec_job.model: _run_job(spec_job, None, 1, 1, 1, False, out=out)
+            for spec_job in (WAN, FLUX, SD3, QWEN, HUNYUAN)}
 
 
 def _check(layouts, per_rank, references):
-    for index, (spec_job, dp, cfg, ring, ulysses, fsdp) in enumerate(layouts):
+    """`layouts`: (job, dp, cfg, ring, ulysses, fsdp[, tp]) each."""
+    for index, (spec_job, dp, cfg, ring, ulysses, fsdp, *rest) in enumerate(layouts):
+        tp = rest[0] if rest else 1
         ref_latents, ref_frames = references[spec_job.model]
-        name = f"{spec_job.model} dp{dp} cfg{cfg} ring{ring} ulysses{ulysses}{' fsdp' if fsdp else ''}"
+        name = f"{spec_job.model} dp{dp} cfg{cfg} ring{ring} ulysses{ulysses} tp{tp}{' fsdp' if fsdp else ''}"
         leaders = 0
         for rank, results in enumerate(per_rank):
             latents, frames = results[index]
@@ -75,7 +78,7 @@ def _check(layouts, per_rank, references):
                 assert np.abs(frames - ref_frames).max() <= 1e-4, f"{name}: rank {rank} frames differ"
                 levels = np.abs(to_uint8(frames).astype(int) - to_uint8(ref_frames).astype(int))
                 assert levels.max() <= 1 and (levels > 0).mean() < 1e-4, f"{name}: rank {rank} 8-bit frames differ"
-        group_size = cfg * ring * ulysses
+        group_size = cfg * ring * ulysses * tp
         assert leaders == len(per_rank) // group_size, f"{name}: one leader per group decodes"
 
 
