@@ -68,6 +68,7 @@ def build_job(
     seed: int | None,
     settings: Mapping[str, Resolved | None],
     extra: dict[str, object],
+    cache: str = "none",
 ) -> JobSpec:
     """A `JobSpec` from resolved settings that validation has already accepted (every required one present)."""
 
@@ -87,6 +88,7 @@ def build_job(
         guidance_scale=float(value("guidance_scale")),
         seed=job_seed(seed, job_id),
         fps=None if value("fps") is None else int(value("fps")),
+        cache=cache,
         extra=extra,
         row=row,
     )

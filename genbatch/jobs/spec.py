@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from genbatch.jobs.cache import NONE, parse_cache
+
 # The per-job settings a manifest row, a run-level option or the model's defaults can supply, in the order
 # results tables list them.
 SETTINGS = ("width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps")
@@ -38,6 +40,9 @@ class JobSpec:
     """The noise seed: the row's own, or derived from `id` (see `genbatch.jobs.seeds`)."""
     fps: int | None
     """Frames per second of a video; None for image models."""
+    cache: str = NONE
+    """The job's step-caching mode in canonical form (`genbatch.jobs.cache`): the row's `cache`, else the
+    run's `--cache`, else `none`."""
     extra: dict[str, object] = field(default_factory=dict)
     """The manifest's extra columns for this row, as Python values, carried into the results table."""
     row: int
@@ -55,6 +60,7 @@ class JobSpec:
         }
         for name in SETTINGS:
             flat[name] = getattr(self, name)
+        flat["cache"] = self.cache
         flat.update(self.extra)
         return flat
 
@@ -77,6 +83,8 @@ class JobOverrides:
     """Guidance scale for rows without a value."""
     fps: int | None = None
     """Frames per second for video rows without one (ignored for image models)."""
+    cache: str | None = None
+    """The step-caching mode for rows without a `cache` value (`genbatch.jobs.cache`); None: `none`."""
 
     def __post_init__(self) -> None:
         for name in ("width", "height", "num_frames", "num_inference_steps", "fps"):
@@ -88,6 +96,8 @@ class JobOverrides:
             isinstance(guidance, (int, float)) and math.isfinite(guidance) and guidance >= 0
         ):
             raise ValueError(f"run-level guidance_scale={guidance!r} must be a finite number >= 0; pass e.g. 5.0")
+        if self.cache is not None:
+            parse_cache(self.cache)  # ValueError naming the value and the modes that run
         if self.model is not None and not self.model.strip():
             raise ValueError(
                 "run-level model is empty; pass a preset name (tiny-wan, tiny-flux) or a pipeline directory"

@@ -19,9 +19,10 @@ import pyarrow as pa
 from genbatch.jobs.seeds import job_seed
 from genbatch.jobs.spec import SETTINGS, JobSpec
 
-COLUMNS = ("id", "prompt", "negative_prompt", "model", *SETTINGS, "seed", "row")
+COLUMNS = ("id", "prompt", "negative_prompt", "model", *SETTINGS, "cache", "seed", "row")
 """The resolved columns, before the extra ones. `seed` is the row's own (null: derived from `id` when the
-job is built); `num_frames` and `fps` are null for image models."""
+job is built); `num_frames` and `fps` are null for image models; `cache` is the canonical step-caching mode."""
+_STRINGS = ("id", "prompt", "negative_prompt", "model", "cache")
 
 _ITER_ROWS = 4096
 """Rows turned into Python objects at a time when iterating."""
@@ -48,7 +49,7 @@ class JobTable(Sequence[JobSpec]):
     def empty(cls, extra_schema: pa.Schema | None = None) -> JobTable:
         """No jobs (with these extra columns)."""
         fields = [pa.field(name, pa.float64() if name == "guidance_scale" else
-                           pa.string() if name in COLUMNS[:4] else pa.int64()) for name in COLUMNS]
+                           pa.string() if name in _STRINGS else pa.int64()) for name in COLUMNS]
         return cls(pa.schema([*fields, *(extra_schema or [])]).empty_table())
 
     @property
@@ -70,7 +71,8 @@ class JobTable(Sequence[JobSpec]):
             id=values["id"], prompt=values["prompt"], negative_prompt=values["negative_prompt"],
             model=values["model"], width=values["width"], height=values["height"], num_frames=values["num_frames"],
             num_inference_steps=values["num_inference_steps"], guidance_scale=values["guidance_scale"],
-            seed=job_seed(values["seed"], values["id"]), fps=values["fps"], extra=extra, row=values["row"],
+            seed=job_seed(values["seed"], values["id"]), fps=values["fps"], cache=values["cache"], extra=extra,
+            row=values["row"],
         )
 
     def __getitem__(self, index):

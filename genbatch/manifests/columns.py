@@ -36,6 +36,7 @@ _ORDER = {"id": 0, "prompt": 1, "seed": 2, "model": 3}
 _VIDEO_ONLY_ORDER = {name: 4 + index for index, name in enumerate(VIDEO_SETTINGS)}
 _SETTING_ORDER = {name: 10 + index for index, name in enumerate(SETTINGS)}
 _GEOMETRY_ORDER = {name: 20 + index for index, name in enumerate(_GEOMETRY)}
+_CACHE_ORDER = 30
 
 
 def _plain(array: pa.Array) -> pa.Array:
@@ -116,10 +117,11 @@ class ColumnChecker:
         for group in np.split(order, bounds) if size else []:
             code = int(codes[group[0]])
             self._check_group(group, names[code], models[code], raw, resolved, problems)
+        caches = self._caches(raw.get("cache"), size, problems)
         rejected = np.zeros(size, dtype=bool)
         rejected[[offset for offset, *_ in problems]] = True
         accepted = np.flatnonzero(~rejected)
-        jobs = self._jobs(first_row, batch, strings, raw.get("seed"), codes, names, resolved, accepted)
+        jobs = self._jobs(first_row, batch, strings, raw.get("seed"), codes, names, resolved, caches, accepted)
         return jobs, self._rejections(first_row, batch, strings["id"], codes, names, problems)
 
     # ---- row problems ---------------------------------------------------------------------------------
@@ -234,6 +236,22 @@ class ColumnChecker:
                 for column, reason in self._rules.geometry_problems(spec, settings)
             )
 
+    def _caches(self, values: pa.Array | None, size: int, problems: list) -> pa.Array:
+        """The resolved `cache` column (canonical modes, the run's `--cache` for nulls); each distinct value is
+        checked once, and every row of a bad one gets its problem."""
+        default = validate.job_cache(None, self.overrides)
+        if values is None or pa.types.is_null(values.type):
+            return pa.array([default] * size, pa.string())
+        encoded = pc.dictionary_encode(values.cast(pa.string()), null_encoding="encode")
+        codes = encoded.indices.to_numpy(zero_copy_only=False)
+        canonical = []
+        for code, value in enumerate(encoded.dictionary.to_pylist()):
+            problem = validate._cache_problem(value)
+            if problem:
+                problems.extend((int(offset), _CACHE_ORDER, "cache", problem) for offset in np.flatnonzero(codes == code))
+            canonical.append(None if problem else validate.job_cache(value, self.overrides))
+        return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(canonical, pa.string())).dictionary_decode()
+
     @staticmethod
     def _nulls(values: pa.Array | None, group: np.ndarray) -> np.ndarray:
         if values is None:
@@ -263,7 +281,7 @@ class ColumnChecker:
         numbers[targets] = fallback.value
         null_flags[targets] = False
 
-    def _jobs(self, first_row, batch, strings, seeds, codes, names, resolved, accepted) -> pa.RecordBatch:
+    def _jobs(self, first_row, batch, strings, seeds, codes, names, resolved, caches, accepted) -> pa.RecordBatch:
         take = pa.array(accepted, pa.int64())
         models = pa.DictionaryArray.from_arrays(pa.array(codes[accepted], pa.int32()), pa.array(names, pa.string()))
         columns = {name: strings[name].take(take) for name in ("id", "prompt", "negative_prompt")}
@@ -271,6 +289,7 @@ class ColumnChecker:
         for name in SETTINGS:
             numbers, nulls, kind = resolved[name]
             columns[name] = pa.array(numbers[accepted], type=kind, mask=nulls[accepted])
+        columns["cache"] = caches.take(take)
         columns["seed"] = (pa.nulls(len(accepted), pa.int64()) if seeds is None
                            else seeds.take(take).cast(pa.int64()))
         columns["row"] = pa.array(first_row + accepted, pa.int64())

@@ -43,6 +43,7 @@ COLUMNS: dict[str, Column] = {
         Column("guidance_scale", "float", False, "guidance scale"),
         Column("seed", "int", False, "int64 noise seed; null derives it from id"),
         Column("fps", "int", False, "frames per second (video models only)"),
+        Column("cache", "string", False, "step caching: none, fbc:THRESHOLD or taylorseer:INTERVAL; overrides --cache"),
     )
 }
 

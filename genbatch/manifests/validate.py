@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from genbatch.jobs.cache import cache_problem, canonical_cache
 from genbatch.jobs.models import ModelSpec, UnknownModelError
 from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver, build_job, resolve_model_name
 from genbatch.jobs.seeds import INT64_MAX, INT64_MIN
@@ -72,6 +73,19 @@ def _video_only_problem(name: str, model_name: str) -> str:
 
 def _duplicate_problem(first_row: int) -> str:
     return f"duplicate id, first used on row {first_row}; ids must be unique"
+
+
+def _cache_problem(value: str | None) -> str | None:
+    """Why a row's own `cache` value cannot run (None: null, or a valid mode)."""
+    if value is None:
+        return None
+    problem = cache_problem(value)
+    return problem and f"{problem}; or leave it null for the run's --cache"
+
+
+def job_cache(value: str | None, overrides: JobOverrides) -> str:
+    """The canonical mode of a valid row: its own `cache`, else the run's `--cache`, else `none`."""
+    return canonical_cache(value if value is not None else overrides.cache)
 
 
 def _setting_problem(name: str, setting: Resolved | None) -> str | None:
@@ -182,6 +196,9 @@ class RowChecker:
                 bad_settings.add(name)
         if not isinstance(model, str) and not bad_settings & {"width", "height", "num_frames"}:
             problems.extend(self.geometry_problems(model.spec, settings))
+        cache = _cache_problem(get("cache"))
+        if cache:
+            problems.append(("cache", cache))
         extra = {name: get(name) for name in self.extra_columns}
         if problems:
             ident = job_id if job_id else None
@@ -197,6 +214,7 @@ class RowChecker:
             seed=seed,
             settings=settings,
             extra=extra,
+            cache=job_cache(get("cache"), self.overrides),
         )
 
     def check_batch(self, first_row: int, columns: Mapping[str, list]) -> Iterator[JobSpec | list[Rejection]]:
