@@ -13,6 +13,7 @@ from genbatch.parallel.flags import layout_options
 from genbatch.planner.calibrate import calibrate_runs, format_fit
 from genbatch.planner.constraints import LayoutConstraints
 from genbatch.planner.hardware import GPUS, NETWORKS, NODE_LINKS
+from genbatch.planner.memory import DECODE_CHOICES
 from genbatch.planner.profile import load_profile, save_profile
 from genbatch.planner.rank import OBJECTIVES, plan
 from genbatch.planner.report import format_table, plan_to_dict
@@ -42,6 +43,9 @@ from genbatch.planner.shapes import PUBLISHED
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="throughput", show_default=True,
               help="throughput: most jobs per hour (data parallel first); latency: fewest seconds per job.")
 @click.option("--max-latency", type=float, default=None, help="Reject layouts slower than this, seconds per job.")
+@click.option("--vae-decode", "decode", type=click.Choice(DECODE_CHOICES), default="auto", show_default=True,
+              help="How each job's VAE decodes (as gen run): auto takes an exact mode that fits (parallel over the "
+              "job group, else full on its leader) and tiled only when none does.")
 @layout_options(constraints=True)
 @click.option("--top", type=int, default=10, show_default=True, help="Layouts the table shows.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
@@ -55,7 +59,7 @@ from genbatch.planner.shapes import PUBLISHED
               help="Price layouts with this calibration profile (NAME or PATH) where it measured, published "
               "figures elsewhere.")
 def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
-                 steps, offload_text_encoder, objective, max_latency, top, as_json, calibrate, profile_out,
+                 steps, offload_text_encoder, objective, max_latency, decode, top, as_json, calibrate, profile_out,
                  profile_name, **layout) -> None:
     """Rank every legal parallel layout (dp, cfg, ring, ulysses, fsdp; pp and tp as estimates) by
     estimated seconds per job and jobs per hour, showing compute, communication and memory per rank.
@@ -86,7 +90,8 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
         result = plan(model, gpus, nodes=nodes, interconnect=interconnect, intra_node=intra_node,
                       network_gbps=network_gbps, gpu=gpu, gpu_mem=gpu_mem, width=width, height=height, frames=frames,
                       steps=steps, offload_text_encoder=offload_text_encoder, objective=objective,
-                      max_latency=max_latency, constraints=LayoutConstraints(**layout), profile=profile)
+                      max_latency=max_latency, constraints=LayoutConstraints(**layout), profile=profile,
+                      decode=decode)
     except (UnknownModelError, ValueError) as error:
         click.echo(f"gen plan: {error}", err=True)
         raise SystemExit(USAGE) from None

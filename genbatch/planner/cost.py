@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from genbatch.planner.hardware import PCIE, Cluster, Link
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.layouts import axis_link, link_for_extent
-from genbatch.planner.memory import memory_per_rank
+from genbatch.planner.memory import choose_decode, memory_per_rank
+from genbatch.planner.vae_memory import decoder_memory
 from genbatch.planner.profile import COLLECTIVE_OF_AXIS, Profile
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
@@ -43,7 +44,13 @@ ATTENTION_EFFICIENCY = 0.30
 """Fraction of peak attention kernels reach: from HunyuanVideo 720p 129 frames 50 steps, 1904 s on one H100
 (peers.md, xDiT), where attention is 87% of the FLOPs."""
 VAE_EFFICIENCY = 0.30
-"""Fraction of peak the VAE decoder's convolutions reach: assumed (cuDNN convolutions in bf16)."""
+"""Fraction of peak an image VAE decoder's 2-D convolutions reach: assumed (cuDNN convolutions in bf16)."""
+VIDEO_VAE_EFFICIENCY = 0.076
+"""Fraction of peak a video VAE decoder's 3-D convolutions, GroupNorms and causal caches reach: fitted to xDiT's
+HunyuanVideo 720p 129 frames, 1904 s on one H100 against 337.6 s on eight (peers.md), the one published pair
+that tells a one-rank decode from the denoise. xDiT decodes it on one rank with diffusers' tiling on; with
+Ulysses 8 the 50 steps take about 239 s, so the ~99 s left is that decode: 7.5 PFLOP (25 MFLOP a pixel and
+frame, framewise tiles overlapping 17/12, 256-pixel tiles every 192) at 7.6% of the peak."""
 PIPEFUSION_WARMUP_STEPS = 1
 """Synchronous steps before PipeFusion may use stale K/V: xDiT's default `--warmup_steps 1` (seed 003: 1-4)."""
 
@@ -65,7 +72,10 @@ class Estimate:
     comm_exposed_s: float
     """Per step: the communication left on the critical path after overlap."""
     decode_s: float
-    """Per job: patch-parallel VAE decode, gathering the output, and loading offloaded text encoders."""
+    """Per job: the VAE decode (patch-parallel with gathering the output, or on the leader alone), and loading
+    offloaded text encoders."""
+    decode_mode: str
+    """How the VAE decodes: `parallel` over the job group, `full` or `tiled` on its leader (`memory.choose_decode`)."""
     pipeline_s: float
     """Per job: PipeFusion's warm-up steps and pipeline bubble beyond steady-state steps."""
     comm_bytes_per_step: float
@@ -281,9 +291,11 @@ def _pipefusion(layout: ParallelDims, work: Workload, cluster: Cluster, compute:
     return step, warm * (warm_step - step) + bubble, link.name
 
 
-def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Profile | None = None) -> Estimate:
+def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Profile | None = None,
+             decode: str = "auto") -> Estimate:
     """Price `layout` (its structural validity is checked elsewhere), with `profile`'s fitted parameters where
-    it has them and the published figures elsewhere."""
+    it has them and the published figures elsewhere; the VAE decodes in mode `decode` (`auto`: the first exact
+    mode that fits the cluster's memory, tiled when none does)."""
     compute = _compute(layout, work, cluster, patches=layout.pp, profile=profile)
     overhead = compute.forwards * compute.layers * layout.pp * layer_overhead(profile)
     tally, links = _communication(layout, work, cluster, compute, profile)
@@ -291,33 +303,38 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Pr
     pipeline = 0.0
     if layout.pp > 1:
         step, pipeline, links["pp"] = _pipefusion(layout, work, cluster, compute, tally, step, profile)
-    decode = _decode_seconds(layout, work, cluster)
+    mode = choose_decode(layout, work, cluster.memory_gib, decode)
+    decode_s = _decode_seconds(layout, work, cluster, mode)
     if work.offload_text_encoder:  # loaded from host memory for each job, over the GPU's PCIe link
-        decode += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)
+        decode_s += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)
     return Estimate(
-        seconds_per_job=work.steps * step + pipeline + decode,
+        seconds_per_job=work.steps * step + pipeline + decode_s,
         seconds_per_step=step,
         compute_s=compute.step_s,
         overhead_s=overhead,
         comm_s=tally.raw_s,
         comm_exposed_s=step - compute.step_s - overhead,
-        decode_s=decode,
+        decode_s=decode_s,
+        decode_mode=mode,
         pipeline_s=pipeline,
         comm_bytes_per_step=sum(tally.nbytes.values()),
         comm_bytes=tally.nbytes,
         comm_messages=tally.messages,
         links=links,
-        memory=memory_per_rank(layout, work),
+        memory=memory_per_rank(layout, work, mode),
     )
 
 
-def _decode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster) -> float:
-    """Patch-parallel VAE decode over the job's group, then gathering the frames to the group's leader."""
+def _decode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster, mode: str) -> float:
+    """The VAE decode in `mode`: patch-parallel over the job's group, then gathering the frames to the group's
+    leader; or the leader alone (tiling decodes the tiles' overlaps twice)."""
     shape = work.shape
     flops = work.megapixels * 1e6 * shape.vae_mflop_per_pixel * 1e6
-    group = layout.group_size
-    seconds = flops / (cluster.gpu.bf16_tflops * 1e12 * VAE_EFFICIENCY * group)
-    if group > 1:
+    flops *= decoder_memory(shape.vae_class, is_video=shape.is_video).work(mode)
+    efficiency = VIDEO_VAE_EFFICIENCY if shape.is_video else VAE_EFFICIENCY
+    ranks = layout.group_size if mode == "parallel" else 1
+    seconds = flops / (cluster.gpu.bf16_tflops * 1e12 * efficiency * ranks)
+    if ranks > 1:
         pixels = work.megapixels * 1e6 * 3 * BYTES_PER_VALUE
-        seconds += _transfer(pixels * (group - 1) / group, link_for_extent(group, cluster))
+        seconds += _transfer(pixels * (ranks - 1) / ranks, link_for_extent(ranks, cluster))
     return seconds

@@ -25,10 +25,12 @@ schnell, 4 steps: adjacent steps differ too much). The planner allows it from 10
 with 1-4 warm-up steps)."""
 
 
-def plan_degrees(layout: ParallelDims) -> dict[str, int]:
+def plan_degrees(layout: ParallelDims, decode_mode: str = "parallel") -> dict[str, int]:
     """What a plan reports of a layout: every axis's degree, `fsdp` (the ranks each weight is sharded over: 1,
-    or the whole job group) and `vae_parallel` (the job group decodes its VAE patch-parallel)."""
-    return {**layout.degrees(), "fsdp": layout.fsdp_size, "vae_parallel": layout.group_size}
+    or the whole job group) and `vae_parallel` (the ranks that decode a job's VAE: the group when it decodes
+    patch-parallel, 1 when its leader decodes alone)."""
+    vae = layout.group_size if decode_mode == "parallel" else 1
+    return {**layout.degrees(), "fsdp": layout.fsdp_size, "vae_parallel": vae}
 
 
 def _divisors(n: int) -> list[int]:

@@ -3,14 +3,20 @@
 Denoising and decoding do not overlap, so the peak is the resident weights plus the larger of the denoise
 activations and the VAE decode. Seed 000 gives the rules: weights are replicated under sequence and CFG
 parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by layer); activations split 1/p under
-sequence parallel (each rank holds [N/p, d]); the VAE decode peak splits 1/p with patch parallel over the job's
-group (§7.1).
+sequence parallel (each rank holds [N/p, d]). The VAE decode peak is the decoder's own (`vae_memory`: frame-causal,
+framewise or tiled as diffusers decodes), split 1/p with patch parallel over the job's group (§7.1).
+
+The decode mode is the layout's choice too: `auto` takes the first exact mode that fits (patch-parallel over
+the group where the VAE has it, then a one-rank full decode) and tiling only when neither does, since tiles are
+blended and the output is not the full decode's.
 """
 
 from __future__ import annotations
 
+from genbatch.models import families
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.hardware import GIB
+from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, decoder_memory
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
 ACTIVATION_TENSORS = 20
@@ -22,8 +28,49 @@ FSDP_PREFETCH_LAYERS = 2
 """Unsharded layers alive under FSDP: the one computing and the one being prefetched."""
 
 
-def memory_per_rank(layout: ParallelDims, work: Workload) -> dict[str, float]:
-    """GiB per rank by part, and `total` (the peak)."""
+DECODE_CHOICES = ("auto", "full", "tiled", "parallel")
+"""What `--vae-decode` takes: a mode of `vae_memory.DECODE_MODES`, or `auto`."""
+
+
+def patch_parallel_classes() -> frozenset[str]:
+    """The VAE classes genbatch decodes patch-parallel (`ModelFamily.vae_classes`)."""
+    return frozenset(name.partition(":")[2] for family in families().values() for name in family.vae_classes)
+
+
+def decode_modes(layout: ParallelDims, work: Workload) -> tuple[str, ...]:
+    """The decode modes this layout can run, exact ones first in `auto`'s order, then tiling where the VAE has it."""
+    shape = work.shape
+    memory = decoder_memory(shape.vae_class, is_video=shape.is_video)
+    modes = [mode for mode in EXACT_MODES if mode == "full"
+             or (layout.group_size > 1 and memory.vae_class in patch_parallel_classes())]
+    return (*modes, "tiled") if memory.tile is not None else tuple(modes)
+
+
+def vae_decode_gib(layout: ParallelDims, work: Workload, mode: str) -> float:
+    """The decode's peak on the group's leader in `mode`, GiB."""
+    memory = decoder_memory(work.shape.vae_class, is_video=work.shape.is_video)
+    ranks = layout.group_size if mode == "parallel" else 1
+    return decode_peak_bytes(memory, mode, width=work.width, height=work.height, frames=work.frames, ranks=ranks,
+                             bytes_per_value=BYTES_PER_VALUE) / GIB
+
+
+def choose_decode(layout: ParallelDims, work: Workload, limit_gib: float, wanted: str = "auto") -> str:
+    """The decode mode the layout runs: `wanted`, or with `auto` the first of `decode_modes` whose peak fits in
+    `limit_gib` per rank (the last, the smallest, when none does: the layout is then rejected for memory)."""
+    modes = decode_modes(layout, work)
+    if wanted != "auto":
+        if wanted not in modes:
+            raise ValueError(f"--vae-decode {wanted} is not available for {work.shape.name} on {layout.name} "
+                             f"(it can decode {', '.join(modes)}); choose one of those, or auto")
+        return wanted
+    for mode in modes:
+        if memory_per_rank(layout, work, mode)["total"] <= limit_gib:
+            return mode
+    return min(modes, key=lambda mode: vae_decode_gib(layout, work, mode))
+
+
+def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") -> dict[str, float]:
+    """GiB per rank by part with the VAE decoded in mode `decode`, and `total` (the peak)."""
     shape = work.shape
     d, layers = shape.hidden_size, shape.num_layers
     patches = layout.pp  # PipeFusion streams as many patches as it has stages (xDiT's default)
@@ -38,7 +85,6 @@ def memory_per_rank(layout: ParallelDims, work: Workload) -> dict[str, float]:
         # seed 000 §6.3: a stage keeps the K and V of all N tokens for its L/p layers (2 N d per layer),
         # whole in every sequence rank (seed 001 §5.4), split by TP heads.
         stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / layout.tp
-    vae_decode = work.megapixels * shape.vae_gib_per_mpx * GIB / layout.group_size
     parts = {
         "weights": weights / GIB,
         # the runner's FSDP shards the text encoders over the job group too
@@ -46,7 +92,7 @@ def memory_per_rank(layout: ParallelDims, work: Workload) -> dict[str, float]:
         else shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp_size / GIB,
         "vae_weights": shape.vae_parameters * BYTES_PER_VALUE / GIB,
         "activations": (activations + stale_kv) / GIB,
-        "vae_decode": vae_decode / GIB,
+        "vae_decode": vae_decode_gib(layout, work, decode),
         "reserve": RESERVE_GIB,
     }
     resident = parts["weights"] + parts["text_encoder"] + parts["vae_weights"] + parts["reserve"]

@@ -15,8 +15,10 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
+from genbatch.planner.fixes import Fix, Overage, memory_fix, overage
 from genbatch.planner.hardware import GPUS, Cluster, cpu_cluster, make_cluster
 from genbatch.planner.layouts import enumerate_layouts, plan_degrees, structural_problems, unavailable_reason
+from genbatch.planner.memory import decode_modes
 from genbatch.planner.profile import Profile
 from genbatch.planner.shapes import ModelShape, resolve_shape
 from genbatch.planner.workload import Workload, make_workload
@@ -48,6 +50,10 @@ class Rejection:
     """The layout."""
     reasons: tuple[str, ...]
     """Why, each naming the limit it breaks."""
+    over: Overage | None = None
+    """For a layout too big for memory: the number that broke the limit."""
+    fix: Fix | None = None
+    """For a layout too big for memory: the change that fits with the fewest seconds per job (None: none does)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -87,15 +93,6 @@ class Plan:
         )
 
 
-def _memory_problem(cost: Estimate, cluster: Cluster) -> str | None:
-    parts = cost.memory
-    if parts["total"] <= cluster.memory_gib:
-        return None
-    detail = ", ".join(f"{name} {parts[name]:.1f}" for name in ("weights", "text_encoder", "activations", "vae_decode"))
-    return (f"needs {parts['total']:.2f} GiB per rank > {cluster.memory_gib:.2f} GiB ({detail}); "
-            "shard weights with fsdp or split the job over more ranks")
-
-
 def _sort_key(candidate: Candidate, objective: str) -> tuple:
     layout, cost = candidate.layout, candidate.estimate
     stale = 1.0 + STALE_MARGIN if layout.pp > 1 else 1.0
@@ -106,30 +103,43 @@ def _sort_key(candidate: Candidate, objective: str) -> tuple:
 
 
 def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max_latency: float | None = None,
-         constraints: LayoutConstraints | None = None, profile: Profile | None = None) -> Plan:
-    """Enumerate, validate, price and order every layout of `cluster.gpus` for `work`; with `constraints`, only
-    the layouts that satisfy them (ValueError naming them and the nearest fixes when none of those fits)."""
+         constraints: LayoutConstraints | None = None, profile: Profile | None = None, decode: str = "auto") -> Plan:
+    """Enumerate, validate, price and order every layout of `cluster.gpus` for `work`, each decoding its VAE in
+    mode `decode` (`auto`: an exact mode that fits, else tiled); with `constraints`, only the layouts that satisfy
+    them (ValueError naming them and the nearest fixes when none of those fits). A layout too big for memory
+    names the number that broke the limit and the change that fits with the fewest seconds per job."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose throughput or latency")
     if max_latency is not None and max_latency <= 0:
         raise ValueError(f"--max-latency {max_latency} must be positive seconds")
-    ranked, rejected, illegal = [], [], []
+    ranked, rejected, illegal, too_big = [], [], [], []
+    legal = []
     for layout in enumerate_layouts(cluster.gpus):
         problems = structural_problems(layout, work.shape, work.sequence, work.steps, cluster)
         if problems:
             illegal.append(Rejection(layout=layout, reasons=tuple(problems)))
             continue
-        cost = estimate(layout, work, cluster, profile)
-        memory = _memory_problem(cost, cluster)
-        if memory:
-            problems.append(memory)
+        legal.append(layout)
+        try:
+            cost = estimate(layout, work, cluster, profile, decode)
+        except ValueError as error:  # a decode mode this layout cannot run
+            illegal.append(Rejection(layout=layout, reasons=(str(error),)))
+            continue
+        over = overage(cost, cluster)
         if max_latency is not None and cost.seconds_per_job > max_latency:
             problems.append(f"{cost.seconds_per_job:.1f} s per job > --max-latency {max_latency:g} s")
-        if problems:
-            rejected.append(Rejection(layout=layout, reasons=tuple(problems)))
+        if over is not None or problems:
+            too_big.append((layout, cost, over, problems))
             continue
         ranked.append(Candidate(layout=layout, estimate=cost, jobs_per_hour=layout.dp * 3600 / cost.seconds_per_job,
                                 unavailable=unavailable_reason(layout)))
+    for layout, cost, over, problems in too_big:
+        fix = None
+        if over is not None:
+            fix = memory_fix(layout, cost, decode_modes(layout, work), legal, cluster, max_latency,
+                             lambda other, mode: estimate(other, work, cluster, profile, mode))
+            problems.insert(0, over.describe(fix))
+        rejected.append(Rejection(layout=layout, reasons=tuple(problems), over=over, fix=fix))
     ranked.sort(key=lambda candidate: _sort_key(candidate, objective))
     rejected += illegal
     constraints = constraints or LayoutConstraints()
@@ -176,9 +186,10 @@ def plan(
     max_latency: float | None = None,
     constraints: LayoutConstraints | None = None,
     profile: Profile | None = None,
+    decode: str = "auto",
 ) -> Plan:
     """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs,
-    priced with `profile`'s fitted parameters where it has them."""
+    priced with `profile`'s fitted parameters where it has them, the VAE decoded in mode `decode`."""
     if profile is not None and profile.device in GPUS and profile.device != gpu.lower():
         raise ValueError(f"profile {profile.name!r} was measured on {profile.device}, not {gpu}; "
                          f"plan with --gpu {profile.device}, or calibrate on {gpu}")
@@ -191,13 +202,16 @@ def plan(
                                intra_node=intra_node, network_gbps=network_gbps)
     work = make_workload(resolve_shape(model), width=width, height=height, frames=frames, steps=steps,
                          offload_text_encoder=offload_text_encoder)
-    return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile)
+    return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile,
+                decode=decode)
 
 
 def best_layout(model: str | ModelSpec | ModelShape, gpus: int, **options) -> dict[str, int]:
-    """The degrees of the best runnable layout: dp, cfg, pp, ring, ulysses, tp, fsdp, vae_parallel.
+    """The degrees of the best runnable layout: dp, cfg, pp, ring, ulysses, tp, fsdp, vae_parallel (the ranks that
+    decode each job: the group when it decodes patch-parallel, else 1).
 
     Takes `plan`'s keyword options (nodes, interconnect, gpu, gpu_mem, width, height, frames, steps, objective,
-    max_latency, ...); raises ValueError naming the limits when nothing fits.
+    max_latency, decode, ...); raises ValueError naming the limits when nothing fits.
     """
-    return plan_degrees(plan(model, gpus, **options).best.layout)
+    best = plan(model, gpus, **options).best
+    return plan_degrees(best.layout, best.estimate.decode_mode)

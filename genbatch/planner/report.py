@@ -6,24 +6,37 @@ from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.explain import explain, round_figures as _round
 from genbatch.planner.layouts import plan_degrees
-from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan
+from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan, Rejection
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """Bumped when a field of `plan_to_dict` changes meaning, goes away or is added (2: PipeFusion's degree is `pp`,
 the runner's axis name, and every layout carries its `layout` name; 3: the plan names its `profile` and every
-layout carries `explain`: its inputs, parameters and their sources, and the terms of its sum)."""
+layout carries `explain`: its inputs, parameters and their sources, and the terms of its sum; 4: every layout
+carries its `vae_decode` mode, `vae_parallel` counts the ranks that decode (1 when the leader decodes alone),
+and a layout rejected for memory carries `over` (the number that broke the limit) and `fix` (the change that
+fits with the fewest seconds per job, or null))."""
 
 
-def layout_to_dict(layout: ParallelDims) -> dict:
+def layout_to_dict(layout: ParallelDims, decode_mode: str = "parallel") -> dict:
     """A layout's name in the runner's grammar (`dp2-cfg2-ulysses4-fsdp`) and its degrees."""
-    return {"layout": layout.name, **plan_degrees(layout)}
+    return {"layout": layout.name, **plan_degrees(layout, decode_mode)}
+
+
+def rejection_to_dict(rejection: Rejection) -> dict:
+    """A rejected layout with its reasons; for one too big for memory, the overage and the best fix."""
+    out = {**layout_to_dict(rejection.layout), "reasons": list(rejection.reasons)}
+    if rejection.over is not None:
+        out["over"] = rejection.over.to_dict()
+        out["fix"] = rejection.fix.to_dict() if rejection.fix is not None else None
+    return out
 
 
 def candidate_to_dict(candidate: Candidate, plan: Plan) -> dict:
     """One ranked layout: its name and degrees, its estimates, the parts behind them and their explanation."""
     cost = candidate.estimate
     return {
-        **layout_to_dict(candidate.layout),
+        **layout_to_dict(candidate.layout, cost.decode_mode),
+        "vae_decode": cost.decode_mode,
         "available": candidate.unavailable is None,
         "note": candidate.unavailable,
         "seconds_per_job": _round(cost.seconds_per_job),
@@ -50,7 +63,7 @@ def plan_to_dict(plan: Plan) -> dict:
     """The whole plan: inputs, the layouts best first, the best runnable one, and the rejected with reasons."""
     work, cluster = plan.work, plan.cluster
     try:
-        best = layout_to_dict(plan.best.layout)
+        best = layout_to_dict(plan.best.layout, plan.best.estimate.decode_mode)
     except ValueError:
         best = None
     return {
@@ -81,7 +94,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "constraints": plan.constraints.given,
         "best": best,
         "layouts": [candidate_to_dict(candidate, plan) for candidate in plan.ranked],
-        "rejected": [{**layout_to_dict(rejection.layout), "reasons": list(rejection.reasons)} for rejection in plan.rejected],
+        "rejected": [rejection_to_dict(rejection) for rejection in plan.rejected],
     }
 
 
@@ -104,16 +117,16 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
         "",
     ]
     header = ["#", *(_SHORT[axis] for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
-              "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", "note"]
+              "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", "decode", "note"]
     rows = [header]
     for index, candidate in enumerate(plan.ranked[:top], start=1):
         cost, memory = candidate.estimate, candidate.estimate.memory
         rows.append([
-            str(index), *_degree_cells(plan_degrees(candidate.layout)),
+            str(index), *_degree_cells(plan_degrees(candidate.layout, cost.decode_mode)),
             f"{cost.seconds_per_job:.2f}", f"{cost.seconds_per_step:.3f}", f"{candidate.jobs_per_hour:.1f}",
             f"{cost.compute_s:.3f}", f"{cost.comm_s:.3f}", f"{cost.comm_exposed_s:.3f}",
             f"{cost.comm_bytes_per_step / 1e9:.2f}", f"{memory['total']:.1f}", f"{memory['weights']:.1f}",
-            f"{memory['activations']:.1f}", f"{memory['vae_decode']:.1f}", candidate.unavailable or "",
+            f"{memory['activations']:.1f}", f"{memory['vae_decode']:.1f}", cost.decode_mode, candidate.unavailable or "",
         ])
     widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
     for row in rows:
@@ -122,7 +135,8 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
     if len(plan.ranked) > top:
         lines.append(f"... {len(plan.ranked) - top} more legal layouts (--top N, or --json for all)")
     lines.append("(seconds: compute, comm (all traffic) and exposed (left after overlap) per step; memory in GiB "
-                 "per rank: total, weights, denoise activations, VAE decode peak)")
+                 "per rank: total, weights, denoise activations, VAE decode peak; decode: parallel over the job "
+                 "group, full on its leader, or tiled there (blended tiles) when no exact mode fits)")
     if any(candidate.layout.pp > 1 for candidate in plan.ranked[:top]):
         lines.append(f"(pp (PipeFusion) reuses stale K/V: it ranks above exact layouts only when {STALE_MARGIN:.0%} faster)")
     try:

@@ -30,7 +30,7 @@ _COGVIDEOX_COMMON = dict(is_video=True, uses_cfg=True, num_layers=42, num_heads=
                          parameters=5.57e9, text_encoder_parameters=4.76e9, vae_parameters=0.216e9, joint_text=True,
                          text_tokens=226, vae_spatial=8, vae_temporal=4, out_channels=16,
                          vae_mflop_per_pixel=HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL, vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX,
-                         steps=50)
+                         vae_class="AutoencoderKLCogVideoX", steps=50)
 
 # Models genbatch plans but runs no family of (text encoder: T5-XXL encoder, 4.76B).
 _PLANNED_ONLY = (
@@ -70,6 +70,19 @@ def _safetensors_parameters(directory: str) -> float | None:
     return float(total) if found else None
 
 
+def _vae_class(spec: ModelSpec, root: str | None) -> str:
+    """The VAE's diffusers class: from the pipeline directory's vae/config.json, else the family's published
+    models' (a preset builds its family's VAE)."""
+    if root:
+        try:
+            with open(os.path.join(root, "vae", "config.json")) as handle:
+                return str(json.load(handle).get("_class_name", ""))
+        except (OSError, ValueError):
+            pass
+    published = families()[spec.family].published if spec.family in families() else ()
+    return published[0].vae_class if published else ""
+
+
 def shape_from_spec(spec: ModelSpec) -> ModelShape:
     """The shape of a preset or a diffusers directory: its spec, and its safetensors headers for sizes."""
     root = spec.path if spec.path and os.path.isdir(spec.path) else None  # a preset has no directory
@@ -100,6 +113,7 @@ def shape_from_spec(spec: ModelSpec) -> ModelShape:
         out_channels=spec.out_channels,
         vae_mflop_per_pixel=WAN_VAE_MFLOP_PER_PIXEL if spec.is_video else IMAGE_VAE_MFLOP_PER_PIXEL,
         vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX if spec.is_video else IMAGE_VAE_GIB_PER_MPX,
+        vae_class=_vae_class(spec, root),
         width=int(defaults.get("width") or 1024),
         height=int(defaults.get("height") or 1024),
         frames=int(defaults["num_frames"]) if spec.is_video and defaults.get("num_frames") else None,

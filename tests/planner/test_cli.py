@@ -27,14 +27,16 @@ def _json(*args: str) -> dict:
 
 def test_json_schema_best_first_with_rejections():
     data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
-    assert data["schema"] == 3 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["schema"] == 4 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
     assert data["profile"] is None
     assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
                                 "image_tokens": 75600, "offload_text_encoder": False}
     assert data["cluster"]["gpu"] == "h100" and data["cluster"]["gpus"] == 8 and data["cluster"]["network"] is None
     layouts = data["layouts"]
     for layout in layouts:
-        assert LAYOUT_KEYS | ESTIMATE_KEYS | {"available", "note", "breakdown", "explain"} == set(layout)
+        assert LAYOUT_KEYS | ESTIMATE_KEYS | {"vae_decode", "available", "note", "breakdown", "explain"} == set(layout)
+        group = 8 // layout["dp"]  # Wan's VAE decodes patch-parallel over a group of two or more
+        assert (layout["vae_decode"], layout["vae_parallel"]) == (("parallel", group) if group > 1 else ("full", 1))
         degrees = [layout[axis] for axis in ("dp", "cfg", "pp", "ring", "ulysses", "tp")]
         assert math.prod(degrees) == 8
         assert layout["available"] == (layout["note"] is None)
@@ -47,8 +49,27 @@ def test_json_schema_best_first_with_rejections():
     assert exact == sorted(exact)
     assert {key: layouts[0][key] for key in LAYOUT_KEYS} == data["best"]
     assert data["best"]["cfg"] == 2 and data["best"]["ulysses"] == 4
-    assert data["rejected"] and all(set(r) == LAYOUT_KEYS | {"reasons"} and r["reasons"] for r in data["rejected"])
+    assert all(set(r) == LAYOUT_KEYS | {"reasons"} and r["reasons"] for r in data["rejected"])
     json.dumps(data, allow_nan=False)
+
+
+def test_json_memory_rejections_give_the_number_and_the_fastest_fix():
+    # 40 GiB GPUs: one rank holds HunyuanVideo's weights and encoders (40.5 GiB) and more
+    data = _json("-m", "hunyuanvideo", "-g", "4", "--gpu-mem", "40")
+    too_big = [r for r in data["rejected"] if "over" in r]
+    assert too_big and data["best"] is not None
+    for rejection in too_big:
+        over, fix = rejection["over"], rejection["fix"]
+        assert over["needs_gib"] > over["limit_gib"] == 40 and over["part"] in ("weights", "text_encoder",
+                                                                            "activations", "vae_decode")
+        assert f"needs {over['needs_gib']:.2f} GiB per rank > 40.00 GiB" in rejection["reasons"][0]
+        if fix is not None:
+            assert fix["memory_per_rank_gib"] <= 40 and fix["change"] in rejection["reasons"][0]
+            ranked = {layout["layout"]: layout for layout in data["layouts"]}
+            assert fix["seconds_per_job"] == pytest.approx(ranked[fix["layout"]]["seconds_per_job"], rel=1e-3) \
+                or fix["decode"] != ranked.get(fix["layout"], {}).get("vae_decode")
+    single = next(r for r in data["rejected"] if r["layout"] == "dp4")
+    assert single["fix"]["change"] == "--fsdp" or single["fix"]["layout"] != "dp4"
 
 
 def _check_explanation(layout: dict) -> None:
@@ -89,16 +110,17 @@ def test_size_and_memory_options_change_the_plan():
     small = _json("-m", "wan2.1-1.3b", "-g", "8", "--width", "480", "--height", "480", "--frames", "33",
                   "--steps", "10")
     assert small["workload"]["tokens"] == 9 * 30 * 30 and small["best"]["dp"] == 8
-    tight = _json("-m", "wan2.1-1.3b", "-g", "8", "--gpu-mem", "24")
-    assert tight["best"]["dp"] < 8 and tight["cluster"]["gpu_mem_gib"] == 24
+    tight = _json("-m", "wan2.1-1.3b", "-g", "8", "--gpu-mem", "16")
+    assert tight["best"]["dp"] < 8 and tight["cluster"]["gpu_mem_gib"] == 16
     latency = _json("-m", "flux.1-dev", "-g", "8", "--max-latency", "2")
     assert latency["best"]["dp"] == 2 and all(layout["seconds_per_job"] <= 2 for layout in latency["layouts"])
 
 
 def test_no_runnable_layout_still_prints_the_plan():
-    data = _json("-m", "wan2.1-14b", "-g", "1")
+    data = _json("-m", "wan2.1-14b", "-g", "1", "--gpu-mem", "40")
     assert data["best"] is None and data["layouts"] == [] and "GiB per rank" in data["rejected"][0]["reasons"][0]
-    assert "no runnable layout" in _gen("-m", "wan2.1-14b", "-g", "1").output
+    assert data["rejected"][0]["fix"] is None and "use more GPUs" in data["rejected"][0]["reasons"][0]
+    assert "no runnable layout" in _gen("-m", "wan2.1-14b", "-g", "1", "--gpu-mem", "40").output
 
 
 @pytest.mark.parametrize(

@@ -22,16 +22,23 @@ XDIT_FLUX = {
 }
 
 
-def _seconds(model: str, layout: ParallelDims, **size) -> float:
+def _seconds(model: str, layout: ParallelDims, decode: str = "auto", **size) -> float:
     work = make_workload(resolve_shape(model), **size)
-    return estimate(layout, work, make_cluster(layout.world_size)).seconds_per_job
+    return estimate(layout, work, make_cluster(layout.world_size), decode=decode).seconds_per_job
+
+
+def _error(case: str, predicted: float, published: float) -> float:
+    """The relative error against a published figure, printed (`pytest -s` or `-rP` shows it)."""
+    error = predicted / published - 1
+    print(f"{case}: predicted {predicted:.4g}, published {published:.4g}, relative error {error:+.1%}")
+    return error
 
 
 @pytest.mark.parametrize("layout", list(XDIT_FLUX), ids=lambda layout: layout.name)
 def test_xdit_flux_speedups_within_25_percent(layout):
     measured = XDIT_FLUX[ParallelDims()] / XDIT_FLUX[layout]
     predicted = _seconds("flux.1-dev", ParallelDims()) / _seconds("flux.1-dev", layout)
-    assert abs(predicted / measured - 1) < 0.25, (layout.name, predicted, measured)
+    assert abs(_error(f"FLUX.1-dev {layout.name} speedup", predicted, measured)) < 0.25
 
 
 def test_xdit_flux_order_ulysses4_beats_usp_beats_ring4():
@@ -41,12 +48,22 @@ def test_xdit_flux_order_ulysses4_beats_usp_beats_ring4():
 
 
 def test_one_h100_flux_seconds_near_measured():
-    assert abs(_seconds("flux.1-dev", ParallelDims()) / 4.30 - 1) < 0.1
+    assert abs(_error("FLUX.1-dev 1xH100 seconds", _seconds("flux.1-dev", ParallelDims()), 4.30)) < 0.1
 
 
 def test_hunyuanvideo_one_h100_near_peers_figure():
-    # peers.md: xDiT HunyuanVideo 720p 129 frames 50 steps, 1904 s on one H100
-    assert abs(_seconds("hunyuanvideo", ParallelDims()) / 1904 - 1) < 0.15
+    # peers.md: xDiT HunyuanVideo 720p 129 frames 50 steps, 1904 s on one H100 (its VAE tiled, on one rank)
+    one = _seconds("hunyuanvideo", ParallelDims(), decode="tiled")
+    assert abs(_error("HunyuanVideo 1xH100 seconds", one, 1904)) < 0.15
+
+
+def test_hunyuanvideo_ulysses8_speedup_near_peers_figure():
+    # peers.md: "1904 s -> 337.6 s on 8xH100 (5.64x)"; the 50 steps scale near 1/8, the tiled decode on one rank
+    # does not (it was the missing term: ~7.8x without it)
+    one = _seconds("hunyuanvideo", ParallelDims(), decode="tiled")
+    eight = _seconds("hunyuanvideo", ParallelDims(ulysses=8), decode="tiled")
+    assert abs(_error("HunyuanVideo 8xH100 seconds", eight, 337.6)) < 0.1
+    assert abs(_error("HunyuanVideo Ulysses-8 speedup", one / eight, 1904 / 337.6)) < 0.1
 
 
 def test_wan_step_times_near_seed():
@@ -54,6 +71,8 @@ def test_wan_step_times_near_seed():
     work = make_workload(resolve_shape("wan2.1-14b"))
     one = estimate(ParallelDims(), work, make_cluster(1)).seconds_per_step
     eight = estimate(ParallelDims(cfg=2, ulysses=4), work, make_cluster(8)).seconds_per_step
+    _error("Wan2.1-14B 1xH100 seconds per step", one, 29)
+    _error("Wan2.1-14B 8xH100 seconds per step", eight, 4)
     assert 22 < one < 40 and 3 < eight < 5.5
 
 
@@ -128,10 +147,13 @@ def test_memory_figures_of_seed():
     assert wan["weights"] == pytest.approx(26.6, abs=0.2) and wan["activations"] == pytest.approx(14.4, abs=0.2)
     assert _memory("wan2.1-14b", ParallelDims(), frames=129)["activations"] == pytest.approx(22.7, abs=0.3)
     assert _memory("wan2.1-14b", ParallelDims(), width=1920, height=1080)["activations"] == pytest.approx(32, abs=1)
-    # §7.1: "VAE 解码峰值：1024² 2 GiB，2048² 8 GiB，Wan 81 帧 107 GiB"
-    assert wan["vae_decode"] == pytest.approx(107, abs=0.5)
-    assert _memory("flux.1-dev", ParallelDims())["vae_decode"] == pytest.approx(2, abs=0.05)
-    assert _memory("flux.1-dev", ParallelDims(), width=2048, height=2048)["vae_decode"] == pytest.approx(8, abs=0.2)
+    # §7.1 gives "VAE 解码峰值：1024² 2 GiB，2048² 8 GiB，Wan 81 帧 107 GiB" for one untiled pass; the decoders'
+    # own peaks, counted in bench/results/cpu/vae_memory.txt, are lower: the image VAE's 1.5 and 6 GiB in bf16
+    # (the seed's less its last quarter), and Wan's frame-causal decode (one latent frame at a time) 8.8 GiB
+    assert wan["vae_decode"] == pytest.approx(8.8, abs=0.3)
+    flux = _memory("flux.1-dev", ParallelDims())["vae_decode"]
+    assert 0.75 * 2 <= flux <= 2
+    assert _memory("flux.1-dev", ParallelDims(), width=2048, height=2048)["vae_decode"] == pytest.approx(4 * flux, rel=0.05)
     # §0: "FLUX 的 22 GiB 一张卡放得下"
     assert _memory("flux.1-dev", ParallelDims())["weights"] == pytest.approx(22, abs=0.5)
 
@@ -142,7 +164,9 @@ def test_memory_splits_as_the_seed_says():
     sharded = _memory("wan2.1-14b", ParallelDims(ulysses=8, fsdp=True))
     assert sp["weights"] == one["weights"]  # sequence parallel replicates weights
     assert sp["activations"] == pytest.approx(one["activations"] / 8)  # "SP 把激活切 1/p"
-    assert sp["vae_decode"] == pytest.approx(one["vae_decode"] / 8)  # "峰值降为 1/p"
+    # "峰值降为 1/p": patch-parallel over 8 ranks, and the leader gathers the whole video (0.4 GiB in bf16)
+    output_gib = 3 * 81 * 1280 * 720 * 2 / 2**30
+    assert sp["vae_decode"] == pytest.approx(one["vae_decode"] / 8 + output_gib, rel=0.01)
     assert sharded["weights"] < one["weights"] / 8 + 2 * one["weights"] / 40 + 1e-9  # shards + two prefetched layers
     assert sharded["text_encoder"] == pytest.approx(one["text_encoder"] / 8)
 

@@ -54,8 +54,10 @@ def test_rejection_reasons_name_the_limit():
     assert "classifier-free guidance" in reasons[ParallelDims(dp=8, cfg=2)][0]
     tiny = {r.layout: r.reasons for r in plan("tiny-flux", 4, steps=20).rejected}
     assert "exceeds the 2 layers" in tiny[ParallelDims(pp=4)][0]
-    big = {r.layout: r.reasons for r in plan("wan2.1-14b", 8).rejected}
-    assert "GiB per rank > 79.60 GiB" in big[ParallelDims(dp=8)][0] and "fsdp" in big[ParallelDims(dp=8)][0]
+    big = {r.layout: r for r in plan("wan2.1-14b", 8, gpu_mem=40).rejected}
+    one = big[ParallelDims(dp=8)]
+    assert "GiB per rank > 40.00 GiB" in one.reasons[0] and f"fits with {one.fix.change}" in one.reasons[0]
+    assert one.over.needs_gib > 40 and one.fix.memory_gib <= 40
 
 
 def test_pp_is_estimated_but_flagged_and_tp_runs():
@@ -67,13 +69,14 @@ def test_pp_is_estimated_but_flagged_and_tp_runs():
 
 
 def test_throughput_splits_only_for_memory():
-    # Wan 14B 720p: one rank cannot hold the VAE decode (107 GiB), so jobs are split, but no more than needed
-    result = plan("wan2.1-14b", 8)
+    # Wan 14B 1080p 129 frames: one rank cannot hold weights, encoders and 51 GiB of activations, so jobs are
+    # split, but no more than needed
+    result = plan("wan2.1-14b", 8, width=1920, height=1080, frames=129)
     best = result.best.layout
     fits = [candidate.layout.dp for candidate in result.ranked]
     assert best.dp == max(fits) < 8
-    # a bigger card holds more of the decode: fewer ranks per job
-    assert plan("wan2.1-14b", 8, gpu="b200").best.layout.dp > best.dp
+    # a bigger card holds them: fewer ranks per job
+    assert plan("wan2.1-14b", 8, width=1920, height=1080, frames=129, gpu="b200").best.layout.dp > best.dp
 
 
 def test_throughput_splits_for_max_latency():
@@ -99,8 +102,8 @@ def test_best_layout_returns_degrees_for_the_runner():
 
 
 def test_nothing_fits_names_the_way_out():
-    with pytest.raises(ValueError, match="no runnable layout.*GiB per rank.*try more GPUs"):
-        best_layout("wan2.1-14b", 1)
+    with pytest.raises(ValueError, match="no runnable layout.*GiB per rank.*use more GPUs"):
+        best_layout("wan2.1-14b", 1, gpu_mem=40)
     with pytest.raises(ValueError, match="max-latency"):
         best_layout("flux.1-dev", 2, max_latency=0.5)
 
