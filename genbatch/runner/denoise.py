@@ -1,9 +1,11 @@
 """The denoise loop: one family-agnostic loop with timed steps, CFG exchange and step-boundary control.
 
     for each remaining timestep:
-        predict this rank's guidance branches   (sequence parallel happens inside the transformer)
+        predict this rank's guidance branches   (sequence parallel happens inside the transformer; each
+                                                 branch in its own step-cache context)
         exchange branch predictions             (CFG parallel: one exchange of the prediction per step)
         combine, scheduler.step                  -> new latents (identical on every rank of the group)
+        time the step                            (with the step cache's skipped count, when caching)
         after_step(step, latents)               -> checkpoint / stop at this boundary
 
 The order of operations is the diffusers pipeline's own, so the result equals the pipeline's output.
@@ -12,12 +14,15 @@ The order of operations is the diffusers pipeline's own, so the result equals th
 from __future__ import annotations
 
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
 
 from genbatch.models.hooks import Conditioning, Family, Trajectory
+from genbatch.parallel.cache.session import StepCache
 from genbatch.parallel.cfg import BranchExchange
+from genbatch.parallel.comm import Comm
 from genbatch.runner.timing import JobTimer
 
 
@@ -47,8 +52,11 @@ def denoise(
     latents: torch.Tensor | None = None,
     after_step: AfterStep | None = None,
     step_extra: Callable[[], dict] | None = None,
+    cache: StepCache | None = None,
+    cfg: Comm | None = None,
 ) -> DenoiseResult:
-    """Run the denoising steps from `start_step` (0, or a checkpoint's `steps_done`)."""
+    """Run the denoising steps from `start_step` (0, or a checkpoint's `steps_done`). `cache`: the job's step
+    cache (None: none); `cfg`: the cfg group it sums its per-step count over under CFG parallel."""
     latents = trajectory.latents if latents is None else latents
     names = list(conditioning.branches)
     timesteps = trajectory.timesteps
@@ -57,13 +65,18 @@ def denoise(
         t = timesteps[index]
         start = timer.mark()
         local = exchange.local_branches(names)
-        predictions = {
-            name: family.predict(pipe, trajectory, latents, t, index, conditioning.branches[name]) for name in local
-        }
+        predictions = {}
+        for name in local:
+            with cache.branch(name, index) if cache is not None else nullcontext():
+                predictions[name] = family.predict(pipe, trajectory, latents, t, index, conditioning.branches[name])
         predictions = exchange.complete(predictions, names)
         noise = family.combine(predictions, conditioning.guidance_scale, t)
         latents = pipe.scheduler.step(noise, t, latents, return_dict=False)[0]
-        timer.add("denoise_step", start, timer.mark(), step=index, **(step_extra() if step_extra else {}))
+        end = timer.mark()
+        extra = step_extra() if step_extra else {}
+        if cache is not None:
+            extra.update(cache.step_columns(len(local) < len(names), cfg, latents.device))
+        timer.add("denoise_step", start, end, step=index, **extra)
         steps_done = index + 1
         if after_step is not None and after_step(steps_done, latents) and steps_done < len(timesteps):
             return DenoiseResult(latents=latents, steps_done=steps_done, stopped=True)

@@ -18,12 +18,16 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from genbatch.jobs.cache import parse_cache
 from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch import models
 from genbatch.models import resolve_model
 from genbatch.models.hooks import Family, to_uint8
+from genbatch.parallel.cache.agreement import decision_comm
+from genbatch.parallel.cache.session import SKIPPED, StepCache
 from genbatch.parallel.cfg import BranchExchange
+from genbatch.parallel.comm import Comm
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
@@ -87,6 +91,7 @@ def fingerprint(job: JobSpec) -> dict:
         "num_frames": job.num_frames,
         "num_inference_steps": job.num_inference_steps,
         "guidance_scale": job.guidance_scale,
+        "cache": job.cache,  # the cached state is not checkpointed, but a resumed job keeps its mode
         "prompt": hashlib.sha256(f"{job.prompt}\0{job.negative_prompt}".encode()).hexdigest(),
     }
 
@@ -104,6 +109,13 @@ class JobExecutor:
     stop: StopRequest
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     run_id: str = ""
+    cache_group: Comm | None = None
+    """The ranks that agree on each step-cache decision (None: `decision_comm(ctx)`, built here, on every rank
+    at start-up, since it may create a process group)."""
+
+    def __post_init__(self) -> None:
+        if self.cache_group is None:
+            self.cache_group = decision_comm(self.ctx)
 
     def _shared_checkpoint(self, job: JobSpec) -> DenoiseCheckpoint | None:
         """The leader reads the job's checkpoint; the group receives the same bytes (or None)."""
@@ -182,11 +194,16 @@ class JobExecutor:
                     last_save.update(step=steps_done, time=time.monotonic())
                 return False
 
-            result = denoise(
-                family, pipe, trajectory, conditioning,
-                timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
-                after_step=after_step, step_extra=self._step_extra,
-            )
+            # a resumed job starts with an empty cache: its first step computes in full
+            cache = StepCache.start(pipe, model.spec, parse_cache(job.cache), self.cache_group)
+            try:
+                result = denoise(
+                    family, pipe, trajectory, conditioning,
+                    timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
+                    after_step=after_step, step_extra=self._step_extra, cache=cache, cfg=self.ctx.cfg,
+                )
+            finally:
+                cache.close()
             if result.stopped:
                 raise JobInterrupted(f"job {job.id} stopped after step {result.steps_done}")
             if not torch.isfinite(result.latents).all():
@@ -227,6 +244,8 @@ class JobExecutor:
         record["output_uri"] = self.store.output_uri(job.id, ext)
         seconds = timer.seconds_by_stage()
         record.update({f"{stage}_s": value for stage, value in seconds.items()})
+        if parse_cache(job.cache).enabled:  # this run's steps only (a resumed job's earlier run had its own)
+            record[SKIPPED] = sum(interval.extra.get(SKIPPED, 0) for interval in timer.intervals)
         record["finished_at"] = time.time()
         timings = self._timing_rows(timer, job)
         self.writer.submit(self._commit, job, media, ext, record)

@@ -1,0 +1,98 @@
+"""First-Block Cache with one decision per agreement group (diffusers' hooks, the head's decision replaced).
+
+diffusers' `FBCHeadBlockHook` runs block 0, compares its residual with the last full step's and decides with
+`.item()` on this rank's own mean: under sequence parallel each rank judges its own shard, and ranks that
+decide differently hang in the next all-to-all. Here the head block asks `relative_l1` over the job's
+decision group instead, so every rank skips or computes the same steps. The other hooks are diffusers' own;
+they find a block's metadata through its class's MRO, so FSDP2's per-block subclasses are found too.
+
+    block 0          always runs; r = its output - its input
+    decision         relative L1 of r against the last full step's, reduced over the group; skip when
+                     at most the threshold (the first call of a context always computes)
+    blocks 1..n-1    skipped: block 0's output + the cached residual of the last full step
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from diffusers.hooks._helpers import TransformerBlockRegistry
+from diffusers.hooks.first_block_cache import (
+    _FBC_BLOCK_HOOK,
+    _FBC_LEADER_BLOCK_HOOK,
+    FBCBlockHook,
+    FBCHeadBlockHook,
+    FBCSharedBlockState,
+)
+from diffusers.hooks.hooks import HookRegistry, StateManager
+
+from genbatch.parallel.cache.agreement import relative_l1
+from genbatch.parallel.comm import Comm
+
+HOOK_NAMES = (_FBC_LEADER_BLOCK_HOOK, _FBC_BLOCK_HOOK)
+"""The registry names of the hooks `install` adds (what `remove` takes away)."""
+
+Report = Callable[[bool, "float | None"], None]
+"""Called with (computed, indicator) once per forward of the head block (indicator None: first call)."""
+
+
+def block_metadata(module: torch.nn.Module):
+    """diffusers' block metadata of `module`'s class or the first registered class it derives from."""
+    TransformerBlockRegistry._register()
+    for cls in type(module).__mro__:
+        if cls in TransformerBlockRegistry._registry:
+            return TransformerBlockRegistry._registry[cls]
+    raise ValueError(f"{type(module).__name__} is not a transformer block diffusers' First-Block Cache knows; "
+                     "run this model with --cache none or --cache taylorseer:N")
+
+
+class AgreedHeadHook(FBCHeadBlockHook):
+    """The head block's hook: the skip decision is agreed over `comm`."""
+
+    def __init__(self, state_manager: StateManager, threshold: float, comm: Comm, report: Report):
+        super().__init__(state_manager, threshold)
+        self.comm, self.report = comm, report
+
+    def initialize_hook(self, module):
+        self._metadata = block_metadata(module)
+        return module
+
+    @torch.compiler.disable
+    def _should_compute_remaining_blocks(self, hidden_states_residual: torch.Tensor) -> bool:
+        previous = self.state_manager.get_state().head_block_residual
+        if previous is None:
+            self.report(True, None)
+            return True
+        indicator = relative_l1(hidden_states_residual, previous, self.comm)
+        computed = indicator > self.threshold
+        self.report(computed, indicator)
+        return computed
+
+
+class BlockHook(FBCBlockHook):
+    """diffusers' hook of the skipped blocks, finding its metadata through the MRO."""
+
+    def initialize_hook(self, module):
+        self._metadata = block_metadata(module)
+        return module
+
+
+def _repeated_blocks(model: torch.nn.Module, lists: tuple[str, ...]) -> list[torch.nn.Module]:
+    """Every block of the model's repeated lists, in forward order (FLUX: the double blocks, then the single)."""
+    return [block for name in lists for block in model.get_submodule(name)]
+
+
+def install(model: torch.nn.Module, lists: tuple[str, ...], threshold: float, comm: Comm, report: Report) -> None:
+    """Add the First-Block-Cache hooks to the blocks of `lists` (the family plan's repeated lists)."""
+    blocks = _repeated_blocks(model, lists)
+    if len(blocks) < 2:
+        raise ValueError(f"{type(model).__name__} has {len(blocks)} repeated block(s); First-Block Cache needs 2 "
+                         "or more: run it with --cache none")
+    state = StateManager(FBCSharedBlockState, (), {})
+    head, *middle, tail = blocks
+    HookRegistry.check_if_exists_or_initialize(head).register_hook(
+        AgreedHeadHook(state, threshold, comm, report), _FBC_LEADER_BLOCK_HOOK)
+    for block in middle:
+        HookRegistry.check_if_exists_or_initialize(block).register_hook(BlockHook(state), _FBC_BLOCK_HOOK)
+    HookRegistry.check_if_exists_or_initialize(tail).register_hook(BlockHook(state, is_tail=True), _FBC_BLOCK_HOOK)

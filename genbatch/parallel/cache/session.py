@@ -1,0 +1,125 @@
+"""One job's step cache: hooks installed when the job starts, removed when it ends.
+
+    cache = StepCache.start(pipe, spec, mode, comm)     hooks on every denoiser (Wan 2.2: both experts,
+                                                       each with its own state)
+    with cache.branch("cond", step):                   diffusers' cache context of that name on every
+        prediction = transformer(...)                  denoiser: each guidance branch keeps its own state
+    cache.step_columns(split, cfg)                     {"cache_skipped": forwards of the step that reused
+                                                       cached work, over every branch}, the same on every
+                                                       rank of the group
+    cache.close()                                      hooks removed: the next job starts from empty state
+
+A resumed job starts a new `StepCache`: its state is empty, so its first step computes in full (the cached
+residuals are not checkpointed). `mode` none installs nothing and costs nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+
+from genbatch.jobs.cache import FBC, TAYLORSEER, CacheMode
+from genbatch.jobs.models import ModelSpec
+from genbatch.models import family
+from genbatch.parallel.cache import fbc, taylorseer
+from genbatch.parallel.comm import Comm
+
+SKIPPED = "cache_skipped"
+"""The step timing column: how many branch forwards of the step reused cached work (0: all computed)."""
+
+
+def _transformer_plan(spec: ModelSpec, model: torch.nn.Module):
+    """The family plan of `model`'s class (or the first class it derives from: FSDP2 subclasses each one)."""
+    plans = family(spec.family)
+    for cls in type(model).__mro__:
+        if cls.__name__ in plans.transformers:
+            return plans.transformer_plan(cls.__name__)
+    return plans.transformer_plan(type(model).__name__)  # raises, naming the known classes
+
+
+@dataclass(kw_only=True, slots=True)
+class StepCache:
+    """The step cache of one job on one rank."""
+
+    mode: CacheMode
+    """The job's mode."""
+    models: list[torch.nn.Module] = field(default_factory=list)
+    """The hooked denoisers."""
+    hooked: int = 0
+    """Modules (FBC: blocks; TaylorSeer: attention and feed-forward modules) carrying a cache hook."""
+    indicators: list[tuple[int, str, float | None]] = field(default_factory=list)
+    """FBC: (step, branch, agreed relative L1) of every head-block forward (None: the first, always computed)."""
+    _branch: str | None = None
+    _step: int = 0
+    _skipped: set[str] = field(default_factory=set)
+
+    @classmethod
+    def start(cls, pipe, spec: ModelSpec, mode: CacheMode, comm: Comm) -> StepCache:
+        """Install `mode`'s hooks on the pipeline's denoisers; FBC decides over `comm` (`decision_comm`)."""
+        from diffusers.hooks.hooks import HookRegistry
+
+        from genbatch.parallel.apply import _components, denoisers
+
+        cache = cls(mode=mode)
+        if not mode.enabled:
+            return cache
+        for _, model in _components(pipe, denoisers(spec)):
+            plan = _transformer_plan(spec, model)
+            lists = plan.blocks.repeated
+            if mode.kind == FBC:
+                fbc.install(model, lists, mode.threshold, comm, cache._report_decision)
+                cache.hooked += sum(len(model.get_submodule(name)) for name in lists)
+            elif mode.kind == TAYLORSEER:
+                patterns = tuple(site.pattern for site in plan.attention)
+                cache.hooked += taylorseer.install(model, patterns, lists, mode.interval, cache._report)
+            HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
+            cache.models.append(model)
+        return cache
+
+    def _report(self, computed: bool) -> None:
+        if not computed:
+            self._skipped.add(self._branch)
+
+    def _report_decision(self, computed: bool, indicator: float | None) -> None:
+        self.indicators.append((self._step, self._branch, indicator))
+        self._report(computed)
+
+    @contextlib.contextmanager
+    def branch(self, name: str, step: int):
+        """Run a denoiser call of branch `name` at step index `step` in that branch's cache context."""
+        if not self.models:
+            yield
+            return
+        self._branch, self._step = name, step
+        with contextlib.ExitStack() as stack:
+            for model in self.models:
+                stack.enter_context(model.cache_context(name))
+            yield
+
+    def step_columns(self, split: bool, cfg: Comm | None, device: torch.device) -> dict[str, int]:
+        """The finished step's timing columns ({} without caching). `split`: this rank ran only its own cfg
+        branch (CFG parallel), so the count is summed over `cfg` (one small all-reduce)."""
+        if not self.mode.enabled:
+            return {}
+        skipped = len(self._skipped)
+        self._skipped.clear()
+        if split and cfg is not None and cfg.size > 1:
+            total = torch.tensor([skipped], dtype=torch.int64, device=device)
+            cfg.all_reduce(total, op=dist.ReduceOp.SUM, kind="control")
+            skipped = int(total.item())
+        return {SKIPPED: skipped}
+
+    def close(self) -> None:
+        """Remove the hooks (and with them every cached tensor)."""
+        from diffusers.hooks.hooks import HookRegistry
+
+        names = fbc.HOOK_NAMES if self.mode.kind == FBC else taylorseer.HOOK_NAMES
+        for model in self.models:
+            registry = HookRegistry.check_if_exists_or_initialize(model)
+            for name in names:
+                registry.remove_hook(name, recurse=True)
+            registry.invalidate_child_registries_cache()
+        self.models.clear()
