@@ -7,6 +7,7 @@ import sys
 import click
 
 from genbatch.benchmark.suites import SUITES
+from genbatch.manifests.cli import cache_option
 from genbatch.parallel.flags import kernel_args, kernel_options
 
 
@@ -29,9 +30,11 @@ from genbatch.parallel.flags import kernel_args, kernel_options
               help="fsspec option for OUT and the baseline (repeatable).")
 @click.option("--overwrite", is_flag=True, help="Replace a report already in OUT.")
 @kernel_options
+@cache_option
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
                   model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
-                  compile: bool, compile_backend: str, attention: str, compile_cache: str | None) -> None:
+                  compile: bool, compile_backend: str, attention: str, compile_cache: str | None,
+                  cache: str | None) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
 
     Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
@@ -49,5 +52,6 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
 
     options = BenchOptions(out=out, suite=suite, layouts=layouts, baseline=baseline, threshold=threshold,
                            model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
-                           run_args=tuple(kernel_args(compile, compile_backend, attention, compile_cache)))
+                           run_args=(*kernel_args(compile, compile_backend, attention, compile_cache),
+                                     *(("--cache", cache) if cache else ())))
     sys.exit(run_bench(options))

@@ -15,8 +15,28 @@ from genbatch.manifests.report import validate_manifest
 from genbatch.jobs import exit_codes
 
 
+def _cache_mode(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--cache`'s value in canonical form; exit 2 naming the modes that run for any other."""
+    from genbatch.jobs.cache import canonical_cache
+
+    try:
+        return None if value is None else canonical_cache(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
+
+
+def cache_option(command: Callable) -> Callable:
+    """Add `--cache MODE` (the run's step caching; a row's `cache` value overrides it) to a command."""
+    return click.option(
+        "--cache", callback=_cache_mode, metavar="MODE",
+        help="Step caching for rows without a `cache` value: none, fbc:THRESHOLD (First-Block Cache: skip the "
+        "blocks after the first while its residual changes by at most THRESHOLD, relative L1) or "
+        "taylorseer:INTERVAL (one full step in every INTERVAL, the rest predicted) [default: none].",
+    )(command)
+
+
 def job_override_options(command: Callable) -> Callable:
-    """Add --model --width --height --frames --steps --guidance --fps (run-level job settings) to a command."""
+    """Add --model --width --height --frames --steps --guidance --fps --cache (run-level job settings)."""
     options = [
         click.option(
             "--model",
@@ -45,12 +65,12 @@ def job_override_options(command: Callable) -> Callable:
     ]
     for option in reversed(options):
         command = option(command)
-    return command
+    return cache_option(command)
 
 
 def overrides_from_options(options: dict) -> JobOverrides:
     """The `JobOverrides` of the options `job_override_options` added (other keys are ignored)."""
-    names = ("model", "width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps")
+    names = ("model", "width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps", "cache")
     return JobOverrides(**{name: options.get(name) for name in names})
 
 

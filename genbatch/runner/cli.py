@@ -99,6 +99,9 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
                 from genbatch.planner.profile import load_profile
 
                 load_profile(options["profile"])  # a missing or broken profile fails now, not on the ranks
+            if options["cache"] not in (None, "none") and options["pp"] > 1:
+                raise ValueError(f"--cache {options['cache']} with --pp {options['pp']}: step caching does not "
+                                 "run with PipeFusion stages; use --cache none or --pp 1")
         except ValueError as error:
             raise UsageError(str(error)) from None
         run_options = RunOptions(
