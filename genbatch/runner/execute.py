@@ -112,6 +112,8 @@ class JobExecutor:
     cache_group: Comm | None = None
     """The ranks that agree on each step-cache decision (None: `decision_comm(ctx)`, built here, on every rank
     at start-up, since it may create a process group)."""
+    last_cache: StepCache | None = None
+    """The step cache of the last job this rank denoised (its hooks removed; its indicators kept)."""
 
     def __post_init__(self) -> None:
         if self.cache_group is None:
@@ -204,6 +206,7 @@ class JobExecutor:
                 )
             finally:
                 cache.close()
+                self.last_cache = cache
             if result.stopped:
                 raise JobInterrupted(f"job {job.id} stopped after step {result.steps_done}")
             if not torch.isfinite(result.latents).all():
@@ -221,7 +224,8 @@ class JobExecutor:
         family, pipe = model.family, model.pipe
         with torch.no_grad():
             with timer.stage("vae_decode"):
-                decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, latents))
+                decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, latents),
+                                              (job.width, job.height, job.num_frames))
             stage_memory = self.decoder.last_peak_bytes
             if stage_memory is not None:
                 timer.intervals[-1].extra["peak_bytes"] = stage_memory
@@ -236,7 +240,8 @@ class JobExecutor:
         except JobInterrupted:
             self.store.append_timings(self._timing_rows(timer, job))
             raise
-        record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank}
+        record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank,
+                  "vae_decode": self.decoder.last_mode}
         if not self.ctx.is_leader:
             return JobResult(record=record, timings=self._timing_rows(timer, job))
         with timer.stage("encode_media"):

@@ -28,6 +28,8 @@ POOLS = {
     "guidance_scale": [None, None, 5.0, 1.0, 0.0, -0.5, float("nan"), float("inf"), -float("inf")],
     "seed": [None, None, 1, 7, 2**63, 2**64 - 1],
     "fps": [None, None, 8, 0, -1],
+    "cache": [None, None, None, "none", "fbc:0.08", "FBC:0.080", "taylorseer:2", "teacache:0.2", "fbc:-1", "fbc",
+              "taylorseer:0", "lru"],
 }
 PLAIN = {"seed": pa.uint64(), "width": pa.int64(), "height": pa.int64(), "num_frames": pa.int64(),
          "num_inference_steps": pa.int64(), "fps": pa.int64(), "guidance_scale": pa.float64()}
@@ -83,7 +85,7 @@ def _reference(url, overrides, batch_rows):
     ("types", "drop", "overrides"),
     [
         (PLAIN, (), JobOverrides(model="tiny-wan")),
-        (ODD, (), JobOverrides(model="tiny-flux", width=72, num_inference_steps=2)),
+        (ODD, (), JobOverrides(model="tiny-flux", width=72, num_inference_steps=2, cache="taylorseer:3")),
         (PLAIN, ("negative_prompt", "seed", "fps"), JobOverrides(model="tiny-wan", height=40, guidance_scale=0.5)),
         (ODD, ("model",), JobOverrides(model="tiny-sd3", num_frames=5)),
         (PLAIN, (), JobOverrides(model="no-such-model")),
@@ -100,11 +102,16 @@ def test_column_checks_equal_the_row_rules(tmp_path, types, drop, overrides):
     # every kind of problem is there (the test covers what it claims)
     columns = {rejection.column for rejection in result.rejected}
     assert {"id", "prompt", "width"} <= columns and len(result.rejected_rows) < ROWS
+    if "cache" not in drop:
+        assert "cache" in columns
+        modes = {job.cache for job in result.jobs}
+        assert modes == {"none", "fbc:0.08", "taylorseer:2", overrides.cache or "none"}  # canonical; nulls: --cache
     if types is PLAIN and overrides.model == "tiny-wan" and not drop:
         reasons = " ".join(rejection.reason for rejection in result.rejected)
         for part in ("duplicate id", "cannot name an output file", "bytes long", "empty prompt", "int64",
                      "not a preset", "empty model name", "video models only", "must be positive", "is negative",
-                     "not a finite number", "not a multiple of", "not of the form"):
+                     "not a finite number", "not a multiple of", "not of the form", "is not a cache mode",
+                     "TeaCache is not built", "the fbc threshold", "the taylorseer interval"):
             assert part in reasons, part
 
     # the hand-out order and every share, from the columns, equal those of the JobSpecs
