@@ -147,6 +147,15 @@ class TensorPlan:
     """True when the last block of the first repeated list all-reduces the image stream alone (SD3's
     `context_pre_only` block has no text output projection or text MLP)."""
 
+    def all_reduces_per_forward(self, blocks: Mapping[str, int]) -> int:
+        """A, all-reduces of [tokens, d] one forward does: `all_reduces` summed over the blocks (`blocks`: each
+        repeated list's length). The one per-model formula the runner's accounting and the planner share."""
+        return sum(count * blocks.get(name, 0) for name, count in self.all_reduces.items())
+
+    def all_reduces_per_layer(self, blocks: Mapping[str, int]) -> float:
+        """A over the number of blocks (what the planner charges each layer: `ModelShape.tp_all_reduces`)."""
+        return self.all_reduces_per_forward(blocks) / max(sum(blocks.values()), 1)
+
 
 def dual_stream_styles(blocks: str) -> dict[str, str]:
     """The tensor styles of a list of dual-stream (MMDiT) blocks under diffusers' names (SD3's, HunyuanVideo's):

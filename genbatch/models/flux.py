@@ -148,6 +148,18 @@ def build_tiny(meta: frozenset[str] = frozenset()):
 
 _JOINT = ("encoder_hidden_states", "hidden_states")  # the pipeline's order: [text, image]
 
+TENSOR_PLAN = TensorPlan(
+    from_diffusers=True,  # its _tp_plan, plus the heads and the AdaLN modulation it keeps whole
+    styles={"transformer_blocks.*.attn": HEADS, "single_transformer_blocks.*.attn": HEADS,
+            "transformer_blocks.*.norm1.linear": GATHERED_COLWISE,
+            "transformer_blocks.*.norm1_context.linear": GATHERED_COLWISE,
+            "single_transformer_blocks.*.norm.linear": GATHERED_COLWISE,
+            "norm_out.linear": GATHERED_COLWISE},
+    # dual-stream: attention and MLP outputs of both streams; single-stream: one fused proj_out
+    all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
+)
+"""FLUX's tensor plan: diffusers' `_tp_plan`, the modulation sharded too."""
+
 FAMILY = ModelFamily(
     name="flux",
     pipelines=("FluxPipeline",),
@@ -163,16 +175,7 @@ FAMILY = ModelFamily(
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=_JOINT),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT, streams=_JOINT)),
             sequence=SequenceSplits(),  # diffusers' own _cp_plan
-            tensor_plan=TensorPlan(
-                from_diffusers=True,  # its _tp_plan, plus the heads and the AdaLN modulation it keeps whole
-                styles={"transformer_blocks.*.attn": HEADS, "single_transformer_blocks.*.attn": HEADS,
-                        "transformer_blocks.*.norm1.linear": GATHERED_COLWISE,
-                        "transformer_blocks.*.norm1_context.linear": GATHERED_COLWISE,
-                        "single_transformer_blocks.*.norm.linear": GATHERED_COLWISE,
-                        "norm_out.linear": GATHERED_COLWISE},
-                # dual-stream: attention and MLP outputs of both streams; single-stream: one fused proj_out
-                all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
-            ),
+            tensor_plan=TENSOR_PLAN,
             # diffusers' _repeated_blocks: FluxTransformerBlock, FluxSingleTransformerBlock
             compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
         ),
@@ -190,6 +193,7 @@ FAMILY = ModelFamily(
                    vae_parameters=0.084e9, joint_text=True, text_tokens=512, patch_size=(2, 2), vae_spatial=8,
                    vae_temporal=1, out_channels=16, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
                    vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKL", width=1024, height=1024, frames=None,
-                   steps=28),
+                   steps=28, tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": 19,
+                                                                               "single_transformer_blocks": 38})),
     ),
 )

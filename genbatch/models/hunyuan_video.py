@@ -171,6 +171,14 @@ def build_tiny(meta: frozenset[str] = frozenset()):
                                 tokenizer_2=clip_tokenizer)
 
 
+TENSOR_PLAN = TensorPlan(
+    styles={**dual_stream_styles("transformer_blocks"), **single_stream_styles("single_transformer_blocks"),
+            "norm_out.linear": GATHERED_COLWISE},
+    all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
+)
+"""HunyuanVideo's tensor plan (diffusers has none): dual- and single-stream blocks and the final modulation;
+the token refiner runs once on the text, whole on every rank."""
+
 FAMILY = ModelFamily(
     name="hunyuan-video",
     pipelines=("HunyuanVideoPipeline",),
@@ -200,11 +208,7 @@ FAMILY = ModelFamily(
             }),
             # genbatch's own (diffusers has no _tp_plan for it): the dual- and single-stream blocks and the
             # final modulation; the token refiner runs once on the text, whole on every rank
-            tensor_plan=TensorPlan(
-                styles={**dual_stream_styles("transformer_blocks"), **single_stream_styles("single_transformer_blocks"),
-                        "norm_out.linear": GATHERED_COLWISE},
-                all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
-            ),
+            tensor_plan=TENSOR_PLAN,
             # diffusers' _repeated_blocks: the dual- and single-stream blocks (the token refiner's run once)
             compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
         ),
@@ -222,6 +226,8 @@ FAMILY = ModelFamily(
                    vae_parameters=0.246e9, joint_text=True, text_tokens=MAX_SEQUENCE_LENGTH, patch_size=(1, 2, 2),
                    vae_spatial=8, vae_temporal=4, out_channels=16,
                    vae_mflop_per_pixel=HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL, vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX,
-                   vae_class="AutoencoderKLHunyuanVideo", width=1280, height=720, frames=129, steps=50),
+                   vae_class="AutoencoderKLHunyuanVideo", width=1280, height=720, frames=129, steps=50,
+                   tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": 20,
+                                                                     "single_transformer_blocks": 40})),
     ),
 )

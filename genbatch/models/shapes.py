@@ -80,6 +80,10 @@ class ModelShape:
     """The diffusers class of the VAE (`AutoencoderKLWan`): the planner models that class's decode peak in each
     decode mode (`genbatch.planner.vae_memory`); empty: the planner assumes the image VAE for images and Wan's
     frame-causal one for video."""
+    tp_all_reduces: float = 2.0
+    """All-reduces of [N, d] a layer does under tensor parallelism, over the model's block types
+    (`TensorPlan.all_reduces_per_layer`): seed 000's standard 2, Wan's 3, FLUX's 4/3 (19 dual-stream blocks
+    at 2, 38 single-stream ones at 1)."""
     pads_frames_to_patch: bool = False
     """True when the pipeline pads the latent frames up to a multiple of the temporal patch before patching
     (CogVideoX 1.5 does); False when the patch embedding sees the latent as it is."""

@@ -140,12 +140,6 @@ def build_tiny(meta: frozenset[str] = frozenset()):
     return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer)
 
 
-_PUBLISHED_COMMON = dict(is_video=True, uses_cfg=True, head_dim=128, patch_size=(1, 2, 2), vae_spatial=8,
-                         vae_temporal=4, out_channels=16, joint_text=False, text_tokens=512,
-                         text_encoder_parameters=5.68e9,  # UMT5-XXL encoder
-                         vae_parameters=0.127e9, vae_mflop_per_pixel=WAN_VAE_MFLOP_PER_PIXEL,
-                         vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, vae_class="AutoencoderKLWan", frames=81, steps=50)
-
 TENSOR_PLAN = TensorPlan(
     styles={
         # self- and cross-attention: q, k, v split by heads (attn2's k, v over the replicated text), the output
@@ -163,6 +157,13 @@ TENSOR_PLAN = TensorPlan(
     all_reduces={"blocks": 3},  # self-attention, cross-attention and MLP outputs
 )
 """Wan's tensor plan (diffusers has none): the cache-dit / SGLang layout, with the modulation sharded too."""
+
+_PUBLISHED_COMMON = dict(is_video=True, uses_cfg=True, head_dim=128, patch_size=(1, 2, 2), vae_spatial=8,
+                         vae_temporal=4, out_channels=16, joint_text=False, text_tokens=512,
+                         text_encoder_parameters=5.68e9,  # UMT5-XXL encoder
+                         vae_parameters=0.127e9, vae_mflop_per_pixel=WAN_VAE_MFLOP_PER_PIXEL,
+                         vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, vae_class="AutoencoderKLWan", frames=81, steps=50,
+                         tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"blocks": 1}))
 
 FAMILY = ModelFamily(
     name="wan",

@@ -12,14 +12,25 @@ parameters, and a group of cfg x ring x ulysses ranks:
 | fsdp_all_gather  | F (g-1)/g P e                                      | FSDP: one all-gather of the weights|
 | sp_gather        | F (s-1)/s (prediction bytes)                       | output sequence gather (not in the |
 |                  |                                                    | seed's table; counted apart)       |
+| tp_all_reduce    | F A 2 (t-1)/t (N/s) d e                            | TP: the row-wise outputs           |
 
-(u, r: Ulysses and Ring degrees; s = u r; g the FSDP group size.) With USP, Ulysses runs on the ring row's
-N/r tokens and the ring passes h/u heads, which is where N/r and d/u come from.
+(u, r, t: Ulysses, Ring and TP degrees; s = u r; g the FSDP group size.) With USP, Ulysses runs on the ring
+row's N/r tokens and the ring passes h/u heads, which is where N/r and d/u come from; under TP each rank holds
+d/t of every attention width and P/t of the weights, so the Ulysses, Ring and FSDP rows take d/t and P/t.
+
+TP's A is the model's: all-reduces of [N, d] per block summed over the blocks (`TensorPlan.all_reduces_per_forward`,
+from the family's `TensorPlan.all_reduces`): seed 000's 2 per layer is the standard case, Wan does 3 (its
+cross-attention output too), a FLUX or HunyuanVideo single-stream block 1. A joint block all-reduces its text
+tokens with its image tokens. The head-split QK norm's all-reduces (`tp_norm`, (N, 1) values) and the AdaLN
+modulation's all-gather (`tp_all_gather`, (B, 6d) a block) are small and counted apart.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+
+from genbatch.models.base import TensorPlan
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,13 +47,27 @@ class StepShape:
     """Values in one noise prediction (the latent's size)."""
     value_bytes: int = 2
     """e: bytes per value (2 for bf16, 4 for fp32)."""
+    all_reduce_tokens: float = 0.0
+    """A N: tokens all-reduced by TP per forward, over all blocks (`tp_all_reduce_tokens`; 0 without TP)."""
 
 
-def bytes_per_step(shape: StepShape, *, cfg: int, ring: int, ulysses: int, fsdp: bool, uses_cfg: bool) -> dict[str, float]:
+def tp_all_reduce_tokens(plan: TensorPlan, blocks: Mapping[str, int], *, image_tokens: int, text_tokens: int,
+                         joint: bool) -> float:
+    """Tokens all-reduced per forward: A times the tokens of one all-reduce (image plus text in joint blocks),
+    less the text of a last block that all-reduces the image alone (SD3's `context_pre_only`)."""
+    tokens = image_tokens + (text_tokens if joint else 0)
+    total = plan.all_reduces_per_forward(blocks) * tokens
+    if plan.text_free_last_block and plan.all_reduces:
+        total -= next(iter(plan.all_reduces.values())) * (tokens - image_tokens)
+    return float(total)
+
+
+def bytes_per_step(shape: StepShape, *, cfg: int, ring: int, ulysses: int, fsdp: bool, uses_cfg: bool,
+                   tp: int = 1) -> dict[str, float]:
     """Expected bytes this rank sends per step, by ledger kind (kinds that send nothing are left out)."""
     u, r, e = ulysses, ring, shape.value_bytes
     forwards = (2 if uses_cfg else 1) // cfg
-    n, d, layers = shape.tokens, shape.width, shape.layers
+    n, d, layers = shape.tokens, shape.width / tp, shape.layers
     prediction = shape.prediction_values * e
     expected: dict[str, float] = {}
     if u > 1:
@@ -53,7 +78,9 @@ def bytes_per_step(shape: StepShape, *, cfg: int, ring: int, ulysses: int, fsdp:
         expected["cfg_exchange"] = prediction
     group = cfg * r * u
     if fsdp and group > 1:
-        expected["fsdp_all_gather"] = forwards * (group - 1) / group * shape.parameters * e
+        expected["fsdp_all_gather"] = forwards * (group - 1) / group * shape.parameters / tp * e
     if u * r > 1:
         expected["sp_gather"] = forwards * (u * r - 1) / (u * r) * prediction
+    if tp > 1:
+        expected["tp_all_reduce"] = forwards * 2 * (tp - 1) / tp * shape.all_reduce_tokens / (u * r) * shape.width * e
     return expected

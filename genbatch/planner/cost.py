@@ -248,9 +248,10 @@ def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compu
                   per_step * (r - 1))
     if tp > 1:
         link = links["tp"] = axis_link(layout, "tp", cluster)
-        per_layer = 2 * 2 * (tp - 1) / tp * nd / sp  # two ring all-reduces of [N/sp, d]
-        time = _transfer(per_layer, link, messages=2)
-        tally.add("tp", per_step * per_layer, per_step * time, per_step * time, link, per_step * 2)
+        reduces = work.shape.tp_all_reduces  # the model's all-reduces a layer (TensorPlan.all_reduces_per_layer)
+        per_layer = reduces * 2 * (tp - 1) / tp * nd / sp  # ring all-reduces of [N/sp, d]
+        time = _transfer(per_layer, link, messages=reduces)
+        tally.add("tp", per_step * per_layer, per_step * time, per_step * time, link, per_step * reduces)
     if layout.fsdp_size > 1:
         link = links["fsdp"] = link_for_extent(layout.group_size, cluster)
         shape = work.shape
