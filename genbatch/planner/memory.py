@@ -16,12 +16,15 @@ from __future__ import annotations
 from genbatch.models import families
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.hardware import GIB
-from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, decoder_memory
+from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, decoder_memory, first_fitting
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
-ACTIVATION_TENSORS = 20
-"""Denoise activation peak in [N, d] bf16 tensors: seed 000 §8.3 gives Wan2.1-14B 720p 81 frames 14.4 GiB
-(N = 75,600, d = 5,120: 20 such tensors), 129 frames 22.7 GiB and 1080p 32 GiB (both match 20 x N x d)."""
+ACTIVATION_TENSORS = 12
+"""Denoise activation peak of one forward, in [N, d] bf16 tensors: counted on a real-width Wan 2.1-14B block stack
+in bf16 (d = 5,120, ffn 13,824; live tensors under a dispatch mode, `bench/vae_memory.py`): 11.4 at N = 4,096,
+12.6 at N = 1,024 (bench/results/cpu/vae_memory.txt). Seed 000 §8.3's figures (Wan2.1-14B 720p 81 frames
+14.4 GiB, N = 75,600) are 20 such tensors: two guidance branches batched, where genbatch runs them one after the
+other (or on two ranks with CFG parallel)."""
 RESERVE_GIB = 2.0
 """CUDA context, allocator slack and NCCL buffers per rank: assumed."""
 FSDP_PREFETCH_LAYERS = 2
@@ -56,17 +59,14 @@ def vae_decode_gib(layout: ParallelDims, work: Workload, mode: str) -> float:
 
 def choose_decode(layout: ParallelDims, work: Workload, limit_gib: float, wanted: str = "auto") -> str:
     """The decode mode the layout runs: `wanted`, or with `auto` the first of `decode_modes` whose peak fits in
-    `limit_gib` per rank (the last, the smallest, when none does: the layout is then rejected for memory)."""
+    `limit_gib` per rank (the smallest when none does: the layout is then rejected for memory)."""
     modes = decode_modes(layout, work)
     if wanted != "auto":
         if wanted not in modes:
             raise ValueError(f"--vae-decode {wanted} is not available for {work.shape.name} on {layout.name} "
                              f"(it can decode {', '.join(modes)}); choose one of those, or auto")
         return wanted
-    for mode in modes:
-        if memory_per_rank(layout, work, mode)["total"] <= limit_gib:
-            return mode
-    return min(modes, key=lambda mode: vae_decode_gib(layout, work, mode))
+    return first_fitting(modes, lambda mode: memory_per_rank(layout, work, mode)["total"], limit_gib)
 
 
 def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") -> dict[str, float]:

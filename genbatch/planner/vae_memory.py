@@ -22,6 +22,7 @@ compares this model with the count); a decoder of another width scales with its 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 DECODE_MODES = ("full", "parallel", "tiled")
@@ -100,6 +101,15 @@ def decoder_memory(vae_class: str, *, is_video: bool) -> DecoderMemory:
     return DECODERS.get(vae_class) or (WAN if is_video else IMAGE)
 
 
+def first_fitting(modes: Sequence[str], needs: Callable[[str], float], limit: float) -> str:
+    """`auto`'s rule: the first of `modes` (exact ones first) whose need fits in `limit`, else the one needing
+    least (which then does not fit either)."""
+    for mode in modes:
+        if needs(mode) <= limit:
+            return mode
+    return min(modes, key=needs)
+
+
 def _chunk_values(memory: DecoderMemory, frames: int, height: int, width: int) -> float:
     """Live activation values of the largest chunk one rank decodes over a `height` x `width` area (tiling keeps
     the frames decoded at once)."""
@@ -109,9 +119,10 @@ def _chunk_values(memory: DecoderMemory, frames: int, height: int, width: int) -
 
 def decode_peak_bytes(memory: DecoderMemory, mode: str, *, width: int, height: int, frames: int | None,
                       ranks: int = 1, bytes_per_value: int = 2, channels: int | None = None,
-                      leader: bool = True) -> float:
+                      tile: tuple[int, int] | None = None, leader: bool = True) -> float:
     """Peak bytes on one rank while decoding a `width` x `height` x `frames` output in `mode` over `ranks` ranks
-    (the leader, which gathers the output, unless `leader` is False)."""
+    (the leader, which gathers the output, unless `leader` is False); `channels` and `tile` (height, width) describe
+    a decoder configured otherwise than the published one the constants were counted on."""
     if mode not in DECODE_MODES:
         raise ValueError(f"unknown decode mode {mode!r}; choose one of {', '.join(DECODE_MODES)}")
     frames = max(frames or 1, 1)
@@ -121,8 +132,8 @@ def decode_peak_bytes(memory: DecoderMemory, mode: str, *, width: int, height: i
         # each rank decodes its strip (1/p of the area) exactly; the leader gathers the whole output
         share = (scale * _chunk_values(memory, frames, height, width) + memory.output_copies * output)
         values = share / ranks + (output if leader else 0.0)
-    elif mode == "tiled" and memory.tile is not None:
-        tile_h, tile_w = min(memory.tile[0], height), min(memory.tile[1], width)
+    elif mode == "tiled" and (tile or memory.tile) is not None:
+        tile_h, tile_w = min((tile or memory.tile)[0], height), min((tile or memory.tile)[1], width)
         if (tile_h, tile_w) == (height, width):  # one tile: the VAE decodes it whole
             return decode_peak_bytes(memory, "full", width=width, height=height, frames=frames,
                                      bytes_per_value=bytes_per_value, channels=channels)
@@ -133,4 +144,5 @@ def decode_peak_bytes(memory: DecoderMemory, mode: str, *, width: int, height: i
     return values * bytes_per_value
 
 
-__all__ = ["DECODERS", "DECODE_MODES", "EXACT_MODES", "DecoderMemory", "decode_peak_bytes", "decoder_memory"]
+__all__ = ["DECODERS", "DECODE_MODES", "EXACT_MODES", "DecoderMemory", "decode_peak_bytes", "decoder_memory",
+           "first_fitting"]

@@ -10,6 +10,7 @@ import click
 from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import job_override_options, overrides_from_options, storage_options_from
 from genbatch.parallel.flags import kernel_options, layout_options
+from genbatch.planner.memory import DECODE_CHOICES
 
 
 def _layout_options(command):
@@ -50,8 +51,13 @@ def _layout_options(command):
               metavar="SECONDS",
               help="How long one read or write of OUT may keep failing (every retry included) before the run stops "
                    "with its state kept (exit 75: rerun to continue); access denied or no such bucket exit 2 at once.")
-@click.option("--vae-parallel/--no-vae-parallel", default=True, show_default=True,
-              help="Decode patch-parallel across each job group.")
+@click.option("--vae-decode", type=click.Choice(DECODE_CHOICES), default="auto", show_default=True,
+              help="parallel: patch-parallel over each job group (exact); full: the group's leader decodes alone "
+                   "(exact); tiled: the leader with the VAE's own tiling (least memory; blended tiles, not the full "
+                   "decode's output); auto: an exact mode that fits, tiled only when none does. The results row "
+                   "records the mode each job used.")
+@click.option("--vae-memory", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
+              help="GiB a rank may fill, for auto's choice of decode mode [default: the device's memory].")
 @kernel_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the manifest and output filesystems (repeatable).")
@@ -116,7 +122,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             collective_timeout=options["collective_timeout"], download=options["download"], share=share_value,
             dynamic_hand_out=hand_out == "dynamic",
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
-            vae_parallel=options["vae_parallel"], compile=options["compile"],
+            vae_decode=options["vae_decode"], vae_memory_gib=options["vae_memory"], compile=options["compile"],
             compile_backend=options["compile_backend"], attention=options["attention"],
             compile_cache=options["compile_cache"], quiet=options["quiet"], max_attempts=options["max_attempts"],
             storage_timeout=options["storage_timeout"],

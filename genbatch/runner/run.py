@@ -82,7 +82,10 @@ class RunOptions:
     dynamic_hand_out: bool = True
     """Hand jobs to whichever group is free (False: a static strided split)."""
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
-    vae_parallel: bool = True
+    vae_decode: str = "auto"
+    """How each job's VAE decodes (`genbatch.runner.decode`): auto, full, tiled or parallel."""
+    vae_memory_gib: float | None = None
+    """GiB a rank may fill, for `auto`'s choice of decode mode (None: the device's memory)."""
     compile: bool = False
     """torch.compile each repeated transformer block's forward (`genbatch.parallel.compile`)."""
     compile_backend: str = "inductor"
@@ -141,7 +144,8 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "device": str(world.ctx.device),
         "dtype": str(world.dtype).removeprefix("torch."),
         "options": {k: getattr(options, k) for k in ("dp", "cfg", "pp", "ring", "ulysses", "tp", "fsdp", "share",
-                                                              "vae_parallel", "compile", "compile_backend",
+                                                              "vae_decode", "vae_memory_gib", "compile",
+                                                              "compile_backend",
                                                               "attention", "compile_cache")},
         "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,

@@ -22,6 +22,7 @@ from genbatch.parallel.attention.local import KERNELS, check_kernel
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.teardown import leave_process_group
+from genbatch.runner.decode import mode_problem
 from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype, load_pipeline, load_sharded_pipeline
 
 
@@ -68,6 +69,9 @@ class World:
     """The run's `genbatch.parallel.compile.CompileConfig` (None: the denoisers run eagerly)."""
     attention_kernel: str = "auto"
     """`--attention`: the kernel's name as the flag spells it (`genbatch.parallel.attention.local.KERNELS`)."""
+    vae_decode: str = "auto"
+    """`--vae-decode`: how each job's VAE decodes (`genbatch.runner.decode`), checked against every model at
+    start-up."""
 
     @property
     def attention(self) -> str:
@@ -192,6 +196,9 @@ class World:
                              masked=family(spec.family).masks_attention())
             except ValueError as error:
                 raise UsageError(f"model {name}: {error}") from None
+            problem = mode_problem(self.vae_decode, spec)
+            if problem is not None:
+                raise UsageError(f"model {name}: {problem}")
 
     def executor(self, options, store, writer, run_id: str, stop=None):
         """The job executor of this rank; `stop` is the run's installed StopRequest (a new one if None)."""
@@ -206,7 +213,8 @@ class World:
             store=store,
             writer=writer,
             exchange=branch_exchange(self.ctx),
-            decoder=Decoder(ctx=self.ctx, parallel=options.vae_parallel),
+            decoder=Decoder(ctx=self.ctx, mode=options.vae_decode,
+                            memory_bytes=None if options.vae_memory_gib is None else int(options.vae_memory_gib * 2**30)),
             stop=stop if stop is not None else StopRequest().install(),
             checkpoints=options.checkpoints,
             run_id=run_id,
@@ -276,4 +284,5 @@ def start_world(options, stop=None) -> World:
         raise UsageError(str(error)) from None
     dtype = DTYPES[options.dtype or default_dtype(device)]
     return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop,
-                 compile=options.compile_config(), attention_kernel=options.attention)
+                 compile=options.compile_config(), attention_kernel=options.attention,
+                 vae_decode=options.vae_decode)

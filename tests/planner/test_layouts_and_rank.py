@@ -69,14 +69,14 @@ def test_pp_is_estimated_but_flagged_and_tp_runs():
 
 
 def test_throughput_splits_only_for_memory():
-    # Wan 14B 1080p 129 frames: one rank cannot hold weights, encoders and 51 GiB of activations, so jobs are
+    # Wan 14B 1080p 201 frames: one rank cannot hold weights, encoders and 47 GiB of activations, so jobs are
     # split, but no more than needed
-    result = plan("wan2.1-14b", 8, width=1920, height=1080, frames=129)
+    result = plan("wan2.1-14b", 8, width=1920, height=1080, frames=201)
     best = result.best.layout
     fits = [candidate.layout.dp for candidate in result.ranked]
     assert best.dp == max(fits) < 8
     # a bigger card holds them: fewer ranks per job
-    assert plan("wan2.1-14b", 8, width=1920, height=1080, frames=129, gpu="b200").best.layout.dp > best.dp
+    assert plan("wan2.1-14b", 8, width=1920, height=1080, frames=201, gpu="b200").best.layout.dp > best.dp
 
 
 def test_throughput_splits_for_max_latency():

@@ -110,9 +110,10 @@ def test_ulysses_never_crosses_nodes():
 
 
 def test_video_needs_splitting_on_80gb():
-    # "视频上 SP 是必需 ... 80 GB 卡在 129 帧 / 1080p 上已放不下 VAE 与余量": at 1080p and 129 frames the
-    # activations alone (51 GiB) leave no room; at 720p the frame-causal decode (9 GiB, not the seed's 107) fits
-    result = plan("wan2.1-14b", 8, width=1920, height=1080, frames=129)
+    # "视频上 SP 是必需 ... 80 GB 卡在 129 帧 / 1080p 上已放不下 VAE 与余量": with the decoders' and the blocks' own
+    # peaks (a frame-causal decode of 9 GiB, not the seed's 107; 12 [N, d] tensors of activations, not 20) 1080p x
+    # 129 frames still fits one 80 GB rank (70 GiB); 201 frames (47 GiB of activations) does not
+    result = plan("wan2.1-14b", 8, width=1920, height=1080, frames=201)
     assert result.best.layout.dp < 8
     dp8 = next(rejection for rejection in result.rejected if rejection.layout == ParallelDims(dp=8))
     assert "GiB per rank" in dp8.reasons[0]
