@@ -108,6 +108,9 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             if options["cache"] not in (None, "none") and options["pp"] > 1:
                 raise ValueError(f"--cache {options['cache']} with --pp {options['pp']}: step caching does not "
                                  "run with PipeFusion stages; use --cache none or --pp 1")
+            if (options["cache"] or "").startswith("taylorseer") and options["compile"]:
+                raise ValueError(f"--cache {options['cache']} with --compile: TaylorSeer's hooks would sit inside "
+                                 "the compiled blocks; drop --compile, or use --cache fbc:THRESHOLD")
         except ValueError as error:
             raise UsageError(str(error)) from None
         run_options = RunOptions(

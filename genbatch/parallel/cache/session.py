@@ -66,17 +66,21 @@ class StepCache:
         cache = cls(mode=mode)
         if not mode.enabled:
             return cache
-        for _, model in _components(pipe, denoisers(spec)):
-            plan = _transformer_plan(spec, model)
-            lists = plan.blocks.repeated
-            if mode.kind == FBC:
-                fbc.install(model, lists, mode.threshold, comm, cache._report_decision)
-                cache.hooked += sum(len(model.get_submodule(name)) for name in lists)
-            elif mode.kind == TAYLORSEER:
-                patterns = tuple(site.pattern for site in plan.attention)
-                cache.hooked += taylorseer.install(model, patterns, lists, mode.interval, cache._report)
-            HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
-            cache.models.append(model)
+        try:
+            for _, model in _components(pipe, denoisers(spec)):
+                plan = _transformer_plan(spec, model)
+                lists = plan.blocks.repeated
+                if mode.kind == FBC:
+                    fbc.install(model, lists, mode.threshold, comm, cache._report_decision)
+                    cache.hooked += sum(len(model.get_submodule(name)) for name in lists)
+                elif mode.kind == TAYLORSEER:
+                    patterns = tuple(site.pattern for site in plan.attention)
+                    cache.hooked += taylorseer.install(model, patterns, lists, mode.interval, cache._report)
+                HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
+                cache.models.append(model)
+        except Exception:
+            cache.close()  # a denoiser refused (Wan 2.2: the second expert): none keeps a hook
+            raise
         return cache
 
     def _report(self, computed: bool) -> None:

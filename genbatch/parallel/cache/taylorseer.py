@@ -5,6 +5,11 @@ Wan (`blocks.N.attn1` / `attn2`), so TaylorSeer silently does nothing there. gen
 plan names instead: every attention module of its `AttentionSite`s, and every diffusers `FeedForward`
 inside the repeated blocks. `install` returns how many modules it hooked (a model with none is refused).
 
+Those modules live inside the blocks, so under `--compile` (whose compiled regions are the blocks' forwards,
+traced with `fullgraph=True`) the hooks would sit inside compiled code: TaylorSeer is refused there (gen run
+at start-up, a manifest row's job when it starts), and `fbc`, whose hooks wrap the blocks' compiled forwards
+from outside, is the mode to use with `--compile`.
+
 Its schedule depends on the step count alone (three warm-up steps, then one full step in every `interval`),
 and every rank counts the same steps, so the ranks of a group agree without a collective.
 """
@@ -60,6 +65,11 @@ def cached_modules(model: torch.nn.Module, attention: tuple[str, ...], lists: tu
 def install(model: torch.nn.Module, attention: tuple[str, ...], lists: tuple[str, ...], interval: int,
             report: Report) -> int:
     """Hook the modules of `cached_modules`; the number hooked."""
+    compiled = [name for name in lists for block in model.get_submodule(name)
+                if hasattr(block.forward, "_torchdynamo_orig_callable")]
+    if compiled:
+        raise ValueError(f"taylorseer hooks modules inside {type(model).__name__}'s compiled blocks; run it "
+                         "without --compile, or use fbc:THRESHOLD, whose hooks sit outside the compiled blocks")
     modules = cached_modules(model, attention, lists)
     if not modules:
         raise ValueError(f"no attention or feed-forward module of {type(model).__name__} matches its plan "

@@ -1,0 +1,45 @@
+"""Step caching with `--compile`: First-Block Cache's hooks wrap each block's compiled forward from outside,
+so a skipping threshold adds no graph break and no graph (aot_eager: dynamo's tracing, no code generation)
+and gives the eager cached latents; TaylorSeer, whose hooks would sit inside the compiled blocks, is
+refused (the job, and gen run at start-up)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from genbatch.parallel.compile import CLOCK
+from genbatch.runner.timing import JobTimer
+from tests.support.runs import job, job_executor, run_cli, write_manifest
+
+
+def test_fbc_hooks_sit_outside_the_compiled_blocks(tmp_path):
+    from torch._dynamo.utils import counters
+
+    spec = job("tiny-wan", num_inference_steps=4, cache="fbc:0.5")
+    with job_executor(str(tmp_path / "eager")) as (world, executor):
+        eager_timer = JobTimer(world.ctx.device)
+        eager = executor.denoise(spec, eager_timer)
+    torch._dynamo.reset()
+    counters.clear()
+    CLOCK.counts.clear()
+    with job_executor(str(tmp_path / "compiled"), compile=True, compile_backend="aot_eager") as (world, executor):
+        timer = JobTimer(world.ctx.device)
+        compiled = executor.denoise(spec, timer)
+        skipped = [row["cache_skipped"] for row in timer.rows() if row["stage"] == "denoise_step"]
+        with pytest.raises(ValueError, match="inside WanTransformer3DModel's compiled blocks"):
+            executor.denoise(job("tiny-wan", num_inference_steps=2, cache="taylorseer:2"), JobTimer(world.ctx.device))
+        model = executor.model_for(spec).pipe.transformer
+        assert not [m for m in model.modules() if getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks]
+    assert sum(skipped) > 0
+    assert skipped == [row["cache_skipped"] for row in eager_timer.rows() if row["stage"] == "denoise_step"]
+    assert sum(counters["graph_break"].values()) == 0
+    assert counters["stats"]["unique_graphs"] == sum(CLOCK.counts.values()) == 1  # one graph for Wan's block
+    assert (compiled - eager).abs().max().item() <= 1e-4
+
+
+def test_gen_run_refuses_taylorseer_with_compile(tmp_path):
+    url = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox"}])
+    result = run_cli("run", url, "--out", str(tmp_path / "out"), "--model", "tiny-wan", "--compile",
+                     "--cache", "taylorseer:2")
+    assert result.returncode == 2 and "drop --compile, or use --cache fbc:THRESHOLD" in result.stderr
