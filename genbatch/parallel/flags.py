@@ -21,6 +21,8 @@ _RUN_HELP = {
     "cfg": "CFG parallel: 2 runs the two guidance branches on different ranks.",
     "ring": "Ring-attention degree.",
     "ulysses": "Ulysses degree (must divide the head count).",
+    "tp": "Tensor-parallel degree: heads and MLP columns split over consecutive ranks (ulysses x tp must divide "
+          "the head count).",
 }
 """`gen run`'s help for the axes it implements; the others get their registry line."""
 _FSDP_HELP = {

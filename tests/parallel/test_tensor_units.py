@@ -86,3 +86,20 @@ def test_a_tp_that_does_not_divide_is_refused_before_anything_is_split():
                                          r"heads.*choose a --tp that divides the head count"):
         tensor_parallel(model, plan, _Group(3), mesh=None)
     assert model.blocks[0].attn1.to_q.weight is before and model.blocks[0].attn1.heads == 4
+
+
+def test_tp_reaches_gen_run_from_gen_submit_and_gen_bench_and_a_world_it_does_not_divide_exits_2(tmp_path):
+    from genbatch.benchmark.execute import SuiteRunner
+    from genbatch.benchmark.suites import get_suite
+    from tests.support.runs import run_cli, write_manifest
+
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox", "model": "tiny-wan"}])
+    result = run_cli("submit", manifest, "--out", str(tmp_path / "run"), "--nodes", "1", "--gpus-per-node", "0",
+                     "--procs-per-node", "4", "--ulysses", "2", "--tp", "2", "--dry-run")
+    assert result.returncode == 0, result.stderr
+    assert "--tp 2" in result.stdout[result.stdout.rindex("genbatch run"):]
+    runner = SuiteRunner(suite=get_suite("tiny"), manifest_url="m", model_dir="d", out="o", run_args=())
+    command = runner.command(ParallelDims(ulysses=2, tp=2))
+    assert command[command.index("--tp") + 1] == "2"
+    refused = run_cli("run", manifest, "--out", str(tmp_path / "one"), "--tp", "2")
+    assert refused.returncode == 2 and "does not divide the world size 1" in refused.stderr
