@@ -9,6 +9,7 @@ import click
 from genbatch.benchmark.suites import SUITES
 from genbatch.manifests.cli import cache_option
 from genbatch.parallel.flags import kernel_args, kernel_options
+from genbatch.planner.memory import DECODE_CHOICES
 
 
 @click.command("bench")
@@ -31,10 +32,12 @@ from genbatch.parallel.flags import kernel_args, kernel_options
 @click.option("--overwrite", is_flag=True, help="Replace a report already in OUT.")
 @kernel_options
 @cache_option
+@click.option("--vae-decode", type=click.Choice(DECODE_CHOICES), default="auto", show_default=True,
+              help="How every layout's runs decode (gen run --vae-decode).")
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
                   model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
                   compile: bool, compile_backend: str, attention: str, compile_cache: str | None,
-                  cache: str | None) -> None:
+                  cache: str | None, vae_decode: str) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
 
     Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
@@ -53,5 +56,6 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
     options = BenchOptions(out=out, suite=suite, layouts=layouts, baseline=baseline, threshold=threshold,
                            model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
                            run_args=(*kernel_args(compile, compile_backend, attention, compile_cache),
-                                     *(("--cache", cache) if cache else ())))
+                                     *(("--cache", cache) if cache else ()),
+                                     *(("--vae-decode", vae_decode) if vae_decode != "auto" else ())))
     sys.exit(run_bench(options))

@@ -165,4 +165,3 @@ class Decoder:
         self.last_peak_bytes = peak.bytes if self.measure_memory else None
         self.last_mode = mode
         return decoded
-

@@ -127,3 +127,26 @@ def test_a_mode_the_vae_cannot_run_stops_the_run_at_start_up(tmp_path):
     assert result.returncode == 2 and "use --vae-decode full, tiled or auto" in result.stderr
     assert run_cli("run", manifest, "--out", str(tmp_path / "o2"), "--vae-parallel").returncode == 2  # replaced
 
+
+
+def test_gen_submit_and_gen_bench_pass_the_mode_on_to_gen_run(tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from genbatch.cli import main
+
+    submit = ["submit", "m.parquet", "--out", str(tmp_path / "run"), "--nodes", "1", "--gpus-per-node", "1",
+              "--python", "/usr/bin/python3", "--dry-run"]
+    result = CliRunner().invoke(main, [*submit, "--vae-decode", "tiled"])
+    assert result.exit_code == 0, result.output
+    assert "--vae-decode tiled" in " ".join(result.output.replace("\\\n", " ").split())
+    refused = CliRunner().invoke(main, [*submit, "--vae-parallel"])
+    assert refused.exit_code == 2 and "gen run would refuse" in refused.output
+    seen = []
+
+    def run_bench(options) -> int:  # what gen bench would hand every layout's gen run
+        seen.append(options.run_args)
+        return 0
+
+    monkeypatch.setattr("genbatch.benchmark.nightly.run_bench", run_bench)
+    bench = CliRunner().invoke(main, ["bench", "--suite", "tiny", "--out", str(tmp_path / "b"), "--vae-decode", "full"])
+    assert bench.exit_code == 0 and seen[0][-2:] == ("--vae-decode", "full")

@@ -7,7 +7,10 @@
 CUDA asks the caching allocator (`max_memory_allocated`). The CPU allocator keeps no statistics, so on CPU
 a `TorchDispatchMode` sees every tensor an operator makes, counts the bytes of each new storage, and a weak
 reference on the storage takes them off again when it is freed. Storages that existed before the block
-(weights, inputs) are not counted; work buffers inside a kernel are not tensors and are not seen.
+(weights, inputs) are not counted; work buffers inside a kernel are not tensors and are not seen. On the meta
+device the same count runs without computing anything (shapes only): a real-size decoder's peak in seconds,
+which equals the CPU count where an operator's meta kernel makes the tensors its CPU kernel does (not so for
+fused attention, which meta decomposes into its math form).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class PeakMemory:
     """What `peak_memory()` measured; filled in when the block exits."""
 
     device: str
-    """The device measured: 'cuda:N' or 'cpu'."""
+    """The device measured: 'cuda:N', 'cpu' or 'meta'."""
     bytes: int = 0
     """The most bytes of tensors allocated inside the block that were alive at once (above the level at entry)."""
 
@@ -36,8 +39,9 @@ class PeakMemory:
 class _LiveStorages(TorchDispatchMode):
     """Counts the bytes of storages operators create while active, and their peak."""
 
-    def __init__(self) -> None:
+    def __init__(self, device_type: str = "cpu") -> None:
         super().__init__()
+        self.device_type = device_type
         self.live = 0
         self.peak = 0
         self.active = True
@@ -53,7 +57,7 @@ class _LiveStorages(TorchDispatchMode):
         inputs = {id(t.untyped_storage()) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         out = func(*args, **kwargs)
         for tensor in tree_leaves(out):
-            if not isinstance(tensor, torch.Tensor) or tensor.device.type == "meta":
+            if not isinstance(tensor, torch.Tensor) or tensor.device.type != self.device_type:
                 continue
             storage = tensor.untyped_storage()
             key = id(storage)
@@ -81,10 +85,10 @@ def peak_memory(device: torch.device | str | None = None) -> Iterator[PeakMemory
         torch.cuda.synchronize(device)
         result.bytes = torch.cuda.max_memory_allocated(device) - base
         return
-    if device.type != "cpu":
-        raise ValueError(f"peak_memory measures 'cuda' or 'cpu' devices, not {device}; pass device='cpu' or a CUDA device")
-    result = PeakMemory(device="cpu")
-    tracker = _LiveStorages()
+    if device.type not in ("cpu", "meta"):
+        raise ValueError(f"peak_memory measures 'cuda', 'cpu' or 'meta' devices, not {device}; pass one of those")
+    result = PeakMemory(device=device.type)
+    tracker = _LiveStorages(device.type)
     try:
         with tracker:
             yield result

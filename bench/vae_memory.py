@@ -1,0 +1,174 @@
+"""The planner's memory model against the peaks diffusers' own code reaches: VAE decodes and denoise activations.
+
+    python bench/vae_memory.py                  # every case (about 11 minutes on one core)
+    python bench/vae_memory.py --quick          # without the two largest CPU decodes (about 5)
+
+Each case builds the real-size module (random weights), runs it once under genbatch's live-tensor count
+(`genbatch.parallel.vae.peak_memory`: the bytes of every storage an operator makes, until it is freed) and
+prints the counted peak beside the planner's (`genbatch.planner.vae_memory` for decodes, `ACTIVATION_TENSORS`
+for the denoise), with the relative error and whether it is within 25%.
+
+- `cpu` cases compute: Wan 2.1's VAE at 480x832 x 9 frames and at 240x416 x 5, the FLUX/SD3 image VAE at 1024^2
+  and 512^2 (fp32, the dtype they run in on a CPU), and a real-width Wan 2.1-14B block stack (d 5,120, ffn
+  13,824) in bf16, whose norms keep fp32 temporaries as on a GPU.
+- `meta` cases count the same code on the meta device, shapes only, in seconds: the tiled modes and the
+  published large decodes (HunyuanVideo 720p x 129 frames, CogVideoX 1.5 1360x768 x 161). One decode is
+  counted both ways first, to show the two counts agree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+WITHIN = 0.25
+"""The agreement the planner's model is held to."""
+WAN_BLOCK = dict(num_attention_heads=40, attention_head_dim=128, ffn_dim=13824, in_channels=16, out_channels=16,
+                 text_dim=4096, freq_dim=256)
+"""Wan 2.1-14B's transformer width (its transformer/config.json)."""
+IMAGE_VAE = dict(block_out_channels=[128, 256, 512, 512], down_block_types=["DownEncoderBlock2D"] * 4,
+                 up_block_types=["UpDecoderBlock2D"] * 4, layers_per_block=2, latent_channels=16, sample_size=1024)
+"""FLUX.1's vae/config.json (SD3's has the same decoder)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Decode:
+    """One decode to count."""
+
+    vae: str
+    """The diffusers class (built with its defaults, the published config, unless it is the image VAE)."""
+    mode: str
+    """`full` or `tiled` (the VAE's own tiling)."""
+    width: int
+    height: int
+    frames: int | None
+    device: str
+    """`cpu` (computes) or `meta` (shapes only)."""
+    heavy: bool = False
+    """Left out by --quick."""
+
+
+DECODES = (
+    Decode(vae="AutoencoderKLWan", mode="full", width=208, height=120, frames=5, device="meta"),
+    Decode(vae="AutoencoderKLWan", mode="full", width=208, height=120, frames=5, device="cpu"),
+    Decode(vae="AutoencoderKLWan", mode="full", width=832, height=480, frames=9, device="cpu", heavy=True),
+    Decode(vae="AutoencoderKLWan", mode="full", width=416, height=240, frames=5, device="cpu"),
+    Decode(vae="AutoencoderKL", mode="full", width=1024, height=1024, frames=None, device="cpu", heavy=True),
+    Decode(vae="AutoencoderKL", mode="full", width=512, height=512, frames=None, device="cpu"),
+    Decode(vae="AutoencoderKLWan", mode="tiled", width=832, height=480, frames=9, device="meta"),
+    Decode(vae="AutoencoderKLWan", mode="full", width=1280, height=720, frames=81, device="meta"),
+    Decode(vae="AutoencoderKLWan", mode="tiled", width=1280, height=720, frames=81, device="meta"),
+    Decode(vae="AutoencoderKL", mode="tiled", width=2048, height=2048, frames=None, device="meta"),
+    Decode(vae="AutoencoderKLQwenImage", mode="full", width=1024, height=1024, frames=None, device="meta"),
+    Decode(vae="AutoencoderKLHunyuanVideo", mode="full", width=1280, height=720, frames=129, device="meta"),
+    Decode(vae="AutoencoderKLHunyuanVideo", mode="tiled", width=1280, height=720, frames=129, device="meta"),
+    Decode(vae="AutoencoderKLHunyuanVideo", mode="full", width=832, height=480, frames=13, device="meta"),
+    Decode(vae="AutoencoderKLCogVideoX", mode="full", width=720, height=480, frames=49, device="meta"),
+    Decode(vae="AutoencoderKLCogVideoX", mode="tiled", width=1360, height=768, frames=161, device="meta"),
+)
+
+
+def _latent(case: Decode, vae) -> tuple[int, ...]:
+    spatial = 8
+    if case.frames is None and case.vae != "AutoencoderKLQwenImage":
+        return (1, 16, case.height // spatial, case.width // spatial)
+    frames = ((case.frames or 1) - 1) // 4 + 1
+    return (1, 16, frames, case.height // spatial, case.width // spatial)
+
+
+def count_decode(case: Decode) -> tuple[int, float]:
+    """(counted peak bytes, seconds) of one decode."""
+    import diffusers
+
+    from genbatch.parallel.vae import peak_memory
+
+    torch.manual_seed(0)
+    with torch.device(case.device):
+        cls = getattr(diffusers, case.vae)
+        vae = (cls(**IMAGE_VAE) if case.vae == "AutoencoderKL" else cls()).eval()
+        latents = torch.randn(_latent(case, vae))
+    if case.mode == "tiled":
+        vae.enable_tiling()
+    start = time.perf_counter()
+    with torch.no_grad(), peak_memory(case.device) as peak:
+        vae.decode(latents)
+    return peak.bytes, time.perf_counter() - start
+
+
+def model_decode(case: Decode) -> float:
+    from genbatch.planner.vae_memory import decode_peak_bytes, decoder_memory
+
+    memory = decoder_memory(case.vae, is_video=case.frames is not None)
+    return decode_peak_bytes(memory, case.mode, width=case.width, height=case.height, frames=case.frames,
+                             bytes_per_value=4)
+
+
+def count_denoise(layers: int, latent: tuple[int, int, int]) -> tuple[int, int, float]:
+    """(counted peak bytes, tokens, seconds) of one forward of a real-width Wan block stack in bf16 on the CPU."""
+    from diffusers import WanTransformer3DModel
+
+    from genbatch.parallel.vae import peak_memory
+
+    torch.manual_seed(0)
+    model = WanTransformer3DModel(num_layers=layers, **WAN_BLOCK).eval().to(torch.bfloat16)
+    frames, height, width = latent
+    x = torch.randn(1, 16, frames, height, width, dtype=torch.bfloat16)
+    text = torch.randn(1, 512, 4096, dtype=torch.bfloat16)
+    start = time.perf_counter()
+    with torch.no_grad(), peak_memory("cpu") as peak:
+        model(x, torch.tensor([500.0]), text, return_dict=False)
+    return peak.bytes, frames * height * width // 4, time.perf_counter() - start
+
+
+def _line(name: str, counted: float, modelled: float, seconds: float) -> tuple[str, bool]:
+    error = modelled / counted - 1
+    ok = abs(error) <= WITHIN
+    return (f"{name}: counted {counted / 2**20:9.1f} MiB, planner {modelled / 2**20:9.1f} MiB, "
+            f"error {error:+6.1%} {'within' if ok else 'OUTSIDE'} {WITHIN:.0%} ({seconds:.1f} s)"), ok
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="leave out the two largest CPU decodes")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads for the CPU cases")
+    opts = parser.parse_args()
+    torch.set_num_threads(opts.threads)
+    import warnings
+
+    from diffusers.utils import logging as diffusers_logging
+
+    warnings.filterwarnings("ignore")
+    diffusers_logging.set_verbosity_error()  # the bf16 block stack's "keep in float32" advice: meant, as on GPUs
+    from genbatch.planner.memory import ACTIVATION_TENSORS
+    from genbatch.planner.workload import BYTES_PER_VALUE
+
+    verdicts = []
+    print("VAE decode peaks (fp32; frames None: an image)")
+    for case in DECODES:
+        if opts.quick and case.heavy:
+            continue
+        counted, seconds = count_decode(case)
+        line, ok = _line(f"  {case.vae} {case.mode} {case.width}x{case.height}x{case.frames} {case.device}",
+                         counted, model_decode(case), seconds)
+        print(line, flush=True)
+        verdicts.append(ok)
+    print(f"denoise activations of one forward (bf16, planner: {ACTIVATION_TENSORS} [N, d] tensors)")
+    for layers, latent in ((1, (4, 32, 32)), (2, (4, 64, 64))):
+        counted, tokens, seconds = count_denoise(layers, latent)
+        modelled = ACTIVATION_TENSORS * tokens * WAN_BLOCK["num_attention_heads"] * WAN_BLOCK["attention_head_dim"]
+        line, ok = _line(f"  Wan 2.1-14B width, {layers} blocks, N = {tokens}", counted, modelled * BYTES_PER_VALUE,
+                         seconds)
+        print(line, flush=True)
+        verdicts.append(ok)
+    print(f"{sum(verdicts)} of {len(verdicts)} within {WITHIN:.0%}")
+
+
+if __name__ == "__main__":
+    main()
