@@ -31,23 +31,24 @@ FOUR_RANKS_SLOW = (
 EIGHT_RANKS = [(spec_job, 1, 2, 1, 2, False, 2) for spec_job in CFG]  # cfg 2 x ulysses 2 x tp 2
 
 
+def _equal_to_one_process(layouts, world_size, references, tmp_path, timeout_s=60):
+    _check(layouts, run_on_ranks(_all_layouts, world_size, args=(layouts, str(tmp_path)), timeout_s=timeout_s),
+           references)
+
+
 def test_tp2_equals_one_process_for_every_family(references, tmp_path):
-    per_rank = run_on_ranks(_all_layouts, 2, args=(TWO_RANKS, str(tmp_path)), timeout_s=60)
-    _check(TWO_RANKS, per_rank, references)
+    _equal_to_one_process(TWO_RANKS, 2, references, tmp_path)
 
 
 def test_tp_composed_with_cfg_and_with_ulysses_and_fsdp_equals_one_process(references, tmp_path):
-    per_rank = run_on_ranks(_all_layouts, 4, args=(FOUR_RANKS, str(tmp_path)), timeout_s=60)
-    _check(FOUR_RANKS, per_rank, references)
+    _equal_to_one_process(FOUR_RANKS, 4, references, tmp_path)
 
 
 @pytest.mark.slow
 def test_four_rank_tp_matrix_equals_one_process(references, tmp_path):
-    per_rank = run_on_ranks(_all_layouts, 4, args=(FOUR_RANKS_SLOW, str(tmp_path)), timeout_s=90)
-    _check(FOUR_RANKS_SLOW, per_rank, references)
+    _equal_to_one_process(FOUR_RANKS_SLOW, 4, references, tmp_path, timeout_s=90)
 
 
 @pytest.mark.slow
 def test_eight_rank_cfg_ulysses_tp_equals_one_process(references, tmp_path):
-    per_rank = run_on_ranks(_all_layouts, 8, args=(EIGHT_RANKS, str(tmp_path)), timeout_s=120)
-    _check(EIGHT_RANKS, per_rank, references)
+    _equal_to_one_process(EIGHT_RANKS, 8, references, tmp_path, timeout_s=120)
