@@ -71,10 +71,10 @@ def parallel_decode(vae: nn.Module, latents: torch.Tensor, comm: Comm, *, leader
 
 @torch.no_grad()
 def decode_fallback(vae: nn.Module, latents: torch.Tensor) -> torch.Tensor:
-    """One-rank decode for a VAE that `parallel_decode` does not support: tiled when the VAE can tile.
+    """One-rank decode with the VAE's own tiling when it has one (`gen run --vae-decode tiled`), else plain.
 
-    Tiling (diffusers' own, with blended overlaps) bounds the memory but is not bit-exact with a plain
-    decode. The caller says why it fell back (`unsupported_reason(vae)`), once per VAE class.
+    Tiling (diffusers' own, with blended overlaps) bounds the memory but is not the plain decode's output, so
+    the runner takes it only when asked, or when no exact mode fits (`genbatch.runner.decode`).
     """
     if not hasattr(vae, "use_tiling"):
         return vae.decode(latents).sample
