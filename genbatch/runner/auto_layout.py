@@ -19,9 +19,11 @@ def _gpu_key(name: str) -> str | None:
     return max(matches, key=len) if matches else None
 
 
-def auto_dims(model: str | None, world_size: int, device: torch.device, profile: str | None = None) -> ParallelDims:
+def auto_dims(model: str | None, world_size: int, device: torch.device, profile: str | None = None,
+              decode: str = "auto") -> ParallelDims:
     """The best runnable layout for `model` on `world_size` processes of this kind of device, priced with the
-    calibration `profile` (name or path) when given. On CPUs without a CPU profile: data parallelism."""
+    calibration `profile` (name or path) when given and the VAE decoded in mode `decode` (`--vae-decode`). On
+    CPUs without a CPU profile: data parallelism."""
     speak = os.environ.get("RANK", "0") == "0"
     from genbatch.planner.profile import load_profile
 
@@ -40,9 +42,10 @@ def auto_dims(model: str | None, world_size: int, device: torch.device, profile:
         properties = torch.cuda.get_device_properties(device)
         machine = dict(gpu=_gpu_key(properties.name) or "h100", gpu_mem=properties.total_memory / 2**30)
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-    best = plan(model, world_size, nodes=max(1, world_size // per_node), profile=calibrated, **machine).best
+    best = plan(model, world_size, nodes=max(1, world_size // per_node), profile=calibrated, decode=decode,
+                **machine).best
     if speak:
         using = f" with profile {calibrated.name}" if calibrated is not None else ""
         print(f"genbatch: --layout auto picked {best.layout.describe()} on {world_size} x "
-              f"{machine.get('gpu', 'cpu')}{using}", file=sys.stderr)
+              f"{machine.get('gpu', 'cpu')}{using} (VAE decode: {best.estimate.decode_mode})", file=sys.stderr)
     return best.layout

@@ -266,7 +266,7 @@ def start_world(options, stop=None) -> World:
         if options.layout == "auto":
             from genbatch.runner.auto_layout import auto_dims
 
-            dims = auto_dims(options.model, world_size, device, profile=options.profile)
+            dims = auto_dims(options.model, world_size, device, profile=options.profile, decode=options.vae_decode)
         else:
             dims = ParallelDims.infer(
                 world_size, dp=options.dp, cfg=options.cfg, pp=options.pp, ring=options.ring,
