@@ -237,6 +237,8 @@ class ModelFamily:
     """Pipeline components that run the denoising forward."""
     text_encoders: Mapping[str, Blocks] = field(default_factory=dict)
     """Text encoder class name -> its blocks (FSDP shards them per block too)."""
+    text_encoder_plans: Mapping[str, TensorPlan] = field(default_factory=dict)
+    """Text encoder class name -> its tensor plan (`--text-encoder-parallel tp`); a class without one stays whole."""
     vae_classes: tuple[str, ...] = ()
     """Qualified names (`module:Class`) of the VAE classes patch-parallel decode covers; empty: the VAE
     decodes on one rank."""
@@ -263,6 +265,16 @@ class ModelFamily:
         return any(site.masked for plan in self.transformers.values() for site in plan.attention)
 
 
+def encoder_styles(layers: str, attention: str, projections: tuple[str, str, str, str], mlp: str,
+                   mlp_in: tuple[str, ...], mlp_out: str) -> dict[str, str]:
+    """The tensor styles of a text encoder's layers (`layers.*`): q, k, v column-wise and the output projection
+    row-wise in `attention`, the MLP's input Linears column-wise and its output row-wise."""
+    q, k, v, out = projections
+    attn = f"{layers}.*.{attention}"
+    return {**{f"{attn}.{name}": COLWISE for name in (q, k, v)}, f"{attn}.{out}": ROWWISE, attn: HEADS,
+            **{f"{layers}.*.{mlp}.{name}": COLWISE for name in mlp_in}, f"{layers}.*.{mlp}.{mlp_out}": ROWWISE}
+
+
 T5_ENCODER = Blocks(before=("shared",), repeated=("encoder.block",), after=("encoder.final_layer_norm",))
 """A T5 / UMT5 text encoder (`T5EncoderModel`, `UMT5EncoderModel`)."""
 CLIP_TEXT_ENCODER = Blocks(before=("embeddings",), repeated=("encoder.layers",), after=("final_layer_norm",))
@@ -270,6 +282,26 @@ CLIP_TEXT_ENCODER = Blocks(before=("embeddings",), repeated=("encoder.layers",),
 CLIP_TEXT_ENCODER_WITH_PROJECTION = Blocks(before=("text_model.embeddings",), repeated=("text_model.encoder.layers",),
                                            after=("text_model.final_layer_norm", "text_projection"))
 """A CLIP text encoder with its projection, `CLIPTextModelWithProjection` (SD3's)."""
+
+T5_TENSOR_PLAN = TensorPlan(styles={
+    **encoder_styles("encoder.block", "layer.0.SelfAttention", ("q", "k", "v", "o"), "layer.1.DenseReluDense",
+                     ("wi", "wi_0", "wi_1"), "wo"),
+    # the relative position bias has one column per head: each rank keeps its heads' columns
+    "encoder.block.*.layer.0.SelfAttention.relative_attention_bias": COLWISE,
+})
+"""A T5 / UMT5 encoder split over the job group (`--text-encoder-parallel tp`): heads, the gated or plain MLP."""
+CLIP_TENSOR_PLAN = TensorPlan(styles=encoder_styles("encoder.layers", "self_attn", ("q_proj", "k_proj", "v_proj",
+                                                                                   "out_proj"), "mlp", ("fc1",), "fc2"))
+"""A CLIP text encoder (`CLIPTextModel`) split over the job group."""
+CLIP_WITH_PROJECTION_TENSOR_PLAN = TensorPlan(styles={f"text_model.{name}": style
+                                                      for name, style in CLIP_TENSOR_PLAN.styles.items()})
+"""`CLIPTextModelWithProjection` (SD3's): the same layers under `text_model`."""
+
+
+def decoder_tensor_plan(layers: str) -> TensorPlan:
+    """A Llama-style decoder's layers (`layers.*`, grouped-query attention: the key/value heads split too)."""
+    return TensorPlan(styles=encoder_styles(layers, "self_attn", ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp",
+                                            ("gate_proj", "up_proj"), "down_proj"))
 
 
 def mlp_and_out_channels(transformer: Mapping[str, Any], hidden_size: int) -> tuple[int, int]:

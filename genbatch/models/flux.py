@@ -10,11 +10,13 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_rules
 from genbatch.models.base import (
+    CLIP_TENSOR_PLAN,
     CLIP_TEXT_ENCODER,
     GATHERED_COLWISE,
     HEADS,
     JOINT,
     T5_ENCODER,
+    T5_TENSOR_PLAN,
     AttentionSite,
     Blocks,
     ModelFamily,
@@ -181,6 +183,7 @@ FAMILY = ModelFamily(
         ),
     },
     text_encoders={"CLIPTextModel": CLIP_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},
+    text_encoder_plans={"CLIPTextModel": CLIP_TENSOR_PLAN, "T5EncoderModel": T5_TENSOR_PLAN},
     vae_classes=("diffusers:AutoencoderKL",),
     vae_rules=vae_rules.AUTOENCODER_KL,
     presets=(TinyPreset(name="tiny-flux", transformer=tiny_configs.TINY_FLUX_TRANSFORMER,

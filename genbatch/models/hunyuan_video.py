@@ -23,6 +23,7 @@ from typing import Any
 from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models.base import (
+    CLIP_TENSOR_PLAN,
     CLIP_TEXT_ENCODER,
     GATHERED_COLWISE,
     JOINT,
@@ -35,6 +36,7 @@ from genbatch.models.base import (
     TensorPlan,
     TinyPreset,
     TransformerPlan,
+    decoder_tensor_plan,
     dual_stream_styles,
     single_stream_styles,
 )
@@ -217,6 +219,7 @@ FAMILY = ModelFamily(
         "LlamaModel": Blocks(before=("embed_tokens",), repeated=("layers",), after=("norm",)),
         "CLIPTextModel": CLIP_TEXT_ENCODER,
     },
+    text_encoder_plans={"LlamaModel": decoder_tensor_plan("layers"), "CLIPTextModel": CLIP_TENSOR_PLAN},
     presets=(TinyPreset(name="tiny-hunyuan-video", transformer=TINY_TRANSFORMER, vae=TINY_VAE,
                         defaults=TINY_DEFAULTS, build=build_tiny),),
     published=(

@@ -38,6 +38,7 @@ from genbatch.models.base import (
     TensorPlan,
     TinyPreset,
     TransformerPlan,
+    decoder_tensor_plan,
     mlp_and_out_channels,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory
@@ -237,6 +238,7 @@ FAMILY = ModelFamily(
             after=("model.language_model.norm", "lm_head"),
         ),
     },
+    text_encoder_plans={"Qwen2_5_VLForConditionalGeneration": decoder_tensor_plan("model.language_model.layers")},
     presets=(TinyPreset(name="tiny-qwen-image", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,
                         build=build_tiny),),
     published=(

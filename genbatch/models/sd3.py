@@ -16,12 +16,14 @@ from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_rules
 from genbatch.models.base import (
     CLIP_TEXT_ENCODER_WITH_PROJECTION,
+    CLIP_WITH_PROJECTION_TENSOR_PLAN,
     COLWISE,
     GATHERED_COLWISE,
     HEADS,
     JOINT,
     SELF,
     T5_ENCODER,
+    T5_TENSOR_PLAN,
     AttentionSite,
     Blocks,
     Gather,
@@ -177,6 +179,8 @@ FAMILY = ModelFamily(
         ),
     },
     text_encoders={"CLIPTextModelWithProjection": CLIP_TEXT_ENCODER_WITH_PROJECTION, "T5EncoderModel": T5_ENCODER},
+    text_encoder_plans={"CLIPTextModelWithProjection": CLIP_WITH_PROJECTION_TENSOR_PLAN,
+                        "T5EncoderModel": T5_TENSOR_PLAN},
     vae_classes=("diffusers:AutoencoderKL",),
     vae_rules=vae_rules.AUTOENCODER_KL,
     presets=(TinyPreset(name="tiny-sd3", transformer=tiny_configs.TINY_SD3_TRANSFORMER, vae=tiny_configs.TINY_SD3_VAE,

@@ -21,6 +21,7 @@ from genbatch.models.base import (
     ROWWISE,
     SELF,
     T5_ENCODER,
+    T5_TENSOR_PLAN,
     AttentionSite,
     Blocks,
     ModelFamily,
@@ -185,6 +186,7 @@ FAMILY = ModelFamily(
     },
     denoisers=("transformer", "transformer_2"),  # Wan 2.2: a second expert below the boundary timestep
     text_encoders={"UMT5EncoderModel": T5_ENCODER},
+    text_encoder_plans={"UMT5EncoderModel": T5_TENSOR_PLAN},
     vae_classes=("diffusers:AutoencoderKLWan",),
     vae_rules=vae_rules.AUTOENCODER_KL_WAN,
     presets=(TinyPreset(name="tiny-wan", transformer=tiny_configs.TINY_WAN_TRANSFORMER, vae=tiny_configs.TINY_WAN_VAE,

@@ -36,6 +36,7 @@ from genbatch.parallel import fsdp
 from genbatch.parallel.compile import CompileConfig, compile_units
 from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.sequence import SequenceGroup, SequenceParallel
+from genbatch.parallel.tensor import encoders
 
 TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
 """diffusers' component names for a pipeline's text encoders."""
@@ -46,10 +47,11 @@ def denoisers(spec: ModelSpec) -> tuple[str, ...]:
     return family(spec.family).denoisers
 
 
-def sharded(spec: ModelSpec) -> tuple[str, ...]:
-    """Pipeline components whose weights FSDP shards: the denoisers and the text encoders (the VAE is small
-    and replicated). Names the pipeline lacks are skipped."""
-    return denoisers(spec) + TEXT_ENCODERS
+def sharded(spec: ModelSpec, text_encoders: str = "auto") -> tuple[str, ...]:
+    """Pipeline components whose weights FSDP shards under --fsdp: the denoisers, and the text encoders unless
+    `--text-encoder-parallel` (`text_encoders`) keeps them out (tp, replicate); the VAE is small and
+    replicated. Names the pipeline lacks are skipped."""
+    return denoisers(spec) + (TEXT_ENCODERS if encoders.sharded_by_fsdp(text_encoders, fsdp=True) else ())
 
 
 def _components(pipe, names) -> list[tuple[str, torch.nn.Module]]:
@@ -84,6 +86,25 @@ def apply_tensor_parallel(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
         tensor_parallel(model, plan, ctx.tp_comm, ctx.tp_mesh)
 
 
+def apply_text_encoder_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, requested: str = "auto") -> None:
+    """Split the text encoders `--text-encoder-parallel` (`requested`) picks over the job group, each by its
+    family's plan for its class (nothing on a group of one rank)."""
+    if ctx.group.size == 1:
+        return
+    from genbatch.parallel.tensor.shard import tensor_parallel
+
+    plans = family(spec.family).text_encoder_plans
+    for name, encoder in _components(pipe, TEXT_ENCODERS):
+        if not encoders.splits(requested, encoder, fsdp=ctx.dims.fsdp):
+            continue
+        plan = plans.get(type(encoder).__name__)
+        if plan is None:
+            raise ValueError(f"{name} ({type(encoder).__name__}) has no tensor plan; use --text-encoder-parallel "
+                             "replicate (or fsdp with --fsdp)")
+        tensor_parallel(encoder, plan, ctx.group, ctx.group_mesh,
+                        flag=f"--text-encoder-parallel tp over the {ctx.group.size} ranks of a job group")
+
+
 def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, attention: str = "auto"
                             ) -> list[SequenceParallel]:
     if ctx.dims.sp == 1:
@@ -101,15 +122,17 @@ def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileCo
 
 
 def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
-                attention: str = "auto") -> None:
+                attention: str = "auto", text_encoders: str = "auto") -> None:
     """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton);
     `compile`: how step 4 compiles (None: not at all); `attention`: the local attention backend
-    (`genbatch.parallel.attention.local.BACKENDS`, checked at start-up) for step 2."""
+    (`genbatch.parallel.attention.local.BACKENDS`, checked at start-up) for step 2; `text_encoders`:
+    `--text-encoder-parallel` (`genbatch.parallel.tensor.encoders.MODES`)."""
     # 1. stage split (pp): cut the denoisers' repeated blocks at the family's `stage_boundaries`; pp > 1
     #    is refused at start-up until PipeFusion lands (`parallel.axes`), so there is nothing to cut yet
     # 2. tensor-parallel plans, then the sequence-parallel plans (the attention kernel first: sequence
     #    parallel routes over the processors it set; the attention modules already count heads/tp)
     apply_tensor_parallel(pipe, spec, ctx)
+    apply_text_encoder_parallel(pipe, spec, ctx, text_encoders)
     apply_attention_kernel(pipe, spec, attention)
     apply_sequence_parallel(pipe, spec, ctx, attention)
     # 3. cache hooks on the repeated blocks: none until step caching lands
@@ -119,20 +142,20 @@ def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileCon
 
 
 def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
-                         attention: str = "auto") -> None:
+                         attention: str = "auto", text_encoders: str = "auto") -> None:
     """The order on a pipeline loaded whole on every rank (no FSDP, so no step 5)."""
-    apply_plans(pipe, spec, ctx, compile, attention)
+    apply_plans(pipe, spec, ctx, compile, attention, text_encoders)
 
 
 def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
-                   attention: str = "auto") -> None:
+                   attention: str = "auto", text_encoders: str = "auto") -> None:
     """The order for `--fsdp`: steps 1-4 on `skeleton` (its `sharded(spec)` components built on the meta
     device), then step 5: each of those components sharded over `ctx.fsdp_mesh`, per block then the root,
     and filled from `full`, the whole pipeline the group leader loaded on the CPU (None on other ranks)."""
     leader = ctx.group.rank == 0
-    apply_plans(skeleton, spec, ctx, compile, attention)
+    apply_plans(skeleton, spec, ctx, compile, attention, text_encoders)
     # 5. FSDP per block, then the root
-    for name, module in _components(skeleton, sharded(spec)):
+    for name, module in _components(skeleton, sharded(spec, text_encoders)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
         state = fsdp.full_state(getattr(full, name)) if leader else None
         fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device, ctx.tp_comm)

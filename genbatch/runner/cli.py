@@ -10,6 +10,7 @@ import click
 from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import job_override_options, overrides_from_options, storage_options_from
 from genbatch.parallel.flags import kernel_options, layout_options
+from genbatch.parallel.tensor.encoders import MODES as TEXT_ENCODER_MODES
 from genbatch.planner.memory import DECODE_CHOICES
 
 
@@ -58,6 +59,10 @@ def _layout_options(command):
                    "records the mode each job used.")
 @click.option("--vae-memory", type=click.FloatRange(min=0, min_open=True), default=None, metavar="GIB",
               help="GiB a rank may fill, for auto's choice of decode mode [default: the device's memory].")
+@click.option("--text-encoder-parallel", type=click.Choice(TEXT_ENCODER_MODES), default="auto", show_default=True,
+              help="tp: split each text encoder over the job group (heads, MLP columns); fsdp: shard it with FSDP "
+                   "(needs --fsdp); replicate: whole on every rank; auto: fsdp under --fsdp, else tp for encoders "
+                   "at least 4096 wide (T5-XXL, UMT5-XXL), replicate for narrower ones.")
 @kernel_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the manifest and output filesystems (repeatable).")
@@ -105,6 +110,9 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
                 from genbatch.planner.profile import load_profile
 
                 load_profile(options["profile"])  # a missing or broken profile fails now, not on the ranks
+            from genbatch.parallel.tensor.encoders import check_mode
+
+            check_mode(options["text_encoder_parallel"], fsdp=options["fsdp"])
             if options["cache"] not in (None, "none") and options["pp"] > 1:
                 raise ValueError(f"--cache {options['cache']} with --pp {options['pp']}: step caching does not "
                                  "run with PipeFusion stages; use --cache none or --pp 1")
@@ -127,6 +135,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
             vae_decode=options["vae_decode"], vae_memory_gib=options["vae_memory"], compile=options["compile"],
             compile_backend=options["compile_backend"], attention=options["attention"],
+            text_encoder_parallel=options["text_encoder_parallel"],
             compile_cache=options["compile_cache"], quiet=options["quiet"], max_attempts=options["max_attempts"],
             storage_timeout=options["storage_timeout"],
         )

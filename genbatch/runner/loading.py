@@ -102,15 +102,15 @@ def load_pipeline(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
 
 
 def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None,
-                          attention: str = "auto"):
+                          attention: str = "auto", text_encoders: str = "auto"):
     """`--fsdp` loading: the sharded components built on the meta device on every rank, the whole pipeline
     read once on the group leader's CPU to fill their shards, the rest placed on this rank's device;
     `compile`: the run's `CompileConfig` (None: eager); `attention`: the local attention backend."""
-    skeleton = load_skeleton(spec, dtype, meta=sharded(spec))
+    skeleton = load_skeleton(spec, dtype, meta=sharded(spec, text_encoders))
     full = load_pipeline(spec, torch.device("cpu"), dtype) if ctx.group.rank == 0 else None
-    shard_pipeline(skeleton, full, spec, ctx, compile, attention)
+    shard_pipeline(skeleton, full, spec, ctx, compile, attention, text_encoders)
     del full
-    return finish_placement(skeleton, spec, ctx.device, skip=sharded(spec))
+    return finish_placement(skeleton, spec, ctx.device, skip=sharded(spec, text_encoders))
 
 
 @dataclass(slots=True)

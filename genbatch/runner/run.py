@@ -92,6 +92,8 @@ class RunOptions:
     """The torch.compile backend for `compile` (`genbatch.parallel.flags.COMPILE_BACKENDS`)."""
     attention: str = "auto"
     """The attention kernel (`genbatch.parallel.flags.ATTENTION_KERNELS`), checked at start-up."""
+    text_encoder_parallel: str = "auto"
+    """How the text encoders run over a job group (`genbatch.parallel.tensor.encoders.MODES`)."""
     compile_cache: str | None = None
     """Where compiled artifacts are kept across runs (any fsspec URL; None: OUT/compile-cache)."""
     max_pending_writes: int = 4
@@ -146,7 +148,8 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "options": {k: getattr(options, k) for k in ("dp", "cfg", "pp", "ring", "ulysses", "tp", "fsdp", "share",
                                                               "vae_decode", "vae_memory_gib", "compile",
                                                               "compile_backend",
-                                                              "attention", "compile_cache")},
+                                                              "attention", "compile_cache",
+                                                              "text_encoder_parallel")},
         "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},

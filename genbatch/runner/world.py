@@ -69,6 +69,8 @@ class World:
     """The run's `genbatch.parallel.compile.CompileConfig` (None: the denoisers run eagerly)."""
     attention_kernel: str = "auto"
     """`--attention`: the kernel's name as the flag spells it (`genbatch.parallel.attention.local.KERNELS`)."""
+    text_encoder_parallel: str = "auto"
+    """`--text-encoder-parallel` (`genbatch.parallel.tensor.encoders.MODES`)."""
     vae_decode: str = "auto"
     """`--vae-decode`: how each job's VAE decodes (`genbatch.runner.decode`), checked against every model at
     start-up."""
@@ -225,9 +227,10 @@ class World:
         from genbatch.parallel.apply import parallelize_pipeline
 
         if self.ctx.dims.fsdp and self.ctx.group.size > 1:
-            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention)
+            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
+                                         self.text_encoder_parallel)
         pipe = load_pipeline(spec, self.ctx.device, self.dtype)
-        parallelize_pipeline(pipe, spec, self.ctx, self.compile, self.attention)
+        parallelize_pipeline(pipe, spec, self.ctx, self.compile, self.attention, self.text_encoder_parallel)
         return pipe
 
     def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
@@ -285,4 +288,5 @@ def start_world(options, stop=None) -> World:
     dtype = DTYPES[options.dtype or default_dtype(device)]
     return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop,
                  compile=options.compile_config(), attention_kernel=options.attention,
+                 text_encoder_parallel=options.text_encoder_parallel,
                  vae_decode=options.vae_decode)

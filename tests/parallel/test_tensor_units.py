@@ -83,7 +83,7 @@ def test_a_tp_that_does_not_divide_is_refused_before_anything_is_split():
     model, plan = _plan("tiny-wan")
     before = model.blocks[0].attn1.to_q.weight
     with pytest.raises(ValueError, match=r"--tp 3 does not divide WanTransformer3DModel: blocks.0.attn1 has 4 "
-                                         r"heads.*choose a --tp that divides the head count"):
+                                         r"heads.*choose a degree that divides the head count"):
         tensor_parallel(model, plan, _Group(3), mesh=None)
     assert model.blocks[0].attn1.to_q.weight is before and model.blocks[0].attn1.heads == 4
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from genbatch.models.base import HEADS, NORM_ACROSS_HEADS, PACKED_ROWWISE, ROWWISE, TensorPlan
+from genbatch.models.base import HEADS, NORM_ACROSS_HEADS, PACKED_ROWWISE, TensorPlan
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.compile import _matches
 from genbatch.parallel.tensor.norm import HeadShardedRMSNorm
@@ -49,13 +49,13 @@ def resolved_styles(model: torch.nn.Module, plan: TensorPlan) -> dict[str, str]:
     return found
 
 
-def _check_divides(model: torch.nn.Module, styles: dict[str, str], size: int) -> None:
+def _check_divides(model: torch.nn.Module, styles: dict[str, str], size: int, flag: str) -> None:
     problems = []
     for name, style in styles.items():
         module = model.get_submodule(name)
         if style == HEADS:
-            if module.heads % size:
-                problems.append(f"{name} has {module.heads} heads")
+            problems += [f"{name} has {value} {attribute}" for attribute in HEAD_WIDTHS
+                         if isinstance(value := getattr(module, attribute, None), int) and value % size]
         elif style == NORM_ACROSS_HEADS:
             if module.normalized_shape[0] % size:
                 problems.append(f"{name} normalises {module.normalized_shape[0]} channels")
@@ -64,15 +64,17 @@ def _check_divides(model: torch.nn.Module, styles: dict[str, str], size: int) ->
                 if shard is not None and any(block % size for block in shard[1]):
                     problems.append(f"{name}.{param} splits {shard[1]} along dim {shard[0]}")
     if problems:
-        raise ValueError(f"--tp {size} does not divide {type(model).__name__}: {'; '.join(problems)}; choose a "
-                         "--tp that divides the head count and the MLP width")
+        raise ValueError(f"{flag} does not divide {type(model).__name__}: {'; '.join(problems)}; choose a "
+                         "degree that divides the head count and the MLP width")
 
 
-def tensor_parallel(model: torch.nn.Module, plan: TensorPlan, comm: Comm, mesh) -> dict[str, str]:
-    """Split `model` over the tp group (`comm`, its 1-D DeviceMesh `mesh`) by `plan`; return the styles
-    applied by module name. Heads divide last, after their projections are split."""
+def tensor_parallel(model: torch.nn.Module, plan: TensorPlan, comm: Comm, mesh, flag: str | None = None
+                    ) -> dict[str, str]:
+    """Split `model` over the group `comm` (its 1-D DeviceMesh `mesh`: the tp axis, or the job group for a
+    text encoder) by `plan`; return the styles applied by module name. Heads divide last, after their
+    projections are split. `flag`: how errors name the split (default `--tp N`)."""
     styles = resolved_styles(model, plan)
-    _check_divides(model, styles, comm.size)
+    _check_divides(model, styles, comm.size, flag or f"--tp {comm.size}")
     for name, style in styles.items():
         if style not in (HEADS, NORM_ACROSS_HEADS):
             apply_style(model.get_submodule(name), style, mesh, comm)
@@ -85,9 +87,10 @@ def tensor_parallel(model: torch.nn.Module, plan: TensorPlan, comm: Comm, mesh) 
     return styles
 
 
-HEAD_WIDTHS = ("heads", "inner_dim", "kv_inner_dim")
-"""The attention module's attributes its processor reshapes by (Wan's unflattens by `heads`, Qwen-Image's
-derives the head size as `inner_dim // heads`): each rank's module counts only its own heads."""
+HEAD_WIDTHS = ("heads", "inner_dim", "kv_inner_dim", "n_heads", "num_heads", "num_key_value_heads")
+"""The attention module's attributes its forward reshapes by (Wan's processor unflattens by `heads`,
+Qwen-Image's derives the head size as `inner_dim // heads`, T5's views by `n_heads`): each rank's module
+counts only its own heads (a grouped-query module its own key/value heads too, their ratio unchanged)."""
 
 
 def _divide_heads(attention: torch.nn.Module, size: int) -> None:
@@ -96,7 +99,3 @@ def _divide_heads(attention: torch.nn.Module, size: int) -> None:
         if isinstance(value, int):
             setattr(attention, attribute, value // size)
 
-
-def rowwise_count(styles: dict[str, str]) -> int:
-    """All-reduces one forward issues (one per row-wise module)."""
-    return sum(style in (ROWWISE, PACKED_ROWWISE) for style in styles.values())

@@ -47,8 +47,11 @@ def packed_blocks(linear: torch.nn.Linear) -> list[int]:
     return list(blocks) if blocks else [linear.out_features, linear.in_features - linear.out_features]
 
 
-def split_sizes(style: str, linear: torch.nn.Linear) -> dict[str, tuple[int, list[int]] | None]:
-    """Parameter name -> (dim, blocks) of its split under `style` (None: kept whole)."""
+def split_sizes(style: str, linear: torch.nn.Module) -> dict[str, tuple[int, list[int]] | None]:
+    """Parameter name -> (dim, blocks) of its split under `style` (None: kept whole). A column-wise Embedding
+    (T5's relative position bias, one column per head) splits its columns."""
+    if isinstance(linear, torch.nn.Embedding) and style == COLWISE:
+        return {"weight": (1, [linear.embedding_dim])}
     out, width = linear.out_features, linear.in_features
     if style in (COLWISE, GATHERED_COLWISE):
         shards = {"weight": (0, [out]), "bias": (0, [out])}
