@@ -7,6 +7,8 @@
                 checking every split divides, and applying it
     loading.py  this rank's slice of a full tensor for a tp-sharded parameter (filling a meta-built
                 skeleton under `--fsdp`)
+    encoders.py `--text-encoder-parallel`: which text encoders split over the job group (the same plans
+                and styles, the family's `text_encoder_plans`)
 
 diffusers' own entry points (`enable_parallelism`, `from_pretrained(parallel_config=...)`) refuse CPU meshes,
 so genbatch calls torch directly; the plans stay data in the family modules (`genbatch.models`).
