@@ -7,7 +7,7 @@ PipeFusion cross nodes before them, and the two CFG branches go to different nod
 FSDP shards each weight over all ranks of one job's group, or not at all (never with PipeFusion or TP, so the
 group and FSDP's default sub-mesh are the same ranks).
 A layout is the runner's own `ParallelDims`, named in its one grammar (`ParallelDims.name`):
-`dp2-cfg2-ulysses4-fsdp`. The planner builds and ranks layouts the runner cannot run yet (pp, tp) too;
+`dp2-cfg2-ulysses4-fsdp`. The planner builds and ranks layouts the runner cannot run yet (pp) too;
 `unavailable_reason` says so, and the runner's `check_runnable` refuses them at start-up.
 """
 
