@@ -1,7 +1,8 @@
 """The planner's memory model against the peaks diffusers' own code reaches: VAE decodes and denoise activations.
 
-    python bench/vae_memory.py                  # every case (about 11 minutes on one core)
-    python bench/vae_memory.py --quick          # without the two largest CPU decodes (about 5)
+    python bench/vae_memory.py                  # every case (about 13 minutes on one core, 8 of them the
+                                                # 480p Wan decode)
+    python bench/vae_memory.py --quick          # without the two largest CPU decodes (about 4)
 
 Each case builds the real-size module (random weights), runs it once under genbatch's live-tensor count
 (`genbatch.parallel.vae.peak_memory`: the bytes of every storage an operator makes, until it is freed) and
