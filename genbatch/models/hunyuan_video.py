@@ -11,8 +11,8 @@ template is cropped) plus a pooled CLIP embedding. The padded text tokens stay i
 gets a key-padding mask built by the transformer from the text's attention mask.
 
 The denoise hooks reproduce `HunyuanVideoPipeline.__call__` exactly. The VAE (`AutoencoderKLHunyuanVideo`) has
-no patch-parallel decode: a job group's leader decodes alone, after one logged warning per run
-(`genbatch.runner.decode`).
+no patch-parallel decode: a job group's leader decodes alone, whole or tiled (`gen run --vae-decode`,
+`genbatch.runner.decode`).
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ conditional branch on one half and the unconditional on the other.
 For one prompt the text encoder's output has no padding (the pipeline pads only to the longest prompt of a
 batch and drops the mask when nothing is padded), so the transformer sees no text mask.
 
-The VAE (`AutoencoderKLQwenImage`) has no patch-parallel decode: a job group's leader decodes alone, after one
-logged warning per run (`genbatch.runner.decode`).
+The VAE (`AutoencoderKLQwenImage`) has no patch-parallel decode: a job group's leader decodes alone, whole or
+tiled (`gen run --vae-decode`, `genbatch.runner.decode`).
 """
 
 from __future__ import annotations
