@@ -82,6 +82,7 @@ def explain(layout: ParallelDims, work: Workload, cluster: Cluster, cost: Estima
         "inputs": {
             "steps": work.steps,
             "tokens": work.sequence,
+            "vae_decode": cost.decode_mode,
             **{name: value if isinstance(value, int) else round_figures(value) for name, value in asdict(terms).items()},
             "comm_bytes_per_step": {axis: int(nbytes) for axis, nbytes in cost.comm_bytes.items()},
             "comm_messages_per_step": {axis: round_figures(count) for axis, count in cost.comm_messages.items()},

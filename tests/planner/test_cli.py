@@ -116,6 +116,17 @@ def test_size_and_memory_options_change_the_plan():
     assert latency["best"]["dp"] == 2 and all(layout["seconds_per_job"] <= 2 for layout in latency["layouts"])
 
 
+def test_vae_decode_option_prices_every_layout_in_that_mode_and_the_table_names_it():
+    tiled = _json("-m", "hunyuanvideo", "-g", "2", "--vae-decode", "tiled")
+    assert {layout["vae_decode"] for layout in tiled["layouts"]} == {"tiled"}
+    assert all(layout["explain"]["inputs"]["vae_decode"] == "tiled" for layout in tiled["layouts"])
+    auto = _json("-m", "hunyuanvideo", "-g", "2")
+    assert {layout["vae_decode"] for layout in auto["layouts"]} == {"full"}  # exact, since it fits
+    table = _gen("-m", "hunyuanvideo", "-g", "4", "--gpu-mem", "40").output
+    assert "decode" in table.splitlines()[3] and "fits with --fsdp" in table
+    assert _gen("-m", "hunyuanvideo", "-g", "2", "--vae-decode", "patch").exit_code == USAGE
+
+
 def test_no_runnable_layout_still_prints_the_plan():
     data = _json("-m", "wan2.1-14b", "-g", "1", "--gpu-mem", "40")
     assert data["best"] is None and data["layouts"] == [] and "GiB per rank" in data["rejected"][0]["reasons"][0]
