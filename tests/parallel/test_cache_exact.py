@@ -39,7 +39,7 @@ def wan(tmp_path_factory):
         yield executor
 
 
-@pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux"])
+@pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux", "tiny-sd3", "tiny-qwen-image", "tiny-hunyuan-video"])
 def test_a_cache_that_skips_nothing_equals_no_cache_bit_for_bit(preset, tmp_path):
     with job_executor(str(tmp_path)) as (_, executor):
         exact, skipped, _ = _run(executor, job(preset, num_inference_steps=STEPS))
@@ -49,6 +49,9 @@ def test_a_cache_that_skips_nothing_equals_no_cache_bit_for_bit(preset, tmp_path
             assert cache.hooked > 0
             assert skipped == [0] * STEPS, mode
             assert torch.equal(latents, exact), mode
+        for mode in ("fbc:0.5", "taylorseer:2"):  # every family skips (SD3's last block drops the text stream)
+            latents, skipped, _ = _run(executor, job(preset, num_inference_steps=STEPS, cache=mode))
+            assert sum(skipped) > 0 and torch.isfinite(latents).all(), mode
 
 
 def test_a_threshold_skips_and_the_step_rows_count_the_skipped_branches(wan):

@@ -78,6 +78,28 @@ class BlockHook(FBCBlockHook):
         return module
 
 
+class TailHook(BlockHook):
+    """The last block's hook: diffusers' (cache the tail residuals when computing), except that a last block
+    which drops the text stream (SD3's `context_pre_only` block returns None for it) caches a zero text
+    residual, so a skipped step passes block 0's text output on (which the model no longer reads)."""
+
+    def new_forward(self, module: torch.nn.Module, *args, **kwargs):
+        state = self.state_manager.get_state()
+        if not state.should_compute:
+            return super().new_forward(module, *args, **kwargs)
+        output = self.fn_ref.original_forward(*args, **kwargs)
+        if not isinstance(output, tuple):
+            state.tail_block_residuals = (output - state.head_block_output, None)
+            return output
+        head_hidden, head_text = state.head_block_output[0], state.head_block_output[1]
+        text = output[self._metadata.return_encoder_hidden_states_index]
+        state.tail_block_residuals = (
+            output[self._metadata.return_hidden_states_index] - head_hidden,
+            torch.zeros_like(head_text) if text is None else text - head_text,
+        )
+        return output
+
+
 def _repeated_blocks(model: torch.nn.Module, lists: tuple[str, ...]) -> list[torch.nn.Module]:
     """Every block of the model's repeated lists, in forward order (FLUX: the double blocks, then the single)."""
     return [block for name in lists for block in model.get_submodule(name)]
@@ -95,4 +117,4 @@ def install(model: torch.nn.Module, lists: tuple[str, ...], threshold: float, co
         AgreedHeadHook(state, threshold, comm, report), _FBC_LEADER_BLOCK_HOOK)
     for block in middle:
         HookRegistry.check_if_exists_or_initialize(block).register_hook(BlockHook(state), _FBC_BLOCK_HOOK)
-    HookRegistry.check_if_exists_or_initialize(tail).register_hook(BlockHook(state, is_tail=True), _FBC_BLOCK_HOOK)
+    HookRegistry.check_if_exists_or_initialize(tail).register_hook(TailHook(state, is_tail=True), _FBC_BLOCK_HOOK)

@@ -93,15 +93,22 @@ class StepCache:
 
     @contextlib.contextmanager
     def branch(self, name: str, step: int):
-        """Run a denoiser call of branch `name` at step index `step` in that branch's cache context."""
+        """Run a denoiser call of branch `name` at step index `step` in that branch's cache context (diffusers'
+        `cache_context`, set directly: SD3's transformer lacks the mixin that offers it)."""
         if not self.models:
             yield
             return
+        from diffusers.hooks.hooks import CacheContext, _set_cache_context
+
         self._branch, self._step = name, step
-        with contextlib.ExitStack() as stack:
-            for model in self.models:
-                stack.enter_context(model.cache_context(name))
+        context = CacheContext(name, step_index=step)
+        for model in self.models:
+            _set_cache_context(model, context)
+        try:
             yield
+        finally:
+            for model in self.models:
+                _set_cache_context(model, None)
 
     def step_columns(self, split: bool, cfg: Comm | None, device: torch.device) -> dict[str, int]:
         """The finished step's timing columns ({} without caching). `split`: this rank ran only its own cfg
