@@ -74,3 +74,16 @@ def test_cfg_branches_count_together_and_decide_jointly_under_fsdp(fsdp, tmp_pat
     assert joint == fsdp  # under FSDP one decision (one value) for both branches; else each its own
     if fsdp:
         assert all(count in (0, 2) for count in skipped[0])  # both branches skip or neither
+
+
+@pytest.mark.slow
+def test_cfg_branches_with_sequence_and_tensor_parallel_decide_over_their_own_ranks(tmp_path):
+    """cfg 2 x ulysses 2 x tp 2 without FSDP: each branch's four ranks agree over a group of their own (built
+    at start-up), and the indicators equal one process's branch by branch."""
+    reference = _denoise(str(tmp_path / "single"), {}, "fbc:0", 3, "tiny-wan")
+    layout = {"cfg": 2, "ulysses": 2, "tp": 2}
+    results = run_on_ranks(_on_rank, 8, args=(str(tmp_path), layout, "fbc:0", 3, "tiny-wan"), timeout_s=60)
+    for rank, result in enumerate(results):
+        branch = "cond" if rank < 4 else "uncond"
+        _close(result["indicators"], [entry for entry in reference["indicators"] if entry[1] == branch])
+        assert result["skipped"] == [0, 0, 0]
