@@ -127,8 +127,10 @@ def test_suites_manifests_are_valid():
     from genbatch.models import preset_names, resolve_model
 
     for suite in SUITES.values():
-        # a preset's own spec; the Wan architectures of the other models share tiny-wan's geometry
-        spec = resolve_model(suite.model.name if suite.model.name in preset_names() else "tiny-wan")
+        # a preset's own spec; the other models share their family's tiny preset's geometry (FLUX.1-dev
+        # tiny-flux's, the Wan architectures tiny-wan's)
+        family_preset = "tiny-flux" if suite.model.name.startswith("flux") else "tiny-wan"
+        spec = resolve_model(suite.model.name if suite.model.name in preset_names() else family_preset)
         rows = suite.manifest_rows()
         assert len({row["id"] for row in rows}) == len(rows) == suite.jobs
         assert len({row["seed"] for row in rows}) == suite.jobs
