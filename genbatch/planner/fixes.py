@@ -2,9 +2,9 @@
 seconds per job.
 
     over = overage(cost, cluster)            # None when the layout fits
-    fix = memory_fix(layout, cost, decode_modes(layout, work), legal, cluster, None, price)
-    over.describe(fix)    # "needs 96.1 GiB per rank > 79.6 GiB (... vae_decode 51.4 in a full decode); fits with
-                          #  --vae-decode tiled (dp2-ulysses4, tiled decode: 75.2 GiB, 310.2 s per job)"
+    fix = memory_fix(layout, cost, decode_modes(layout, work), legal, cluster, None, price)  # rank() does this
+    over.describe(fix)    # "needs 43.90 GiB per rank > 40.00 GiB (weights 23.8, ..., with a tiled decode; weights
+                          #  sets the peak); fits with --fsdp (ulysses4-fsdp, tiled decode: 16.2 GiB, 576.6 s per job)"
 
 The changes tried, each from the layout as it is: another decode mode (an exact one, or tiling), FSDP over the
 job group, tensor parallel, and more ranks per job (fewer data-parallel groups, the job split over more sequence
@@ -91,33 +91,35 @@ def overage(cost: Estimate, cluster: Cluster) -> Overage | None:
                    decode_mode=cost.decode_mode)
 
 
-def _changes(layout: ParallelDims, cost: Estimate, legal: set[ParallelDims],
-             modes: tuple[str, ...]) -> Iterable[tuple[str, ParallelDims, str]]:
-    """(flags, layout, decode mode) for every single change to try; `modes`: the layout's decode modes."""
+def _changes(layout: ParallelDims, cost: Estimate, legal: set[ParallelDims], modes: tuple[str, ...],
+             decode: str) -> Iterable[tuple[str, ParallelDims, str]]:
+    """(flags, layout, decode mode) for every single change to try; `modes`: the layout's decode modes; `decode`:
+    the plan's (what a changed layout decodes in)."""
     for mode in modes:
         if mode != cost.decode_mode:
             yield f"--vae-decode {mode}", layout, mode
     if not layout.fsdp and layout.group_size > 1 and layout.pp == layout.tp == 1:
-        yield "--fsdp", replace(layout, fsdp=True), "auto"
+        yield "--fsdp", replace(layout, fsdp=True), decode
     for factor in (2, 4, 8):
         if layout.dp % factor == 0 and not layout.fsdp:
-            yield f"--tp {layout.tp * factor}", replace(layout, dp=layout.dp // factor, tp=layout.tp * factor), "auto"
+            yield f"--tp {layout.tp * factor}", replace(layout, dp=layout.dp // factor, tp=layout.tp * factor), decode
     for other in legal:
         same = (other.cfg, other.pp, other.tp, other.fsdp) == (layout.cfg, layout.pp, layout.tp, layout.fsdp)
         if same and other.group_size > layout.group_size:
             flags = " ".join(f"--{axis} {getattr(other, axis)}" for axis in ("ring", "ulysses")
                              if getattr(other, axis) != getattr(layout, axis))
             groups = f"{other.dp} data-parallel group" + ("s" if other.dp > 1 else "")
-            yield f"{flags} ({groups})", other, "auto"
+            yield f"{flags} ({groups})", other, decode
 
 
 def memory_fix(layout: ParallelDims, cost: Estimate, modes: tuple[str, ...], legal: Iterable[ParallelDims],
-               cluster: Cluster, max_latency: float | None, price: Price) -> Fix | None:
+               cluster: Cluster, max_latency: float | None, price: Price, decode: str = "auto") -> Fix | None:
     """The single change to `layout` (priced in `cost`, able to decode in `modes`) that fits the cluster's memory
-    (and `max_latency`) with the fewest seconds per job; None when no change does."""
+    (and `max_latency`) with the fewest seconds per job, a changed layout decoding in the plan's `decode`; None
+    when no change does."""
     legal = set(legal)
     best = None
-    for change, other, mode in _changes(layout, cost, legal, modes):
+    for change, other, mode in _changes(layout, cost, legal, modes, decode):
         if other not in legal:
             continue
         try:

@@ -137,7 +137,7 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
         fix = None
         if over is not None:
             fix = memory_fix(layout, cost, decode_modes(layout, work), legal, cluster, max_latency,
-                             lambda other, mode: estimate(other, work, cluster, profile, mode))
+                             lambda other, mode: estimate(other, work, cluster, profile, mode), decode)
             problems.insert(0, over.describe(fix))
         rejected.append(Rejection(layout=layout, reasons=tuple(problems), over=over, fix=fix))
     ranked.sort(key=lambda candidate: _sort_key(candidate, objective))
