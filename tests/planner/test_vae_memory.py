@@ -89,3 +89,9 @@ def test_a_tiled_decode_costs_more_time_than_a_full_one():
     full = estimate(ParallelDims(), work, cluster, decode="full")
     tiled = estimate(ParallelDims(), work, cluster, decode="tiled")
     assert tiled.decode_s == pytest.approx(full.decode_s * (256 / 192) ** 2)
+
+
+def test_memory_fixes_keep_the_plans_decode_mode():
+    result = plan("wan2.1-14b", 8, gpu_mem=40, decode="parallel")
+    fixes = [rejection.fix for rejection in result.rejected if rejection.fix is not None]
+    assert fixes and all(fix.decode_mode == "parallel" or fix.change.startswith("--vae-decode") for fix in fixes)
