@@ -132,8 +132,8 @@ def decode_peak_bytes(memory: DecoderMemory, mode: str, *, width: int, height: i
         # each rank decodes its strip (1/p of the area) exactly; the leader gathers the whole output
         share = (scale * _chunk_values(memory, frames, height, width) + memory.output_copies * output)
         values = share / ranks + (output if leader else 0.0)
-    elif mode == "tiled" and (tile or memory.tile) is not None:
-        tile_h, tile_w = min((tile or memory.tile)[0], height), min((tile or memory.tile)[1], width)
+    elif mode == "tiled" and (tile := tile or memory.tile) is not None:
+        tile_h, tile_w = min(tile[0], height), min(tile[1], width)
         if (tile_h, tile_w) == (height, width):  # one tile: the VAE decodes it whole
             return decode_peak_bytes(memory, "full", width=width, height=height, frames=frames,
                                      bytes_per_value=bytes_per_value, channels=channels)
