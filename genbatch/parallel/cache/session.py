@@ -61,13 +61,13 @@ class StepCache:
         """Install `mode`'s hooks on the pipeline's denoisers; FBC decides over `comm` (`decision_comm`)."""
         from diffusers.hooks.hooks import HookRegistry
 
-        from genbatch.parallel.apply import _components, denoisers
+        from genbatch.parallel.apply import denoisers
 
         cache = cls(mode=mode)
         if not mode.enabled:
             return cache
         try:
-            for _, model in _components(pipe, denoisers(spec)):
+            for model in filter(None, (getattr(pipe, name, None) for name in denoisers(spec))):
                 plan = _transformer_plan(spec, model)
                 lists = plan.blocks.repeated
                 if mode.kind == FBC:
