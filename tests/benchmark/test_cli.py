@@ -14,7 +14,7 @@ def test_help_names_suites_layouts_report_and_exit_codes():
     result = run_cli("bench", "--help")
     assert result.returncode == 0
     text = " ".join(result.stdout.split())
-    for needle in ("--suite [tiny|cpu|gpu|tiny-qwen-image|tiny-hunyuan-video]", "--baseline URL", "--threshold", "--layouts NAMES", "OUT/report.md",
+    for needle in ("--suite [tiny|cpu|gpu|tiny-qwen-image|tiny-hunyuan-video|flux|tiny-flux]", "--baseline URL", "--threshold", "--layouts NAMES", "OUT/report.md",
                    "3 a regression beyond --threshold", "efficiency against one rank"):
         assert needle in text, needle
     assert "gen bench --out OUT" in run_cli("--help").stdout
