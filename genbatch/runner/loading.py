@@ -33,15 +33,20 @@ def _quiet_loading() -> None:
     transformers_logging.disable_progress_bar()
 
 
-def _meta_component(path: str, component: str, dtype: torch.dtype):
-    """A pipeline directory's component built from its config on the meta device (no weights read)."""
+def _component_class(path: str, component: str) -> tuple[str, type]:
+    """(library, class) of a pipeline directory's component, as its model_index.json names them."""
     import importlib
     import json
     import os
 
     with open(os.path.join(path, "model_index.json"), encoding="utf-8") as handle:
         library, class_name = json.load(handle)[component]
-    cls = getattr(importlib.import_module(library), class_name)
+    return library, getattr(importlib.import_module(library), class_name)
+
+
+def _meta_component(path: str, component: str, dtype: torch.dtype):
+    """A pipeline directory's component built from its config on the meta device (no weights read)."""
+    library, cls = _component_class(path, component)
     with torch.device("meta"):
         if library == "transformers":
             from transformers import AutoConfig
@@ -50,6 +55,27 @@ def _meta_component(path: str, component: str, dtype: torch.dtype):
         else:
             module = cls.from_config(cls.load_config(path, subfolder=component, local_files_only=True))
     return module.to(dtype).eval()
+
+
+def _empty_component(path: str, component: str, dtype: torch.dtype):
+    """A diffusers component built as its `from_pretrained(torch_dtype=dtype)` builds it before reading weights:
+    parameters on the meta device, buffers computed on the CPU with `dtype` the default dtype."""
+    from accelerate import init_empty_weights
+    from diffusers.models.modeling_utils import no_init_weights
+
+    library, cls = _component_class(path, component)
+    if library != "diffusers":
+        raise ValueError(f"{component} is a {library} model: tensor-parallel loading from safetensors reads the "
+                         "diffusers denoisers only")
+    config = cls.load_config(path, subfolder=component, local_files_only=True)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with no_init_weights(), init_empty_weights():
+            module = cls.from_config(config)
+    finally:
+        torch.set_default_dtype(previous)
+    return module.eval()
 
 
 def _cast(pipe, dtype: torch.dtype) -> None:
@@ -65,8 +91,9 @@ def _cast(pipe, dtype: torch.dtype) -> None:
                 torch.nn.Module.to(child, dtype=torch.float32)
 
 
-def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...]):
-    """The pipeline with the components named in `meta` built on the meta device (shapes, no weights)."""
+def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...], build=_meta_component):
+    """The pipeline with the components named in `meta` built on the meta device (shapes, no weights); from a
+    directory, `build(path, component, dtype)` builds them."""
     _quiet_loading()
     if spec.name in PRESETS:
         pipe = build_preset(spec.name, meta=meta)
@@ -81,7 +108,7 @@ def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...]):
     with open(os.path.join(path, "model_index.json"), encoding="utf-8") as handle:
         index = json.load(handle)
     present = [name for name in meta if isinstance(index.get(name), list) and index[name][0] is not None]
-    skeletons = {name: _meta_component(path, name, dtype) for name in present}
+    skeletons = {name: build(path, name, dtype) for name in present}
     return DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True, **skeletons)
 
 
@@ -111,6 +138,30 @@ def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dt
     shard_pipeline(skeleton, full, spec, ctx, compile, attention, text_encoders)
     del full
     return finish_placement(skeleton, spec, ctx.device, skip=sharded(spec, text_encoders))
+
+
+def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None,
+                                  attention: str = "auto", text_encoders: str = "auto"):
+    """`--tp` loading from a pipeline directory (without `--fsdp`): the denoisers built with their parameters on
+    the meta device and split by their tensor plans, then filled from their safetensors, each rank reading only
+    its own part of every split tensor, straight to its device; the other components load whole and the plans
+    (`parallelize_pipeline`) apply as on a whole pipeline. `compile`, `attention`, `text_encoders`: as
+    `load_sharded_pipeline`'s."""
+    import os
+
+    from genbatch.parallel.apply import denoisers, parallelize_pipeline
+    from genbatch.parallel.tensor.checkpoint import fill_from_safetensors
+
+    split = denoisers(spec)
+    pipe = load_skeleton(spec, dtype, meta=split, build=_empty_component)
+    finish_placement(pipe, spec, ctx.device, skip=split)
+    parallelize_pipeline(pipe, spec, ctx, compile, attention, text_encoders)
+    for name in split:
+        model = getattr(pipe, name, None)
+        if model is not None:
+            fill_from_safetensors(model, os.path.join(spec.path or spec.name, name), dtype, ctx.device,
+                                  keep_fp32=getattr(model, "_keep_in_fp32_modules", None))
+    return pipe
 
 
 @dataclass(slots=True)

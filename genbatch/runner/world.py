@@ -23,7 +23,15 @@ from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.teardown import leave_process_group
 from genbatch.runner.decode import mode_problem
-from genbatch.runner.loading import DTYPES, PipelineCache, default_dtype, load_pipeline, load_sharded_pipeline
+from genbatch.runner.loading import (
+    DTYPES,
+    PipelineCache,
+    default_dtype,
+    load_pipeline,
+    load_sharded_pipeline,
+    load_tensor_parallel_pipeline,
+)
+from genbatch.runner.presets import PRESETS
 
 
 class UsageError(ValueError):
@@ -229,6 +237,9 @@ class World:
         if self.ctx.dims.fsdp and self.ctx.group.size > 1:
             return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
                                          self.text_encoder_parallel)
+        if self.ctx.dims.tp > 1 and spec.name not in PRESETS:  # a directory: each rank reads its own shards
+            return load_tensor_parallel_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
+                                                 self.text_encoder_parallel)
         pipe = load_pipeline(spec, self.ctx.device, self.dtype)
         parallelize_pipeline(pipe, spec, self.ctx, self.compile, self.attention, self.text_encoder_parallel)
         return pipe

@@ -1,0 +1,139 @@
+"""Filling a tensor-parallel skeleton from a component's safetensors, each rank reading only its own part.
+
+    fill_from_safetensors(model, folder, dtype, device, keep_fp32=model._keep_in_fp32_modules)
+
+`model` was built with its parameters on the meta device (buffers computed at construction) and then split by
+its tensor plan (`genbatch.parallel.tensor.shard`); `folder` is the component's folder of a diffusers pipeline
+directory (`<pipeline>/transformer`): one safetensors file, or several named by a `.safetensors.index.json`.
+Every parameter is read with `safe_open(...).get_slice(name)[...]`: a split one only this rank's block of rows
+or columns (`tp_split`; a packed row-wise split one block per packed part), the rest whole; each goes straight
+to `device` in its load dtype, so no rank ever holds a full copy of a split tensor. The load dtype is the one
+diffusers' `from_pretrained(torch_dtype=dtype)` gives: floating tensors in `dtype` except those under a
+`_keep_in_fp32_modules` name (fp32), others as stored. Persistent buffers the files hold are read whole; those
+computed at construction move to `device`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from torch.distributed.tensor import DTensor
+
+from genbatch.parallel.tensor.loading import tp_split
+
+WEIGHT_NAMES = ("diffusion_pytorch_model.safetensors", "model.safetensors")
+"""The weight file names diffusers and transformers save (each may instead be sharded under an index)."""
+
+
+def weight_map(folder: str) -> dict[str, str]:
+    """Tensor name -> the safetensors file (a path) holding it, for a component's folder."""
+    for name in WEIGHT_NAMES:
+        index = os.path.join(folder, f"{name}.index.json")
+        if os.path.exists(index):
+            with open(index, encoding="utf-8") as handle:
+                files = json.load(handle)["weight_map"]
+            return {tensor: os.path.join(folder, file) for tensor, file in files.items()}
+        single = os.path.join(folder, name)
+        if os.path.exists(single):
+            from safetensors import safe_open
+
+            with safe_open(single, framework="pt") as handle:
+                return dict.fromkeys(handle.keys(), single)
+    raise ValueError(f"{folder} holds no {' or '.join(WEIGHT_NAMES)} (nor an index of shards): tensor-parallel "
+                     "loading reads safetensors; save the pipeline with save_pretrained(safe_serialization=True)")
+
+
+def block_indices(shape: tuple[int, ...], dim: int, blocks: list[int], rank: int, size: int) -> list[tuple]:
+    """The index tuples of this rank's part of a tensor of `shape` split along `dim` by `blocks` (each block cut
+    in `size` equal parts, this rank's parts in block order): what `styles.block_slice` keeps, as slices."""
+    indices, offset = [], 0
+    for block in blocks:
+        chunk = block // size
+        start = offset + rank * chunk
+        indices.append((slice(None),) * dim + (slice(start, start + chunk),) + (slice(None),) * (len(shape) - dim - 1))
+        offset += block
+    return indices
+
+
+def read_part(handle, name: str, split: tuple[int, list[int]] | None, rank: int, size: int) -> torch.Tensor:
+    """Tensor `name` of the open safetensors `handle`: whole when `split` is None, else this rank's blocks only."""
+    if split is None or size == 1:
+        return handle.get_tensor(name)
+    dim, blocks = split
+    part = handle.get_slice(name)
+    shape = tuple(part.get_shape())
+    pieces = [part[index] for index in block_indices(shape, dim, blocks, rank, size)]
+    # (..., block / size, ...) per block -> (..., sum(blocks) / size, ...) along `dim`
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=dim)
+
+
+def load_dtype(name: str, stored: torch.dtype, dtype: torch.dtype, keep_fp32: tuple[str, ...]) -> torch.dtype:
+    """diffusers' rule: a floating tensor under a `_keep_in_fp32_modules` name part stays fp32, another floating
+    tensor takes `dtype`, any other keeps its stored dtype."""
+    if not stored.is_floating_point:
+        return stored
+    return torch.float32 if any(part in name.split(".") for part in keep_fp32) else dtype
+
+
+class _Files:
+    """The component's safetensors files, each opened once, on demand."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+        self.where = weight_map(folder)
+        self.open: dict[str, object] = {}
+
+    def handle(self, name: str):
+        if name not in self.where:
+            raise ValueError(f"{self.folder}'s safetensors hold no tensor {name!r}: the files do not match the "
+                             "model class its config names; save the pipeline again with save_pretrained")
+        path = self.where[name]
+        if path not in self.open:
+            from safetensors import safe_open
+
+            self.open[path] = safe_open(path, framework="pt")
+        return self.open[path]
+
+
+def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
+    owner, _, attribute = name.rpartition(".")
+    return model.get_submodule(owner), attribute
+
+
+@torch.no_grad()
+def _fill_parameter(model, files: _Files, name: str, param, dtype, device, keep_fp32) -> None:
+    split = tp_split(model, name)
+    mesh = param.device_mesh if isinstance(param, DTensor) else None
+    rank, size = (mesh.get_local_rank(), mesh.size()) if mesh is not None else (0, 1)
+    raw = read_part(files.handle(name), name, split if mesh is not None else None, rank, size)
+    local = raw.to(device=device, dtype=load_dtype(name, raw.dtype, dtype, keep_fp32)).contiguous()
+    expected = param.to_local().shape if mesh is not None else param.shape
+    if local.shape != expected:
+        raise ValueError(f"{files.folder}: {name} reads as {tuple(local.shape)} on tp rank {rank} of {size}, the "
+                         f"split model expects {tuple(expected)}; the checkpoint does not match its config")
+    value = DTensor.from_local(local, mesh, param.placements, run_check=False, shape=param.shape,
+                               stride=param.stride()) if mesh is not None else local
+    owner, attribute = _owner(model, name)
+    owner.register_parameter(attribute, torch.nn.Parameter(value, requires_grad=param.requires_grad))
+
+
+def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtype, device: torch.device,
+                          keep_fp32=()) -> None:
+    """Fill `model`'s meta parameters (and the persistent buffers `folder` holds) from `folder`'s safetensors,
+    each rank reading only its part of every tensor-parallel split; `keep_fp32`: the class's
+    `_keep_in_fp32_modules`."""
+    files = _Files(folder)
+    keep_fp32 = tuple(keep_fp32 or ())
+    for name, param in list(model.named_parameters()):
+        _fill_parameter(model, files, name, param, dtype, device, keep_fp32)
+    for name, buffer in list(model.named_buffers()):
+        owner, attribute = _owner(model, name)
+        if name in files.where:
+            raw = files.handle(name).get_tensor(name)
+            buffer = raw.to(device=device, dtype=load_dtype(name, raw.dtype, dtype, keep_fp32))
+        elif buffer.is_meta:
+            raise ValueError(f"{files.folder}: buffer {name} is neither in the checkpoint nor computed when the "
+                             "model is built; load this model without --tp")
+        owner._buffers[attribute] = buffer.to(device)

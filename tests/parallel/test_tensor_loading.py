@@ -1,0 +1,123 @@
+"""Tensor-parallel loading from a pipeline directory: each rank reads only its part of every split tensor from the
+safetensors, and gets what loading the whole model and then splitting it gives, bit for bit.
+
+One process: the block reads of a (packed) split equal `block_slice` of the full tensor, and the load dtype
+follows diffusers' `_keep_in_fp32_modules` rule. Two gloo ranks at tp 2, for saved tiny Wan and tiny FLUX: every
+parameter and buffer of the denoiser equals the old path's (load whole, then split) in value and dtype, in bf16
+(Wan keeps modules in fp32); and a job's fp32 latents and frames equal one process's by `test_layouts.py`'s
+criteria.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from unittest import mock
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from genbatch.models import resolve_model
+from genbatch.parallel.tensor.checkpoint import block_indices, load_dtype, read_part, weight_map
+from genbatch.parallel.tensor.styles import block_slice
+from genbatch.runner.loading import load_pipeline
+from tests.parallel.test_layouts import FLUX, WAN, _check, _run_job
+from tests.support.distributed import run_on_ranks
+from tests.support.runs import job_executor
+
+MODELS = {"tiny-wan": WAN, "tiny-flux": FLUX}
+
+
+@pytest.fixture(scope="module")
+def directories(tmp_path_factory):
+    """Saved tiny Wan and FLUX pipelines (fp32 safetensors), by preset name."""
+    root = tmp_path_factory.mktemp("saved")
+    paths = {}
+    for name in MODELS:
+        paths[name] = str(root / name)
+        load_pipeline(resolve_model(name), torch.device("cpu"), torch.float32).save_pretrained(paths[name])
+    return paths
+
+
+@pytest.mark.parametrize(("dim", "blocks"), [(0, [8]), (1, [12]), (1, [4, 8])])
+@pytest.mark.parametrize("size", [2, 4])
+def test_a_rank_reads_only_its_blocks_and_they_equal_the_split_of_the_full_tensor(tmp_path, dim, blocks, size):
+    full = torch.arange(8 * 12, dtype=torch.float32).reshape(8, 12)
+    save_file({"w": full}, str(tmp_path / "model.safetensors"))
+    from safetensors import safe_open
+
+    with safe_open(str(tmp_path / "model.safetensors"), framework="pt") as handle:
+        for rank in range(size):
+            part = read_part(handle, "w", (dim, blocks), rank, size)
+            assert torch.equal(part, block_slice(full, dim, blocks, rank, size))
+            assert part.shape[dim] == sum(blocks) // size
+        assert torch.equal(read_part(handle, "w", None, 1, size), full)
+    assert len(block_indices((8, 12), 1, [4, 8], 0, 2)) == 2  # a packed split reads one block per packed part
+    assert weight_map(str(tmp_path)) == {"w": str(tmp_path / "model.safetensors")}
+
+
+def test_the_load_dtype_follows_diffusers_keep_in_fp32_rule():
+    keep = ("norm1", "scale_shift_table")
+    assert load_dtype("blocks.0.norm1.weight", torch.float32, torch.bfloat16, keep) == torch.float32
+    assert load_dtype("scale_shift_table", torch.float32, torch.bfloat16, keep) == torch.float32
+    assert load_dtype("blocks.0.norm12.weight", torch.float32, torch.bfloat16, keep) == torch.bfloat16  # by part
+    assert load_dtype("pos_ids", torch.int64, torch.bfloat16, keep) == torch.int64
+
+
+def test_a_folder_without_safetensors_is_refused_naming_the_fix(tmp_path):
+    with pytest.raises(ValueError, match="safe_serialization=True"):
+        weight_map(str(tmp_path))
+
+
+def _states(module):
+    from torch.distributed.tensor import DTensor
+
+    local = {name: (value.to_local() if isinstance(value, DTensor) else value)
+             for name, value in [*module.named_parameters(), *module.named_buffers()]}
+    split = sum(isinstance(param, DTensor) for param in module.parameters())
+    return local, split
+
+
+def _compare_with_the_old_path(rank, world_size, paths, out):
+    from genbatch.parallel.apply import parallelize_pipeline
+
+    problems, counts = [], {}
+    with job_executor(out, dtype="bf16", tp=2) as (world, _):
+        for name, path in paths.items():
+            spec = resolve_model(path)
+            with mock.patch("genbatch.runner.world.load_pipeline", side_effect=AssertionError("loaded whole")):
+                new, new_split = _states(world.load_pipeline(spec).transformer)
+            old_pipe = load_pipeline(spec, world.ctx.device, world.dtype)
+            parallelize_pipeline(old_pipe, spec, world.ctx)
+            old, _ = _states(old_pipe.transformer)
+            if set(new) != set(old):
+                problems.append(f"{name}: names differ: {sorted(set(new) ^ set(old))}")
+            for key in set(new) & set(old):
+                if new[key].dtype != old[key].dtype or new[key].shape != old[key].shape:
+                    problems.append(f"{name} {key}: {new[key].dtype}{tuple(new[key].shape)} vs "
+                                    f"{old[key].dtype}{tuple(old[key].shape)}")
+                elif not torch.equal(new[key], old[key]):
+                    problems.append(f"{name} {key}: values differ")
+            counts[name] = (len(new), new_split, sum(value.dtype == torch.float32 for value in new.values()))
+    return problems, counts
+
+
+def test_tp2_reads_every_tensor_as_loading_whole_then_splitting_does(directories, tmp_path):
+    for problems, counts in run_on_ranks(_compare_with_the_old_path, 2, args=(directories, str(tmp_path)),
+                                         timeout_s=60):
+        assert problems == []
+        for name, (tensors, split, fp32) in counts.items():
+            assert split > 10, f"{name}: the plan split {split} parameters"
+        assert counts["tiny-wan"][2] > 0  # Wan's _keep_in_fp32_modules stay fp32 under bf16
+
+
+def _latents_of_both(rank, world_size, jobs, out):
+    return [_run_job(spec_job, 1, 1, 1, 1, False, 2, out=f"{out}/{index}") for index, spec_job in enumerate(jobs)]
+
+
+def test_tp2_jobs_from_a_directory_equal_one_process(directories, tmp_path):
+    jobs = [dataclasses.replace(MODELS[name], model=path) for name, path in directories.items()]
+    references = {spec_job.model: _run_job(spec_job, 1, 1, 1, 1, False, out=str(tmp_path / f"one{index}"))
+                  for index, spec_job in enumerate(jobs)}
+    per_rank = run_on_ranks(_latents_of_both, 2, args=(jobs, str(tmp_path / "tp")), timeout_s=60)
+    _check([(spec_job, 1, 1, 1, 1, False, 2) for spec_job in jobs], per_rank, references)
