@@ -57,7 +57,7 @@ def _meta_component(path: str, component: str, dtype: torch.dtype):
     return module.to(dtype).eval()
 
 
-def _empty_component(path: str, component: str, dtype: torch.dtype):
+def empty_component(path: str, component: str, dtype: torch.dtype):
     """A diffusers component built as its `from_pretrained(torch_dtype=dtype)` builds it before reading weights:
     parameters on the meta device, buffers computed on the CPU with `dtype` the default dtype."""
     from accelerate import init_empty_weights
@@ -153,7 +153,7 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
     from genbatch.parallel.tensor.checkpoint import fill_from_safetensors
 
     split = denoisers(spec)
-    pipe = load_skeleton(spec, dtype, meta=split, build=_empty_component)
+    pipe = load_skeleton(spec, dtype, meta=split, build=empty_component)
     finish_placement(pipe, spec, ctx.device, skip=split)
     parallelize_pipeline(pipe, spec, ctx, compile, attention, text_encoders)
     for name in split:

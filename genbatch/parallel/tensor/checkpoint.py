@@ -97,6 +97,13 @@ class _Files:
         return self.open[path]
 
 
+def _copied(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """`tensor` copied to `device` in `dtype`, contiguous in memory of its own: safetensors returns views of the
+    file's mapping (a split part a view of the whole tensor), and a rank keeps neither the mapping nor a full
+    split tensor alive."""
+    return tensor.to(device=device, dtype=dtype, copy=True, memory_format=torch.contiguous_format)
+
+
 def _owner(model: torch.nn.Module, name: str) -> tuple[torch.nn.Module, str]:
     owner, _, attribute = name.rpartition(".")
     return model.get_submodule(owner), attribute
@@ -108,7 +115,7 @@ def _fill_parameter(model, files: _Files, name: str, param, dtype, device, keep_
     mesh = param.device_mesh if isinstance(param, DTensor) else None
     rank, size = (mesh.get_local_rank(), mesh.size()) if mesh is not None else (0, 1)
     raw = read_part(files.handle(name), name, split if mesh is not None else None, rank, size)
-    local = raw.to(device=device, dtype=load_dtype(name, raw.dtype, dtype, keep_fp32)).contiguous()
+    local = _copied(raw, device, load_dtype(name, raw.dtype, dtype, keep_fp32))
     expected = param.to_local().shape if mesh is not None else param.shape
     if local.shape != expected:
         raise ValueError(f"{files.folder}: {name} reads as {tuple(local.shape)} on tp rank {rank} of {size}, the "
@@ -132,7 +139,7 @@ def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtyp
         owner, attribute = _owner(model, name)
         if name in files.where:
             raw = files.handle(name).get_tensor(name)
-            buffer = raw.to(device=device, dtype=load_dtype(name, raw.dtype, dtype, keep_fp32))
+            buffer = _copied(raw, device, load_dtype(name, raw.dtype, dtype, keep_fp32))
         elif buffer.is_meta:
             raise ValueError(f"{files.folder}: buffer {name} is neither in the checkpoint nor computed when the "
                              "model is built; load this model without --tp")
