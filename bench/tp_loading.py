@@ -116,7 +116,7 @@ def report(rows: list[dict], tp: int, commit: str) -> list[str]:
     weights, layer = rows[0]["weights"], rows[0]["layer"]
     target = 0.55 * weights + layer
     lines = [f"tensor-parallel loading, Wan 2.1 T2V 1.3B transformer (random bf16 weights), tp {tp}, gloo on "
-             f"the CPU, at {commit}",
+             f"the CPU, at {commit} (load average {os.getloadavg()[0]:.1f})",
              f"weights {weights / GiB:.3f} GiB in their load dtypes; one layer {layer / GiB:.3f} GiB; target "
              f"0.55 x weights + one layer = {target / GiB:.3f} GiB ({target / weights:.3f} of the weights)",
              "RssAnon above an import-and-mesh baseline, per rank:",
