@@ -7,6 +7,8 @@
                 checking every split divides, and applying it
     loading.py  this rank's slice of a full tensor for a tp-sharded parameter (filling a meta-built
                 skeleton under `--fsdp`)
+    checkpoint.py  filling a split meta-built skeleton from a component's safetensors, each rank reading only
+                its own blocks (`--tp` from a pipeline directory)
     encoders.py `--text-encoder-parallel`: which text encoders split over the job group (the same plans
                 and styles, the family's `text_encoder_plans`)
 
