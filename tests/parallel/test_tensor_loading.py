@@ -30,12 +30,15 @@ MODELS = {"tiny-wan": WAN, "tiny-flux": FLUX}
 
 @pytest.fixture(scope="module")
 def directories(tmp_path_factory):
-    """Saved tiny Wan and FLUX pipelines (fp32 safetensors), by preset name."""
+    """Saved tiny Wan and FLUX pipelines (fp32 safetensors), by preset name; Wan's in shards under an index, as
+    large checkpoints are published."""
     root = tmp_path_factory.mktemp("saved")
     paths = {}
-    for name in MODELS:
+    for name, shard_size in (("tiny-wan", "200KB"), ("tiny-flux", "10GB")):
         paths[name] = str(root / name)
-        load_pipeline(resolve_model(name), torch.device("cpu"), torch.float32).save_pretrained(paths[name])
+        pipe = load_pipeline(resolve_model(name), torch.device("cpu"), torch.float32)
+        pipe.save_pretrained(paths[name], max_shard_size=shard_size)
+    assert len(set(weight_map(f"{paths['tiny-wan']}/transformer").values())) > 1
     return paths
 
 
