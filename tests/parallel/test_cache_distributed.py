@@ -1,7 +1,7 @@
 """Step caching across ranks (gloo, short timeouts): the ranks that share a skipped span's collectives decide
 together, on the exact indicator.
 
-Under ulysses 2 and tp 2 the agreed First-Block-Cache indicator of every step equals the one-process value
+Under ulysses 2, tp 2 and ring 2 the agreed First-Block-Cache indicator of every step equals the one-process value
 within 1e-5 relative (at `fbc:0`, so no decision near a threshold steers the trajectories apart). A 4-rank
 ulysses run with a threshold that skips finishes (no rank waits in an all-to-all another rank skipped), and
 every rank writes the same skipped counts. Under CFG parallel the per-step count is summed over the two
@@ -41,7 +41,7 @@ def _close(ours, reference) -> None:
             assert abs(value - expected) <= 1e-5 * abs(expected), (value, expected)
 
 
-@pytest.mark.parametrize("layout", [{"ulysses": 2}, {"tp": 2}], ids=["ulysses2", "tp2"])
+@pytest.mark.parametrize("layout", [{"ulysses": 2}, {"tp": 2}, {"ring": 2}], ids=["ulysses2", "tp2", "ring2"])
 def test_the_agreed_indicator_equals_one_process(layout, tmp_path):
     reference = _denoise(str(tmp_path / "single"), {}, "fbc:0", STEPS, "tiny-wan")
     results = run_on_ranks(_on_rank, 2, args=(str(tmp_path), layout, "fbc:0", STEPS, "tiny-wan"), timeout_s=30)
