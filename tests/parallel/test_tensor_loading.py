@@ -5,7 +5,7 @@ One process: the block reads of a (packed) split equal `block_slice` of the full
 follows diffusers' `_keep_in_fp32_modules` rule. Two gloo ranks at tp 2, for saved tiny Wan and tiny FLUX: every
 parameter and buffer of the denoiser equals the old path's (load whole, then split) in value and dtype, in bf16
 (Wan keeps modules in fp32); and a job's fp32 latents and frames equal one process's by `test_layouts.py`'s
-criteria.
+criteria (tp 2; marked slow: tp 2 x ulysses 2 and dp 2 x tp 2 on four ranks).
 """
 
 from __future__ import annotations
@@ -114,13 +114,24 @@ def test_tp2_reads_every_tensor_as_loading_whole_then_splitting_does(directories
         assert counts["tiny-wan"][2] > 0  # Wan's _keep_in_fp32_modules stay fp32 under bf16
 
 
-def _latents_of_both(rank, world_size, jobs, out):
-    return [_run_job(spec_job, 1, 1, 1, 1, False, 2, out=f"{out}/{index}") for index, spec_job in enumerate(jobs)]
+def _layouts(rank, world_size, layouts, out):
+    return [_run_job(*layout, out=f"{out}/{index}") for index, layout in enumerate(layouts)]
 
 
-def test_tp2_jobs_from_a_directory_equal_one_process(directories, tmp_path):
+def _equal_to_one_process(directories, tmp_path, world_size, layouts):
+    """Run `layouts` ((dp, cfg, ring, ulysses, fsdp, tp) each) of every saved model's job on `world_size` ranks and
+    check them against one process loading the same directory."""
     jobs = [dataclasses.replace(MODELS[name], model=path) for name, path in directories.items()]
     references = {spec_job.model: _run_job(spec_job, 1, 1, 1, 1, False, out=str(tmp_path / f"one{index}"))
                   for index, spec_job in enumerate(jobs)}
-    per_rank = run_on_ranks(_latents_of_both, 2, args=(jobs, str(tmp_path / "tp")), timeout_s=60)
-    _check([(spec_job, 1, 1, 1, 1, False, 2) for spec_job in jobs], per_rank, references)
+    runs = [(spec_job, *layout) for spec_job in jobs for layout in layouts]
+    _check(runs, run_on_ranks(_layouts, world_size, args=(runs, str(tmp_path / "tp")), timeout_s=90), references)
+
+
+def test_tp2_jobs_from_a_directory_equal_one_process(directories, tmp_path):
+    _equal_to_one_process(directories, tmp_path, 2, [(1, 1, 1, 1, False, 2)])
+
+
+@pytest.mark.slow
+def test_tp2_with_ulysses_and_with_dp_from_a_directory_equal_one_process(directories, tmp_path):
+    _equal_to_one_process(directories, tmp_path, 4, [(1, 1, 1, 2, False, 2), (2, 1, 1, 1, False, 2)])
