@@ -62,6 +62,14 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
     lines += ["## Communication and memory", ""]
     lines += _table(["layout", "MiB sent per step per rank", "VAE decode peak MiB (largest rank)"],
                     [[name, _mib(m.bytes_per_step), _mib(m.peak_decode_bytes)] for name, m in metrics.items()])
+    scored = {name: m.extra for name, m in metrics.items() if "psnr_db" in m.extra}
+    if scored:
+        lines += ["## Quality against the exact configuration", "",
+                  "Outputs against those of one exact run (no `--cache`) of the same seeds: mean PSNR (identical "
+                  "outputs count as 100 dB) and SSIM over the jobs. A PSNR drop of more than 1 dB against the "
+                  "baseline is a regression.", ""]
+        lines += _table(["layout", "PSNR dB", "SSIM", "jobs"],
+                        [[name, f"{q['psnr_db']:.2f}", f"{q['ssim']:.4f}", str(q["jobs"])] for name, q in scored.items()])
     if comparison is not None:
         lines += _comparison(comparison)
     if failures:

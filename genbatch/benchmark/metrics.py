@@ -17,7 +17,7 @@ import pyarrow as pa
 STAGES = ("text_encode", "denoise", "vae_decode", "encode_media", "write")
 """Stages of a job in run order (`denoise` is the sum of its steps)."""
 
-HIGHER_IS_BETTER = frozenset({"jobs_per_hour"})
+HIGHER_IS_BETTER = frozenset({"jobs_per_hour", "psnr_db", "ssim"})
 """Metrics where a fall is the regression; for every other metric a rise is."""
 
 

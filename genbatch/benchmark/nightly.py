@@ -76,6 +76,46 @@ def _prepare(options: BenchOptions):
     return suite, layouts, baseline, storage
 
 
+def _quality(options: BenchOptions, runner, layouts, runs: dict, metrics: dict, failures: dict, storage) -> dict:
+    """With an approximate `--cache`: one exact run of the first layout (same seeds) under OUT/exact, and every
+    layout's PSNR / SSIM against it, in its metrics and OUT/quality.json. {} for an exact configuration."""
+    import json
+    from dataclasses import replace
+
+    from genbatch.benchmark.quality import cache_mode, output_quality, without_cache
+    from genbatch.io.options import open_filesystem
+
+    mode = cache_mode(options.run_args)
+    if mode is None:
+        return {}
+    options.say(f"gen bench: the exact configuration (--cache {mode} left out), for the outputs' quality ...")
+    exact_runner = replace(runner, out=f"{runner.out}/exact", run_args=without_cache(options.run_args))
+    (exact,) = exact_runner.run_all(layouts[:1])
+    quality = {}
+    if exact.status != 0:
+        failures["exact"] = exact.log_tail
+    else:
+        for name, run in runs.items():
+            scores = output_quality(exact.url, run.url, storage) if name in metrics else None
+            if scores is not None:
+                quality[name] = scores
+                metrics[name].extra.update(scores)
+    fs, root, _ = open_filesystem(options.out, storage)
+    fs.pipe_file(f"{root}/quality.json", json.dumps(quality, indent=2).encode())
+    return quality
+
+
+def _quality_changes(quality: dict, baseline_url: str, storage) -> list:
+    """Quality against the baseline's, for the layouts both scored (a PSNR drop past 1 dB regresses)."""
+    from genbatch.benchmark.compare import Change
+    from genbatch.benchmark.quality import QUALITY_METRICS, load_quality, quality_regressed
+
+    before = load_quality(baseline_url, storage)
+    return [Change(layout=name, metric=metric, baseline=before[name][metric], current=scores[metric],
+                   regression=quality_regressed(metric, before[name][metric], scores[metric]))
+            for name, scores in quality.items() if name in before for metric in QUALITY_METRICS]
+
+
 def run_bench(options: BenchOptions) -> int:
     """Run the benchmark; returns the exit status (see the module docstring)."""
     import pyarrow as pa
@@ -113,9 +153,11 @@ def run_bench(options: BenchOptions) -> int:
         if name in metrics:
             metrics[name].extra.update(wall_seconds=run.wall_seconds, status=run.status)
     failures = {name: run.log_tail for name, run in names.items() if run.status != 0 or name not in metrics}
+    quality = _quality(options, runner, layouts, names, metrics, failures, storage) if runs else {}
     comparison = None
     if baseline is not None:
         comparison = compare(metrics, baseline, threshold=options.threshold, baseline_url=options.baseline)
+        comparison.changes += _quality_changes(quality, options.baseline, storage)
     info = machine_info(suite=suite, model_dir=model_dir, dtype=options.dtype)
     report_url = write_report(url, timings=timings, metrics=metrics, info=info, comparison=comparison,
                               failures=failures, storage_options=storage)

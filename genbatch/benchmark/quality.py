@@ -5,7 +5,9 @@
                               variances), per channel, of the last two spatial axes; 1 when equal
 
 Both take images (h, w, c) or videos (frames, h, w, c) as any numeric arrays; `peak` is the data range (255
-for uint8 pixels). Used by `bench/cache.py` (final latents of each cache mode against the exact run's).
+for uint8 pixels). `bench/cache.py` scores each cache mode's final latents against the exact run's; `gen bench
+--cache MODE` scores every layout's outputs against one exact run of the same seeds (`output_quality`), and a
+PSNR that falls by more than `QUALITY_DROP_DB` against the baseline is a regression (`quality_regressed`).
 """
 
 from __future__ import annotations
@@ -48,3 +50,66 @@ def ssim(ours, exact, peak: float) -> float:
     c1, c2 = (K1 * peak) ** 2, (K2 * peak) ** 2
     index = ((2 * mx * my + c1) * (2 * cov + c2)) / ((mx * mx + my * my + c1) * (vx + vy + c2))
     return float(index.mean())
+
+
+PSNR_CAP_DB = 100.0
+"""PSNR given to identical outputs (inf in the formula), so means and JSON stay finite."""
+QUALITY_DROP_DB = 1.0
+"""A layout whose mean PSNR fell by more than this against the baseline's is a regression."""
+QUALITY_METRICS = ("psnr_db", "ssim")
+"""The quality metrics of a layout, higher is better."""
+
+
+def output_quality(exact_url: str, run_url: str, storage_options: dict | None = None) -> dict[str, float] | None:
+    """Mean PSNR (capped at `PSNR_CAP_DB`) and SSIM of a run's outputs against the exact run's, over the outputs
+    both have (the same ids, hence the same seeds); None when they share none. Pixels are uint8 (peak 255)."""
+    from genbatch.io import decode_mp4, decode_png
+    from genbatch.io.options import open_filesystem
+
+    fs, exact_root, _ = open_filesystem(exact_url, storage_options)
+    _, run_root, _ = open_filesystem(run_url, storage_options)
+    names = sorted(path.rsplit("/", 1)[-1] for path in fs.glob(f"{exact_root}/outputs/*"))
+    scores = []
+    for name in names:
+        if not fs.exists(f"{run_root}/outputs/{name}"):
+            continue
+        decode = decode_mp4 if name.endswith(".mp4") else decode_png
+        exact = decode(fs.cat_file(f"{exact_root}/outputs/{name}"))
+        ours = decode(fs.cat_file(f"{run_root}/outputs/{name}"))
+        scores.append((min(psnr(ours, exact, 255.0), PSNR_CAP_DB), ssim(ours, exact, 255.0)))
+    if not scores:
+        return None
+    return {"psnr_db": float(np.mean([s[0] for s in scores])), "ssim": float(np.mean([s[1] for s in scores])),
+            "jobs": len(scores)}
+
+
+def quality_regressed(metric: str, baseline: float, current: float) -> bool:
+    """PSNR regresses when it falls by more than `QUALITY_DROP_DB`; SSIM is reported, never a verdict."""
+    return metric == "psnr_db" and current < baseline - QUALITY_DROP_DB
+
+
+def load_quality(url: str, storage_options: dict | None = None) -> dict[str, dict[str, float]]:
+    """A report's quality by layout (`OUT/quality.json`); {} for a report without one."""
+    import json
+
+    from genbatch.io.options import open_filesystem
+
+    fs, root, _ = open_filesystem(url, storage_options)
+    path = f"{root}/quality.json"
+    return json.loads(fs.cat_file(path)) if fs.isfile(path) else {}
+
+
+def cache_mode(run_args: tuple[str, ...]) -> str | None:
+    """The approximate `--cache` mode among a bench's `gen run` arguments (None: none, or exact)."""
+    args = list(run_args)
+    mode = args[args.index("--cache") + 1] if "--cache" in args[:-1] else None
+    return None if mode in (None, "none") else mode
+
+
+def without_cache(run_args: tuple[str, ...]) -> tuple[str, ...]:
+    """The same `gen run` arguments for the exact configuration: `--cache MODE` left out."""
+    args = list(run_args)
+    if "--cache" in args[:-1]:
+        index = args.index("--cache")
+        del args[index:index + 2]
+    return tuple(args)

@@ -23,3 +23,30 @@ def test_ssim_is_one_for_equal_inputs_and_falls_with_noise():
     assert ssim(video * 0.5 + 0.25, video, 1.0) < 1.0  # contrast change
     with pytest.raises(ValueError, match="at least 7"):
         ssim(video[:, :4], video[:, :4], 1.0)
+
+
+def test_only_a_psnr_drop_past_one_db_regresses():
+    from genbatch.benchmark.quality import quality_regressed
+
+    assert quality_regressed("psnr_db", 40.0, 38.9) and not quality_regressed("psnr_db", 40.0, 39.1)
+    assert not quality_regressed("ssim", 0.99, 0.5)  # reported, never a verdict
+
+
+def test_gen_bench_scores_a_cache_against_the_exact_run_and_judges_the_drop(tmp_path):
+    import json
+
+    from genbatch.benchmark.quality import PSNR_CAP_DB
+    from tests.support.runs import run_cli
+
+    models = str(tmp_path / "models")
+    exact = run_cli("bench", "--suite", "tiny", "--layouts", "single", "--out", str(tmp_path / "a"),
+                    "--model-cache", models, "--cache", "fbc:0")
+    assert exact.returncode == 0, exact.stderr
+    assert json.loads((tmp_path / "a" / "quality.json").read_text())["single"]["psnr_db"] == PSNR_CAP_DB
+    cached = run_cli("bench", "--suite", "tiny", "--layouts", "single", "--out", str(tmp_path / "b"),
+                     "--model-cache", models, "--cache", "fbc:0.5", "--baseline", str(tmp_path / "a"))
+    scores = json.loads((tmp_path / "b" / "quality.json").read_text())["single"]
+    assert scores["psnr_db"] < PSNR_CAP_DB - 1 and 0 < scores["ssim"] < 1 and scores["jobs"] == 2
+    assert cached.returncode == 3  # the quality regression fails the night like a slower step would
+    assert "psnr_db" in cached.stderr and "REGRESSION" in cached.stderr
+    assert "## Quality against the exact configuration" in (tmp_path / "b" / "report.md").read_text()
