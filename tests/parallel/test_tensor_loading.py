@@ -5,7 +5,8 @@ One process: the block reads of a (packed) split equal `block_slice` of the full
 follows diffusers' `_keep_in_fp32_modules` rule. Two gloo ranks at tp 2, for saved tiny Wan and tiny FLUX: every
 parameter and buffer of the denoiser equals the old path's (load whole, then split) in value and dtype, in bf16
 (Wan keeps modules in fp32); and a job's fp32 latents and frames equal one process's by `test_layouts.py`'s
-criteria (tp 2; marked slow: tp 2 x ulysses 2 and dp 2 x tp 2 on four ranks).
+criteria (tp 2; marked slow: tp 2 x ulysses 2 and dp 2 x tp 2 on four ranks, and the tensors of tiny SD3,
+Qwen-Image and HunyuanVideo).
 """
 
 from __future__ import annotations
@@ -39,6 +40,16 @@ def directories(tmp_path_factory):
         pipe = load_pipeline(resolve_model(name), torch.device("cpu"), torch.float32)
         pipe.save_pretrained(paths[name], max_shard_size=shard_size)
     assert len(set(weight_map(f"{paths['tiny-wan']}/transformer").values())) > 1
+    return paths
+
+
+@pytest.fixture(scope="module")
+def other_directories(tmp_path_factory):
+    """Saved tiny SD3, Qwen-Image and HunyuanVideo pipelines, by preset name."""
+    root = tmp_path_factory.mktemp("others")
+    paths = {name: str(root / name) for name in ("tiny-sd3", "tiny-qwen-image", "tiny-hunyuan-video")}
+    for name, path in paths.items():
+        load_pipeline(resolve_model(name), torch.device("cpu"), torch.float32).save_pretrained(path)
     return paths
 
 
@@ -112,6 +123,14 @@ def test_tp2_reads_every_tensor_as_loading_whole_then_splitting_does(directories
         for name, (tensors, split, fp32) in counts.items():
             assert split > 10, f"{name}: the plan split {split} parameters"
         assert counts["tiny-wan"][2] > 0  # Wan's _keep_in_fp32_modules stay fp32 under bf16
+
+
+@pytest.mark.slow
+def test_tp2_reads_sd3_qwen_image_and_hunyuan_video_as_loading_whole_then_splitting_does(other_directories, tmp_path):
+    for problems, counts in run_on_ranks(_compare_with_the_old_path, 2, args=(other_directories, str(tmp_path)),
+                                         timeout_s=90):
+        assert problems == []
+        assert all(split > 10 for _, split, _ in counts.values()), counts
 
 
 def _layouts(rank, world_size, layouts, out):
