@@ -7,8 +7,10 @@
     taylorseer:INTERVAL   TaylorSeer: after three warm-up steps, one full step in every INTERVAL (>= 1); the
                           attention and feed-forward outputs of the other steps are predicted from a first-order
                           Taylor expansion of the last full steps
-    teacache:THRESHOLD    TeaCache: not built into this version (its rescaling needs per-model published
-                          coefficients); refused with a message naming the modes that run
+    teacache:THRESHOLD    TeaCache: the relative L1 change of the first block's timestep-modulated input,
+                          rescaled by the model's published polynomial, is accumulated; while the sum stays
+                          below THRESHOLD (>= 0) every block is skipped and the cached residual added. Only
+                          for the models with published coefficients (`genbatch.jobs.teacache`)
 
 Pure string handling (no torch): the manifest checks each row's value with `cache_problem`, the CLIs check
 the run-level option at start-up with `parse_cache`, and `genbatch.parallel.cache` runs the parsed mode.
@@ -23,9 +25,10 @@ NONE = "none"
 FBC = "fbc"
 TAYLORSEER = "taylorseer"
 TEACACHE = "teacache"
-KINDS = (NONE, FBC, TAYLORSEER)
+KINDS = (NONE, FBC, TAYLORSEER, TEACACHE)
 """The modes that run."""
-USAGE = "none, fbc:THRESHOLD (e.g. fbc:0.08) or taylorseer:INTERVAL (e.g. taylorseer:3)"
+USAGE = ("none, fbc:THRESHOLD (e.g. fbc:0.08), taylorseer:INTERVAL (e.g. taylorseer:3) or teacache:THRESHOLD "
+         "(e.g. teacache:0.2)")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -33,9 +36,10 @@ class CacheMode:
     """One parsed step-caching mode."""
 
     kind: str = NONE
-    """`none`, `fbc` or `taylorseer` (`KINDS`)."""
+    """`none`, `fbc`, `taylorseer` or `teacache` (`KINDS`)."""
     threshold: float = 0.0
-    """fbc: the largest relative L1 change of block 0's residual at which the other blocks are skipped."""
+    """fbc: the largest relative L1 change of block 0's residual at which the other blocks are skipped;
+    teacache: the accumulated rescaled change below which every block is skipped."""
     interval: int = 1
     """taylorseer: one full step in every `interval` after the warm-up (1: every step is full)."""
 
@@ -45,8 +49,8 @@ class CacheMode:
 
     def __str__(self) -> str:
         """The canonical text (`fbc:0.08`, `taylorseer:3`, `none`): what results rows and fingerprints carry."""
-        if self.kind == FBC:
-            return f"{FBC}:{self.threshold:g}"
+        if self.kind in (FBC, TEACACHE):
+            return f"{self.kind}:{self.threshold:g}"
         if self.kind == TAYLORSEER:
             return f"{TAYLORSEER}:{self.interval}"
         return NONE
@@ -60,20 +64,18 @@ def parse_cache(text: str | None) -> CacheMode:
     if value == NONE:
         return CacheMode()
     kind, colon, argument = value.partition(":")
-    if kind == TEACACHE:
-        raise ValueError(f"{text!r}: TeaCache is not built into this version of genbatch (it needs published "
-                         f"per-model coefficients); use {USAGE}")
     if kind not in KINDS or not colon:
         raise ValueError(f"{text!r} is not a cache mode; use {USAGE}")
-    if kind == FBC:
+    if kind in (FBC, TEACACHE):
         try:
             threshold = float(argument)
         except ValueError:
             threshold = math.nan
         if not (math.isfinite(threshold) and threshold >= 0):
-            raise ValueError(f"{text!r}: the fbc threshold must be a finite number >= 0, e.g. fbc:0.08 "
-                             "(fbc:0 skips nothing)")
-        return CacheMode(kind=FBC, threshold=threshold)
+            example = "fbc:0.08" if kind == FBC else "teacache:0.2"
+            raise ValueError(f"{text!r}: the {kind} threshold must be a finite number >= 0, e.g. {example} "
+                             f"({kind}:0 skips nothing)")
+        return CacheMode(kind=kind, threshold=threshold)
     if not argument.isdigit() or int(argument) < 1:
         raise ValueError(f"{text!r}: the taylorseer interval must be a whole number >= 1, e.g. taylorseer:3 "
                          "(taylorseer:1 predicts nothing)")

@@ -30,8 +30,10 @@ def cache_option(command: Callable) -> Callable:
     return click.option(
         "--cache", callback=_cache_mode, metavar="MODE",
         help="Step caching for rows without a `cache` value: none, fbc:THRESHOLD (First-Block Cache: skip the "
-        "blocks after the first while its residual changes by at most THRESHOLD, relative L1) or "
-        "taylorseer:INTERVAL (one full step in every INTERVAL, the rest predicted) [default: none].",
+        "blocks after the first while its residual changes by at most THRESHOLD, relative L1), "
+        "taylorseer:INTERVAL (one full step in every INTERVAL, the rest predicted) or teacache:THRESHOLD "
+        "(skip every block while the rescaled change of the first block's modulated input, accumulated, stays "
+        "below THRESHOLD; Wan 2.1 T2V 1.3B and 14B, FLUX.1-dev) [default: none].",
     )(command)
 
 

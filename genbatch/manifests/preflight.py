@@ -10,12 +10,16 @@ validate` stop before any work with exit 2 and one message naming the flag and t
 from __future__ import annotations
 
 import difflib
+import json
+import os
 import uuid
 
+from genbatch.jobs.cache import TEACACHE, parse_cache
 from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests.reader import ManifestReader
-from genbatch.models import preset_names, resolve_model
+from genbatch.jobs.teacache import covered_model, not_covered
+from genbatch.models import preset_names, registry, resolve_model
 
 _SIZE_FLAGS = {"width": "--width", "height": "--height", "num_frames": "--frames"}
 """The run-level size settings and the flags that set them."""
@@ -66,7 +70,30 @@ def check_sizes(spec: ModelSpec, overrides: JobOverrides) -> None:
 def check_options(overrides: JobOverrides) -> None:
     """The checks that need no file: the run's model exists and takes the run-level sizes."""
     if overrides.model is not None:
-        check_sizes(check_model(overrides.model), overrides)
+        spec = check_model(overrides.model)
+        check_sizes(spec, overrides)
+        check_cache(spec, overrides)
+
+
+def _transformer_config(spec: ModelSpec) -> tuple[str, dict, int]:
+    """(transformer class, its config, the pipeline's denoisers) from the small JSON files (a preset: its
+    family's first transformer class and the preset's config)."""
+    if spec.path is None:
+        family, preset = registry.presets()[spec.name]
+        return next(iter(family.transformers)), dict(preset.transformer), 1
+    with open(os.path.join(spec.path, "model_index.json"), encoding="utf-8") as handle:
+        index = json.load(handle)
+    with open(os.path.join(spec.path, "transformer", "config.json"), encoding="utf-8") as handle:
+        config = json.load(handle)
+    experts = 1 + bool((index.get("transformer_2") or [None])[0])
+    return config.get("_class_name", ""), config, experts
+
+
+def check_cache(spec: ModelSpec, overrides: JobOverrides) -> None:
+    """`RunOptionError` naming `--cache` when the run-level mode is TeaCache and the model has no published
+    coefficients (`genbatch.jobs.teacache`)."""
+    if parse_cache(overrides.cache).kind == TEACACHE and covered_model(*_transformer_config(spec)) is None:
+        raise RunOptionError("--cache", f"--cache {overrides.cache}: {not_covered(spec.name)}")
 
 
 def rows_without_model(reader: ManifestReader) -> int:

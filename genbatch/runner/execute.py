@@ -197,7 +197,8 @@ class JobExecutor:
                 return False
 
             # a resumed job starts with an empty cache: its first step computes in full
-            cache = StepCache.start(pipe, model.spec, parse_cache(job.cache), self.cache_group)
+            cache = StepCache.start(pipe, model.spec, parse_cache(job.cache), self.cache_group,
+                                    steps=len(trajectory.timesteps))
             try:
                 result = denoise(
                     family, pipe, trajectory, conditioning,

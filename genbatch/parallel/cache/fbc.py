@@ -100,14 +100,14 @@ class TailHook(BlockHook):
         return output
 
 
-def _repeated_blocks(model: torch.nn.Module, lists: tuple[str, ...]) -> list[torch.nn.Module]:
+def repeated_blocks(model: torch.nn.Module, lists: tuple[str, ...]) -> list[torch.nn.Module]:
     """Every block of the model's repeated lists, in forward order (FLUX: the double blocks, then the single)."""
     return [block for name in lists for block in model.get_submodule(name)]
 
 
 def install(model: torch.nn.Module, lists: tuple[str, ...], threshold: float, comm: Comm, report: Report) -> None:
     """Add the First-Block-Cache hooks to the blocks of `lists` (the family plan's repeated lists)."""
-    blocks = _repeated_blocks(model, lists)
+    blocks = repeated_blocks(model, lists)
     if len(blocks) < 2:
         raise ValueError(f"{type(model).__name__} has {len(blocks)} repeated block(s); First-Block Cache needs 2 "
                          "or more: run it with --cache none")

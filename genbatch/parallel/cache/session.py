@@ -1,7 +1,8 @@
 """One job's step cache: hooks installed when the job starts, removed when it ends.
 
-    cache = StepCache.start(pipe, spec, mode, comm)     hooks on every denoiser (Wan 2.2: both experts,
-                                                       each with its own state)
+    cache = StepCache.start(pipe, spec, mode, comm,    hooks on every denoiser (Wan 2.2: both experts,
+                            steps=len(timesteps))      each with its own state); TeaCache: the model's
+                                                       published coefficients (an uncovered model: ValueError)
     with cache.branch("cond", step):                   diffusers' cache context of that name on every
         prediction = transformer(...)                  denoiser: each guidance branch keeps its own state
     cache.step_columns(split, cfg)                     {"cache_skipped": forwards of the step that reused
@@ -21,10 +22,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from genbatch.jobs.cache import FBC, TAYLORSEER, CacheMode
+from genbatch.jobs.cache import FBC, TAYLORSEER, TEACACHE, CacheMode
 from genbatch.jobs.models import ModelSpec
 from genbatch.models import family
-from genbatch.parallel.cache import fbc, taylorseer
+from genbatch.jobs.teacache import covered_model, not_covered
+from genbatch.parallel.cache import fbc, taylorseer, teacache
 from genbatch.parallel.comm import Comm
 
 SKIPPED = "cache_skipped"
@@ -40,6 +42,17 @@ def _transformer_plan(spec: ModelSpec, model: torch.nn.Module):
     return plans.transformer_plan(type(model).__name__)  # raises, naming the known classes
 
 
+def _teacache_model(spec: ModelSpec, models: list[torch.nn.Module]):
+    """The covered model the job's denoisers are (by the first one's class and config); ValueError naming the
+    covered models when they are none of them."""
+    config = dict(models[0].config) if models else {}
+    names = [cls.__name__ for cls in type(models[0]).__mro__] if models else []
+    found = next(filter(None, (covered_model(name, config, len(models)) for name in names)), None)
+    if found is None:
+        raise ValueError(not_covered(spec.name))
+    return found
+
+
 @dataclass(kw_only=True, slots=True)
 class StepCache:
     """The step cache of one job on one rank."""
@@ -51,14 +64,17 @@ class StepCache:
     hooked: int = 0
     """Modules (FBC: blocks; TaylorSeer: attention and feed-forward modules) carrying a cache hook."""
     indicators: list[tuple[int, str, float | None]] = field(default_factory=list)
-    """FBC: (step, branch, agreed relative L1) of every head-block forward (None: the first, always computed)."""
+    """FBC: (step, branch, agreed relative L1) of every head-block forward; TeaCache: (step, branch, the
+    accumulated rescaled change the step decided on). None: a step that computes without comparing (the
+    first; TeaCache's warm-up and last steps)."""
     _branch: str | None = None
     _step: int = 0
     _skipped: set[str] = field(default_factory=set)
 
     @classmethod
-    def start(cls, pipe, spec: ModelSpec, mode: CacheMode, comm: Comm) -> StepCache:
-        """Install `mode`'s hooks on the pipeline's denoisers; FBC decides over `comm` (`decision_comm`)."""
+    def start(cls, pipe, spec: ModelSpec, mode: CacheMode, comm: Comm, steps: int = 0) -> StepCache:
+        """Install `mode`'s hooks on the pipeline's denoisers of a job of `steps` steps; FBC and TeaCache decide
+        over `comm` (`decision_comm`)."""
         from diffusers.hooks.hooks import HookRegistry
 
         from genbatch.parallel.apply import denoisers
@@ -66,8 +82,10 @@ class StepCache:
         cache = cls(mode=mode)
         if not mode.enabled:
             return cache
+        models = [model for model in (getattr(pipe, name, None) for name in denoisers(spec)) if model is not None]
+        covered = _teacache_model(spec, models) if mode.kind == TEACACHE else None
         try:
-            for model in filter(None, (getattr(pipe, name, None) for name in denoisers(spec))):
+            for model in models:
                 plan = _transformer_plan(spec, model)
                 lists = plan.blocks.repeated
                 if mode.kind == FBC:
@@ -76,6 +94,9 @@ class StepCache:
                 elif mode.kind == TAYLORSEER:
                     patterns = tuple(site.pattern for site in plan.attention)
                     cache.hooked += taylorseer.install(model, patterns, lists, mode.interval, cache._report)
+                elif mode.kind == TEACACHE:
+                    cache.hooked += teacache.install(model, lists, covered, mode.threshold, steps, comm,
+                                                     cache._report_decision)
                 HookRegistry.check_if_exists_or_initialize(model).invalidate_child_registries_cache()
                 cache.models.append(model)
         except Exception:
@@ -127,7 +148,7 @@ class StepCache:
         """Remove the hooks (and with them every cached tensor)."""
         from diffusers.hooks.hooks import HookRegistry
 
-        names = fbc.HOOK_NAMES if self.mode.kind == FBC else taylorseer.HOOK_NAMES
+        names = {FBC: fbc.HOOK_NAMES, TAYLORSEER: taylorseer.HOOK_NAMES}.get(self.mode.kind, teacache.HOOK_NAMES)
         for model in self.models:
             registry = HookRegistry.check_if_exists_or_initialize(model)
             for name in names:
