@@ -28,7 +28,7 @@ POOLS = {
     "guidance_scale": [None, None, 5.0, 1.0, 0.0, -0.5, float("nan"), float("inf"), -float("inf")],
     "seed": [None, None, 1, 7, 2**63, 2**64 - 1],
     "fps": [None, None, 8, 0, -1],
-    "cache": [None, None, None, "none", "fbc:0.08", "FBC:0.080", "taylorseer:2", "teacache:0.2", "fbc:-1", "fbc",
+    "cache": [None, None, None, "none", "fbc:0.08", "FBC:0.080", "taylorseer:2", "teacache:-1", "fbc:-1", "fbc",
               "taylorseer:0", "lru"],
 }
 PLAIN = {"seed": pa.uint64(), "width": pa.int64(), "height": pa.int64(), "num_frames": pa.int64(),
@@ -111,7 +111,7 @@ def test_column_checks_equal_the_row_rules(tmp_path, types, drop, overrides):
         for part in ("duplicate id", "cannot name an output file", "bytes long", "empty prompt", "int64",
                      "not a preset", "empty model name", "video models only", "must be positive", "is negative",
                      "not a finite number", "not a multiple of", "not of the form", "is not a cache mode",
-                     "TeaCache is not built", "the fbc threshold", "the taylorseer interval"):
+                     "the teacache threshold", "the fbc threshold", "the taylorseer interval"):
             assert part in reasons, part
 
     # the hand-out order and every share, from the columns, equal those of the JobSpecs

@@ -19,6 +19,7 @@ from tests.support.runs import run_cli, write_manifest
     (" FBC:0.080 ", CacheMode(kind="fbc", threshold=0.08)),
     ("fbc:0", CacheMode(kind="fbc", threshold=0.0)),
     ("taylorseer:3", CacheMode(kind="taylorseer", interval=3)),
+    ("TeaCache:0.20", CacheMode(kind="teacache", threshold=0.2)),
 ])
 def test_modes_parse_to_their_canonical_form(text, mode):
     assert parse_cache(text) == mode
@@ -27,7 +28,7 @@ def test_modes_parse_to_their_canonical_form(text, mode):
 
 
 @pytest.mark.parametrize(("text", "reason"), [
-    ("teacache:0.2", "TeaCache is not built into this version"),
+    ("teacache:-1", "the teacache threshold must be a finite number >= 0"),
     ("fbc", "is not a cache mode"),
     ("fbc:-0.1", "finite number >= 0"),
     ("fbc:nan", "finite number >= 0"),
@@ -39,14 +40,14 @@ def test_a_bad_mode_names_the_problem_and_the_modes_that_run(text, reason):
     problem = cache_problem(text)
     assert reason in problem
     assert "fbc:THRESHOLD" in problem or "e.g." in problem
-    with pytest.raises(ValueError, match="cache mode|TeaCache|threshold|interval"):
+    with pytest.raises(ValueError, match="cache mode|threshold|interval"):
         JobOverrides(cache=text)
 
 
 def test_a_bad_cache_value_rejects_its_row_alone(tmp_path):
     url = write_manifest(str(tmp_path / "m.parquet"), [
         {"id": "a", "prompt": "a fox", "cache": "fbc:0.1"},
-        {"id": "b", "prompt": "an owl", "cache": "teacache:0.2"},
+        {"id": "b", "prompt": "an owl", "cache": "teacache:x"},
         {"id": "c", "prompt": "a tree", "cache": None},
     ])
     result = read_jobs(url, overrides=JobOverrides(model="tiny-wan", cache="TAYLORSEER:2"))
@@ -54,8 +55,8 @@ def test_a_bad_cache_value_rejects_its_row_alone(tmp_path):
     (rejection,) = result.rejected
     assert (rejection.row, rejection.job_id, rejection.column) == (1, "b", "cache")
     message = rejection.message()
-    assert message.startswith("row 1 (id 'b'): column 'cache': 'teacache:0.2'")
-    assert "use none, fbc:THRESHOLD" in message and "leave it null for the run's --cache" in message
+    assert message.startswith("row 1 (id 'b'): column 'cache': 'teacache:x'")
+    assert "e.g. teacache:0.2" in message and "leave it null for the run's --cache" in message
 
 
 def test_the_results_record_carries_the_mode(tmp_path):
@@ -65,7 +66,8 @@ def test_the_results_record_carries_the_mode(tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--cache", "teacache:0.2"], "TeaCache is not built"),
+    (["--cache", "teacache:0.2"], "TeaCache covers Wan 2.1 T2V 1.3B, Wan 2.1 T2V 14B, FLUX.1-dev. Run tiny-wan "
+                                  "with --cache none, fbc:THRESHOLD or taylorseer:INTERVAL"),
     (["--cache", "fbc:x"], "finite number >= 0"),
     (["--cache", "fbc:0.1", "--pp", "2"], "step caching does not run with PipeFusion stages"),
 ])
@@ -83,7 +85,7 @@ def test_gen_submit_passes_the_mode_on_and_refuses_a_bad_one(tmp_path):
     good = CliRunner().invoke(main, [*base, "--cache", "fbc:0.08"], catch_exceptions=False)
     assert good.exit_code == 0, good.output
     assert "--cache fbc:0.08" in " ".join(good.output.replace("\\\n", " ").split())
-    bad = CliRunner().invoke(main, [*base, "--cache", "teacache:0.2"])
+    bad = CliRunner().invoke(main, [*base, "--cache", "teacache:-0.2"])
     assert bad.exit_code == 2 and "gen run would refuse" in bad.output
 
 
@@ -95,5 +97,5 @@ def test_gen_bench_passes_the_mode_to_every_layout_run(tmp_path, monkeypatch):
     result = CliRunner().invoke(main, ["bench", "--out", str(tmp_path), "--cache", "TAYLORSEER:2"])
     assert result.exit_code == 0, result.output
     assert seen[0].run_args[-2:] == ("--cache", "taylorseer:2")
-    refused = CliRunner().invoke(main, ["bench", "--out", str(tmp_path), "--cache", "teacache:1"])
-    assert refused.exit_code == 2 and "TeaCache" in refused.output
+    refused = CliRunner().invoke(main, ["bench", "--out", str(tmp_path), "--cache", "teacache:nan"])
+    assert refused.exit_code == 2 and "teacache threshold" in refused.output

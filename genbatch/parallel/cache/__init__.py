@@ -1,6 +1,6 @@
 """Step caching that is safe under parallelism: the modes' hooks and their cross-rank decisions.
 
-The mode grammar (`none`, `fbc:THRESHOLD`, `taylorseer:INTERVAL`) is plain data in `genbatch.jobs.cache`,
+The mode grammar (`none`, `fbc:THRESHOLD`, `taylorseer:INTERVAL`, `teacache:THRESHOLD`) is plain data in `genbatch.jobs.cache`,
 so the manifest can check a row's `cache` value; this package runs a parsed mode on a job's denoisers:
 
     agreement.py    which ranks must decide together (`decision_comm`) and the exact, reduced indicator
@@ -8,6 +8,9 @@ so the manifest can check a row's `cache` value; this package runs a parsed mode
                     the group's agreed one
     taylorseer.py   diffusers' TaylorSeer hooks on the family's attention and feed-forward modules (its
                     schedule is a function of the step, so every rank agrees by construction)
+    teacache.py     TeaCache (not in diffusers): the accumulated, rescaled change of the first block's
+                    modulated input, agreed like FBC's, skips every block; the covered models and their
+                    published coefficients are data in `genbatch.jobs.teacache`
     session.py      `StepCache`: one job's hooks, installed when the job starts and removed when it ends (so
                     state never crosses jobs), the per-branch cache contexts, the per-step skipped count
 
