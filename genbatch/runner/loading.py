@@ -58,15 +58,19 @@ def _meta_component(path: str, component: str, dtype: torch.dtype):
 
 
 def empty_component(path: str, component: str, dtype: torch.dtype):
-    """A diffusers component built as its `from_pretrained(torch_dtype=dtype)` builds it before reading weights:
-    parameters on the meta device, buffers computed on the CPU with `dtype` the default dtype."""
+    """A component built as its `from_pretrained` builds it before reading weights in `dtype`: parameters on the
+    meta device, buffers computed on the CPU with `dtype` the default dtype."""
     from accelerate import init_empty_weights
-    from diffusers.models.modeling_utils import no_init_weights
 
     library, cls = _component_class(path, component)
-    if library != "diffusers":
-        raise ValueError(f"{component} is a {library} model: tensor-parallel loading from safetensors reads the "
-                         "diffusers denoisers only")
+    if library == "transformers":
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path, subfolder=component, local_files_only=True)
+        with init_empty_weights():
+            return cls._from_config(config, dtype=dtype).eval()
+    from diffusers.models.modeling_utils import no_init_weights
+
     config = cls.load_config(path, subfolder=component, local_files_only=True)
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
@@ -76,6 +80,40 @@ def empty_component(path: str, component: str, dtype: torch.dtype):
     finally:
         torch.set_default_dtype(previous)
     return module.eval()
+
+
+def keep_in_fp32(module: torch.nn.Module, dtype: torch.dtype) -> tuple[str, ...]:
+    """The module names `from_pretrained` keeps in fp32 when loading `module`'s class in `dtype`: diffusers'
+    `_keep_in_fp32_modules`; transformers' `_keep_in_fp32_modules_strict` under fp16 and bf16, and its
+    `_keep_in_fp32_modules` under fp16 only."""
+    if not hasattr(module, "_keep_in_fp32_modules_strict"):  # a diffusers model
+        return tuple(getattr(module, "_keep_in_fp32_modules", None) or ())
+    names = set(module._keep_in_fp32_modules_strict or ()) if dtype in (torch.float16, torch.bfloat16) else set()
+    return tuple(names | (set(module._keep_in_fp32_modules or ()) if dtype == torch.float16 else set()))
+
+
+def _split_encoders(path: str, ctx: ParallelContext, dtype: torch.dtype, requested: str) -> dict:
+    """The text encoders `--text-encoder-parallel` (`requested`) splits over the job group whose safetensors name
+    every parameter as the module does, built empty by name (the others load whole, then split)."""
+    import json
+    import os
+
+    from genbatch.parallel.apply import TEXT_ENCODERS
+    from genbatch.parallel.tensor import encoders
+    from genbatch.parallel.tensor.checkpoint import missing_from
+
+    if ctx.group.size == 1:
+        return {}
+    with open(os.path.join(path, "model_index.json"), encoding="utf-8") as handle:
+        index = json.load(handle)
+    built = {}
+    for name in TEXT_ENCODERS:
+        if not (isinstance(index.get(name), list) and index[name][0] == "transformers"):
+            continue
+        module = empty_component(path, name, dtype)
+        if encoders.splits(requested, module, fsdp=ctx.dims.fsdp) and not missing_from(module, os.path.join(path, name)):
+            built[name] = module
+    return built
 
 
 def _cast(pipe, dtype: torch.dtype) -> None:
@@ -142,7 +180,8 @@ def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dt
 
 def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None,
                                   attention: str = "auto", text_encoders: str = "auto"):
-    """`--tp` loading from a pipeline directory (without `--fsdp`): the denoisers built with their parameters on
+    """`--tp` loading from a pipeline directory (without `--fsdp`): the denoisers (and the text encoders
+    `--text-encoder-parallel` splits, when their files use the module's names) built with their parameters on
     the meta device and split by their tensor plans, then filled from their safetensors, each rank reading only
     its own part of every split tensor, straight to its device; the other components load whole and the plans
     (`parallelize_pipeline`) apply as on a whole pipeline. `compile`, `attention`, `text_encoders`: as
@@ -152,15 +191,17 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
     from genbatch.parallel.apply import denoisers, parallelize_pipeline
     from genbatch.parallel.tensor.checkpoint import fill_from_safetensors
 
-    split = denoisers(spec)
-    pipe = load_skeleton(spec, dtype, meta=split, build=empty_component)
+    path = spec.path or spec.name
+    built = _split_encoders(path, ctx, dtype, text_encoders)
+    split = denoisers(spec) + tuple(built)
+    pipe = load_skeleton(spec, dtype, meta=split,
+                         build=lambda where, name, load: built.get(name) or empty_component(where, name, load))
     finish_placement(pipe, spec, ctx.device, skip=split)
     parallelize_pipeline(pipe, spec, ctx, compile, attention, text_encoders)
     for name in split:
         model = getattr(pipe, name, None)
         if model is not None:
-            fill_from_safetensors(model, os.path.join(spec.path or spec.name, name), dtype, ctx.device,
-                                  keep_fp32=getattr(model, "_keep_in_fp32_modules", None))
+            fill_from_safetensors(model, os.path.join(path, name), dtype, ctx.device, keep_fp32=keep_in_fp32(model, dtype))
     return pipe
 
 

@@ -126,15 +126,34 @@ def _fill_parameter(model, files: _Files, name: str, param, dtype, device, keep_
     owner.register_parameter(attribute, torch.nn.Parameter(value, requires_grad=param.requires_grad))
 
 
+def tied_targets(model: torch.nn.Module) -> set[str]:
+    """Parameters a transformers model ties to another (`all_tied_weights_keys`: target -> source), which its
+    checkpoint may leave out; `tie_weights` points them at their source after loading."""
+    return set(getattr(model, "all_tied_weights_keys", None) or {})
+
+
+def missing_from(model: torch.nn.Module, folder: str) -> list[str]:
+    """`model`'s parameters (tied ones aside) that `folder`'s safetensors do not hold under the module's own names
+    (a checkpoint in an older layout that `from_pretrained` renames on loading)."""
+    held, tied = weight_map(folder), tied_targets(model)
+    return [name for name, _ in model.named_parameters() if name not in held and name not in tied]
+
+
 def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtype, device: torch.device,
                           keep_fp32=()) -> None:
     """Fill `model`'s meta parameters (and the persistent buffers `folder` holds) from `folder`'s safetensors,
-    each rank reading only its part of every tensor-parallel split; `keep_fp32`: the class's
-    `_keep_in_fp32_modules`."""
+    each rank reading only its part of every tensor-parallel split; `keep_fp32`: the module names loading keeps
+    in fp32 (diffusers' `_keep_in_fp32_modules`). A transformers model's tied parameters the files leave out are
+    tied again to their sources."""
     files = _Files(folder)
     keep_fp32 = tuple(keep_fp32 or ())
+    tied = tied_targets(model)
     for name, param in list(model.named_parameters()):
+        if name in tied and name not in files.where:
+            continue
         _fill_parameter(model, files, name, param, dtype, device, keep_fp32)
+    if tied:
+        model.tie_weights()
     for name, buffer in list(model.named_buffers()):
         owner, attribute = _owner(model, name)
         if name in files.where:
