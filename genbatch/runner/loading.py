@@ -2,7 +2,9 @@
 `from_pretrained` (offline).
 
 Weights go to this rank's device in the run's dtype; the VAE of video models stays in fp32 (as the Wan
-reference code runs it). `PipelineCache` keeps the pipelines a process has loaded, by model name.
+reference code runs it). Under `--fsdp` the group leader alone reads the weights (`load_sharded_pipeline`);
+under `--tp` from a directory each rank reads only its own shards (`load_tensor_parallel_pipeline`).
+`PipelineCache` keeps the pipelines a process has loaded, by model name.
 """
 
 from __future__ import annotations
