@@ -1,7 +1,7 @@
 """Step caching on the CPU: a Wan block stack of real width, every mode side by side in one process.
 
     python bench/cache.py [--layers 4] [--heads 12] [--steps 8] [--frames 5] [--size 128] [--threads 1] [--rounds 3]
-                          [--modes none,fbc:0.05,fbc:0.1,fbc:0.2,fbc:0.4,taylorseer:2,taylorseer:3]
+                          [--modes none,fbc:0.05,fbc:0.1,fbc:0.2,fbc:0.4,taylorseer:2,taylorseer:3,teacache:0,teacache:0.2]
 
 Builds a random-weight `WanTransformer3DModel` of Wan 2.1 1.3B's width (12 heads of 128, FFN 8960) with a few
 blocks, and denoises one job of `--steps` steps with CFG (two branches a step, UniPC flow scheduler, the
@@ -9,13 +9,16 @@ loop of `genbatch.runner.denoise`) once per mode, each through genbatch's own `S
 --cache` installs, each branch in its cache context). For each mode it prints the seconds per job, the branch
 forwards skipped, the seconds the skipped work predicts (the uncached job's seconds times the share of the
 work done: a skipped FBC forward still runs block 0, 1/layers of the blocks; a predicted TaylorSeer forward
-runs none of its attention and feed-forward work), and the PSNR of the final latents against the uncached
+runs none of its attention and feed-forward work; a skipped TeaCache forward runs no block), and the PSNR of the final latents against the uncached
 run's. Measured against predicted shows the hooks' and decisions' overhead, and that the time saved follows
 the forwards skipped. Modes run in A B A order
 (`--rounds`), the first exact run warms up.
 
-Random weights do not give real skip rates or real quality: a trained model's first-block residual changes
-differently from step to step. What this measures is the mechanism: its overhead, its accounting, and that
+TeaCache runs with Wan 2.1 T2V 1.3B's published coefficients and warm-up (5 steps), given to the stack
+explicitly: it is 1.3B's width but not its depth, so `gen run` would not recognise it as a covered model.
+
+Random weights do not give real skip rates or real quality: a trained model's first-block residual (and
+its timestep embedding's rescaled change) moves differently from step to step. What this measures is the mechanism: its overhead, its accounting, and that
 the time saved follows the forwards skipped. Nothing is asserted; the numbers are for the committed results
 (`bench/results/cpu/cache.txt`).
 """
@@ -31,7 +34,7 @@ from types import SimpleNamespace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-MODES = "none,fbc:0.05,fbc:0.1,fbc:0.2,fbc:0.4,taylorseer:2,taylorseer:3"
+MODES = "none,fbc:0.05,fbc:0.1,fbc:0.2,fbc:0.4,taylorseer:2,taylorseer:3,teacache:0,teacache:0.2"
 
 
 def _model(opts):
@@ -56,6 +59,18 @@ def _job(opts):
             "cond": torch.randn(1, 64, 4096, generator=gen), "uncond": torch.randn(1, 64, 4096, generator=gen)}
 
 
+def _stack_coefficients():
+    """TeaCache covers this stack, with Wan 2.1 T2V 1.3B's published coefficients, while the job starts."""
+    import dataclasses
+    from unittest import mock
+
+    from genbatch.jobs import teacache
+
+    wan = next(model for model in teacache.COVERED if model.name == "Wan 2.1 T2V 1.3B")
+    stack = dataclasses.replace(wan, name="the bench's Wan stack (1.3B's coefficients)", config=())
+    return mock.patch.object(teacache, "COVERED", (stack, *teacache.COVERED))
+
+
 def _denoise(model, inputs, mode: str, steps: int):
     """(final latents, seconds, branch forwards skipped) of one job under `mode`."""
     import torch
@@ -69,8 +84,9 @@ def _denoise(model, inputs, mode: str, steps: int):
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     scheduler.set_timesteps(steps)
     latents = inputs["latents"].clone()
-    cache = StepCache.start(SimpleNamespace(transformer=model), resolve_model("tiny-wan"), parse_cache(mode),
-                            Comm(None, CommLedger()))
+    with _stack_coefficients():
+        cache = StepCache.start(SimpleNamespace(transformer=model), resolve_model("tiny-wan"), parse_cache(mode),
+                                Comm(None, CommLedger()), steps=steps)
     skipped = 0
     started = time.perf_counter()
     with torch.no_grad():
@@ -132,7 +148,8 @@ def main() -> None:
         print(f"{mode:<16}{seconds:>9.2f}{base / seconds:>8.2f}x{skipped:>5}/{forwards:<4}"
               f"{predicted:>13.2f}{value:>10.1f}")
     print("\ns/job: the fastest of the rounds. skipped: branch forwards that reused cached work (FBC: every block "
-          "after the first; TaylorSeer: attention and feed-forward predicted). predicted s: none's s/job times "
+          "after the first; TaylorSeer: attention and feed-forward predicted; TeaCache: every block, after 5 "
+          "warm-up steps, the last step computed). predicted s: none's s/job times "
           "the share of the work done. PSNR: final latents against none's. Random weights: the skip rates and "
           "PSNR are not a trained model's; the overhead and the time saved per forward skipped are what this "
           "measures.")
