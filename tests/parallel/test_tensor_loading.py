@@ -19,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from genbatch.models import resolve_model
-from genbatch.parallel.tensor.checkpoint import block_indices, load_dtype, read_part, weight_map
+from genbatch.parallel.tensor.checkpoint import block_indices, load_dtype, missing_from, read_part, weight_map
 from genbatch.parallel.tensor.styles import block_slice
 from genbatch.runner.loading import load_pipeline
 from tests.parallel.test_layouts import FLUX, WAN, _check, _run_job
@@ -109,6 +109,8 @@ def test_the_modules_kept_in_fp32_are_diffusers_and_transformers_own():
 def test_a_folder_without_safetensors_is_refused_naming_the_fix(tmp_path):
     with pytest.raises(ValueError, match="safe_serialization=True"):
         weight_map(str(tmp_path))
+    # a text encoder saved so is left to from_pretrained (it loads whole, then splits)
+    assert missing_from(torch.nn.Linear(2, 2), str(tmp_path)) == ["weight", "bias"]
 
 
 def _states(module):

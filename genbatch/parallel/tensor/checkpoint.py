@@ -134,8 +134,13 @@ def tied_targets(model: torch.nn.Module) -> set[str]:
 
 def missing_from(model: torch.nn.Module, folder: str) -> list[str]:
     """`model`'s parameters (tied ones aside) that `folder`'s safetensors do not hold under the module's own names
-    (a checkpoint in an older layout that `from_pretrained` renames on loading)."""
-    held, tied = weight_map(folder), tied_targets(model)
+    (a checkpoint in an older layout that `from_pretrained` renames on loading; all of them when the folder holds
+    no safetensors)."""
+    try:
+        held = weight_map(folder)
+    except ValueError:  # other weight files (.bin): from_pretrained reads them
+        held = {}
+    tied = tied_targets(model)
     return [name for name, _ in model.named_parameters() if name not in held and name not in tied]
 
 
