@@ -125,7 +125,8 @@ def report(rows: list[dict], tp: int, commit: str) -> list[str]:
     for row in rows:
         verdict = "met" if row["steady"] <= target else "MISSED"
         lines.append(f"{row['mode']:<7} {row['rank']:>4} {row['steady'] / GiB:>10.3f} {row['steady'] / weights:>8.3f} "
-                     f"{row['peak'] / GiB:>9.3f} {row['peak'] / weights:>8.3f} {row['seconds']:>7.1f} {verdict:>7} {row['file'] / GiB:>8.3f}")
+                     f"{row['peak'] / GiB:>9.3f} {row['peak'] / weights:>8.3f} {row['seconds']:>7.1f} {verdict:>7} "
+                     f"{row['file'] / GiB:>8.3f}")
     lines.append("file GiB: pages of the safetensors still mapped after loading (RssFile above the baseline), not "
                  "counted: `shards` copies every part it reads and lets the mapping go; diffusers' `whole` keeps "
                  "tensors as views of it")

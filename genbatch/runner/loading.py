@@ -113,7 +113,8 @@ def _split_encoders(path: str, ctx: ParallelContext, dtype: torch.dtype, request
         if not (isinstance(index.get(name), list) and index[name][0] == "transformers"):
             continue
         module = empty_component(path, name, dtype)
-        if encoders.splits(requested, module, fsdp=ctx.dims.fsdp) and not missing_from(module, os.path.join(path, name)):
+        folder = os.path.join(path, name)
+        if encoders.splits(requested, module, fsdp=ctx.dims.fsdp) and not missing_from(module, folder):
             built[name] = module
     return built
 
@@ -196,14 +197,17 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
     path = spec.path or spec.name
     built = _split_encoders(path, ctx, dtype, text_encoders)
     split = denoisers(spec) + tuple(built)
-    pipe = load_skeleton(spec, dtype, meta=split,
-                         build=lambda where, name, load: built.get(name) or empty_component(where, name, load))
+    def build(where: str, name: str, load: torch.dtype):
+        return built[name] if name in built else empty_component(where, name, load)
+
+    pipe = load_skeleton(spec, dtype, meta=split, build=build)
     finish_placement(pipe, spec, ctx.device, skip=split)
     parallelize_pipeline(pipe, spec, ctx, compile, attention, text_encoders)
     for name in split:
         model = getattr(pipe, name, None)
         if model is not None:
-            fill_from_safetensors(model, os.path.join(path, name), dtype, ctx.device, keep_fp32=keep_in_fp32(model, dtype))
+            fill_from_safetensors(model, os.path.join(path, name), dtype, ctx.device,
+                                  keep_fp32=keep_in_fp32(model, dtype))
     return pipe
 
 
