@@ -1,5 +1,5 @@
 """The report's Markdown: what ran, seconds per step and jobs per hour by layout, stages, bytes, the
-comparison with the baseline, and the plots."""
+comparison with the baseline, the outputs' quality against the exact configuration, and the plots."""
 
 from __future__ import annotations
 
@@ -8,6 +8,12 @@ from genbatch.benchmark.metrics import STAGES, LayoutMetrics
 
 STEP_PLOT = "plots/step_time.png"
 STAGE_PLOT = "plots/stages.png"
+QUALITY_PLOT = "plots/quality.png"
+
+
+def scored_layouts(metrics: dict[str, LayoutMetrics]) -> dict[str, dict]:
+    """The layouts whose outputs were scored against the exact configuration's, with their scores."""
+    return {name: m.extra for name, m in metrics.items() if "psnr_db" in m.extra}
 
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
@@ -62,7 +68,7 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
     lines += ["## Communication and memory", ""]
     lines += _table(["layout", "MiB sent per step per rank", "VAE decode peak MiB (largest rank)"],
                     [[name, _mib(m.bytes_per_step), _mib(m.peak_decode_bytes)] for name, m in metrics.items()])
-    scored = {name: m.extra for name, m in metrics.items() if "psnr_db" in m.extra}
+    scored = scored_layouts(metrics)
     if scored:
         lines += ["## Quality against the exact configuration", "",
                   "Outputs against those of one exact run (no `--cache`) of the same seeds: mean PSNR (identical "
@@ -79,6 +85,8 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
     if metrics:
         lines += ["## Plots", "", f"![seconds per denoising step by layout]({STEP_PLOT})", "",
                   f"![seconds per job by stage and layout]({STAGE_PLOT})", ""]
+        if scored:
+            lines += [f"![PSNR and SSIM against the exact configuration by layout]({QUALITY_PLOT})", ""]
     return "\n".join(lines)
 
 

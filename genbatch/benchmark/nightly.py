@@ -125,6 +125,7 @@ def run_bench(options: BenchOptions) -> int:
     from genbatch.benchmark.layouts import layout_name
     from genbatch.benchmark.metrics import report_metrics
     from genbatch.benchmark.models import materialize
+    from genbatch.benchmark.quality import cache_mode
     from genbatch.benchmark.report import machine_info, write_report
     from genbatch.io.options import open_filesystem
     from genbatch.io.tables import concat, records_to_table, to_parquet_bytes
@@ -159,6 +160,7 @@ def run_bench(options: BenchOptions) -> int:
         comparison = compare(metrics, baseline, threshold=options.threshold, baseline_url=options.baseline)
         comparison.changes += _quality_changes(quality, options.baseline, storage)
     info = machine_info(suite=suite, model_dir=model_dir, dtype=options.dtype)
+    info["cache"] = cache_mode(options.run_args) or "none"  # the step caching every layout ran with
     report_url = write_report(url, timings=timings, metrics=metrics, info=info, comparison=comparison,
                               failures=failures, storage_options=storage)
     for name, item in metrics.items():

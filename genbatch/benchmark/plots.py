@@ -58,3 +58,25 @@ def stage_breakdown_png(metrics: dict[str, LayoutMetrics], title: str) -> bytes:
     axes.grid(axis="x", alpha=0.3)
     figure.legend(loc="outside lower center", ncols=len(STAGES), fontsize="small")
     return _png(figure)
+
+
+def quality_png(quality: dict[str, dict[str, float]], title: str) -> bytes:
+    """PSNR (dB) and SSIM of each approximate configuration's outputs against the exact one's, one bar per
+    layout in each of two panels (`quality`: layout -> {"psnr_db", "ssim", ...})."""
+    names = list(quality)
+    figure = _figure(8, 1.6 + 0.5 * len(names))
+    psnr_axes, ssim_axes = figure.subplots(1, 2, sharey=True)
+    for axes, metric, label in ((psnr_axes, "psnr_db", "PSNR dB (higher: closer)"),
+                                (ssim_axes, "ssim", "SSIM (1: identical)")):
+        values = [quality[name][metric] for name in names]
+        axes.barh(names, values)
+        for row, value in enumerate(values):
+            axes.annotate(f"{value:.2f}" if metric == "psnr_db" else f"{value:.4f}", (value, row),
+                          xytext=(3, 0), textcoords="offset points", va="center", fontsize="small")
+        axes.set_xlabel(label)
+        axes.grid(axis="x", alpha=0.3)
+    ssim_axes.set_xlim(0, 1.1)
+    psnr_axes.set_xlim(0, 1.15 * max(quality[name]["psnr_db"] for name in names))
+    psnr_axes.invert_yaxis()
+    figure.suptitle(title)
+    return _png(figure)

@@ -4,6 +4,7 @@
     OUT/summary.json       what ran, the metrics by layout, the comparison (if any), failed layouts
     OUT/report.md          the Markdown summary
     OUT/plots/step_time.png, OUT/plots/stages.png
+    OUT/plots/quality.png  with an approximate --cache: each layout's PSNR and SSIM against the exact run's
     OUT/manifest.parquet, OUT/runs/<layout>/   (written before, by the suite's runs)
 """
 
@@ -19,9 +20,9 @@ import time
 import pyarrow as pa
 
 from genbatch.benchmark.compare import Comparison
-from genbatch.benchmark.markdown import STAGE_PLOT, STEP_PLOT, render
+from genbatch.benchmark.markdown import QUALITY_PLOT, STAGE_PLOT, STEP_PLOT, render, scored_layouts
 from genbatch.benchmark.metrics import LayoutMetrics
-from genbatch.benchmark.plots import stage_breakdown_png, step_time_png
+from genbatch.benchmark.plots import quality_png, stage_breakdown_png, step_time_png
 
 
 def machine_info(*, suite, model_dir: str, dtype: str | None) -> dict:
@@ -70,6 +71,10 @@ def write_report(out: str, *, timings: pa.Table, metrics: dict[str, LayoutMetric
         title = f"suite {info['suite']}: {info['model']}"
         files[STEP_PLOT] = step_time_png(metrics, f"Seconds per denoising step ({title})")
         files[STAGE_PLOT] = stage_breakdown_png(metrics, f"Seconds per job by stage ({title})")
+        scored = scored_layouts(metrics)
+        if scored:
+            files[QUALITY_PLOT] = quality_png(scored, f"--cache {info.get('cache', '?')} against the exact "
+                                                      f"configuration ({title})")
     for name, body in files.items():
         path = f"{root}/{name}"
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)

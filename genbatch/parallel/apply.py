@@ -11,8 +11,14 @@ The whole order, fixed now; the steps marked (later) belong to axes or features 
                            (`parallel.tensor`); then sequence parallel: split/gather hooks and the routed
                            attention (`parallel.sequence`) on each denoiser (ring x ulysses), which then
                            sees each rank's heads/tp
-    3. cache hooks         (later) step caching: hooks on the repeated blocks that skip them when the
-                           group agrees the residual is stale
+    3. cache hooks         not installed here: step caching is per job (`--cache`, a row's `cache`), so
+                           `genbatch.parallel.cache.StepCache` hooks the repeated blocks when each job
+                           starts and removes the hooks when it ends. They replace the blocks' `forward`
+                           (diffusers' HookRegistry), which by then is the compiled forward of step 4
+                           and sits inside FSDP's per-block hooks of step 5: so the cache hooks wrap
+                           the compiled blocks from outside (TaylorSeer, whose hooks would sit inside
+                           them, is refused with --compile), and a skipped span's decision is agreed
+                           over the group (`parallel.cache.agreement`)
     4. compile             `--compile`: torch.compile of each compile unit's forward (the family's
                            repeated blocks, `parallel/compile.py`), after the plans and hooks above so
                            that it traces through them, before FSDP so that FSDP's all-gathers stay
@@ -135,7 +141,7 @@ def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileCon
     apply_text_encoder_parallel(pipe, spec, ctx, text_encoders)
     apply_attention_kernel(pipe, spec, attention)
     apply_sequence_parallel(pipe, spec, ctx, attention)
-    # 3. cache hooks on the repeated blocks: none until step caching lands
+    # 3. cache hooks: per job, around the compiled blocks (`parallel.cache.StepCache`), not here
     # 4. compile the family's compile units
     if compile is not None:
         apply_compile(pipe, spec, ctx, compile)

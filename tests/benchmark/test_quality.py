@@ -1,4 +1,5 @@
-"""PSNR and SSIM in NumPy: exact values on known cases, 1 / inf for identical inputs, lower for worse copies."""
+"""PSNR and SSIM in NumPy: exact values on known cases, 1 / inf for identical inputs, lower for worse copies;
+gen bench with a cache mode scores it against the exact run, in the report, its quality plot and the verdict."""
 
 import math
 
@@ -49,4 +50,25 @@ def test_gen_bench_scores_a_cache_against_the_exact_run_and_judges_the_drop(tmp_
     assert scores["psnr_db"] < PSNR_CAP_DB - 1 and 0 < scores["ssim"] < 1 and scores["jobs"] == 2
     assert cached.returncode == 3  # the quality regression fails the night like a slower step would
     assert "psnr_db" in cached.stderr and "REGRESSION" in cached.stderr
-    assert "## Quality against the exact configuration" in (tmp_path / "b" / "report.md").read_text()
+    report = (tmp_path / "b" / "report.md").read_text()
+    assert "## Quality against the exact configuration" in report and "](plots/quality.png)" in report
+    _assert_quality_plot(tmp_path / "b" / "plots" / "quality.png")
+
+
+def _assert_quality_plot(path) -> None:
+    """A drawn PNG (bars and labels, not a blank canvas)."""
+    from PIL import Image
+
+    image = Image.open(path)
+    image.load()
+    assert image.format == "PNG" and image.width >= 600
+    colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
+    assert colours is None or len(colours) > 10
+
+
+def test_the_quality_plot_is_drawn_for_the_scored_layouts(tmp_path):
+    from genbatch.benchmark.plots import quality_png
+
+    (tmp_path / "q.png").write_bytes(quality_png({"single": {"psnr_db": 41.5, "ssim": 0.97},
+                                                  "ulysses2": {"psnr_db": 38.0, "ssim": 0.91}}, "fbc:0.1"))
+    _assert_quality_plot(tmp_path / "q.png")

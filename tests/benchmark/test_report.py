@@ -69,6 +69,7 @@ def test_markdown_reports_layouts_stages_and_plots(tiny_report):
     assert "| layout | text_encode | denoise | vae_decode | encode_media | write |" in text
     assert "](plots/step_time.png)" in text and "](plots/stages.png)" in text
     assert "Against the baseline" not in text  # no baseline given
+    assert "plots/quality.png" not in text  # no --cache: nothing approximate to score
 
 
 def test_plots_are_real_pngs(tiny_report):
