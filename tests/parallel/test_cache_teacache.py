@@ -5,7 +5,8 @@ for the test alone (`_tiny_coefficients`: the identity polynomial, one warm-up s
 refused. `teacache:0` equals the uncached latents bit for bit; a threshold that skips counts the skipped
 branch forwards and always computes the warm-up and last steps, each guidance branch accumulating on its own.
 Under ulysses 2 the indicator equals one process's within 1e-5 relative (tiny-flux: its modulated input is
-this rank's shard of tokens), and 4 ulysses ranks that skip finish with identical flags."""
+this rank's shard of tokens), 4 ulysses ranks that skip finish with identical flags, and under `--compile` the
+hooks wrap the compiled blocks (no graph break, the eager skips and latents)."""
 
 from __future__ import annotations
 
@@ -142,3 +143,17 @@ def test_the_start_up_check_reads_a_pipeline_directory_config(tmp_path):
     check_cache(wan22, JobOverrides(cache="fbc:0.1"))  # other modes are not TeaCache's to check
     with pytest.raises(RunOptionError, match="wan-2.2 has none; TeaCache covers Wan 2.1 T2V 1.3B"):
         check_cache(wan22, overrides)
+
+
+def test_teacache_hooks_sit_outside_the_compiled_blocks(tmp_path):
+    """Under --compile (aot_eager) the same steps skip as eagerly, with no graph break, and the latents agree."""
+    from torch._dynamo.utils import counters
+
+    eager = _denoise(str(tmp_path / "eager"), {}, "teacache:2", 4, "tiny-wan")
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = _denoise(str(tmp_path / "compiled"), {"compile": True, "compile_backend": "aot_eager"}, "teacache:2",
+                        4, "tiny-wan")
+    assert sum(compiled["skipped"]) > 0 and compiled["skipped"] == eager["skipped"]
+    assert sum(counters["graph_break"].values()) == 0
+    assert (compiled["latents"] - eager["latents"]).abs().max().item() <= 1e-4
