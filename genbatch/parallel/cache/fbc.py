@@ -25,7 +25,7 @@ from diffusers.hooks.first_block_cache import (
     FBCHeadBlockHook,
     FBCSharedBlockState,
 )
-from diffusers.hooks.hooks import HookRegistry, StateManager
+from diffusers.hooks.hooks import HookRegistry, ModelHook, StateManager
 
 from genbatch.parallel.cache.agreement import relative_l1
 from genbatch.parallel.comm import Comm
@@ -105,16 +105,24 @@ def repeated_blocks(model: torch.nn.Module, lists: tuple[str, ...]) -> list[torc
     return [block for name in lists for block in model.get_submodule(name)]
 
 
-def install(model: torch.nn.Module, lists: tuple[str, ...], threshold: float, comm: Comm, report: Report) -> None:
-    """Add the First-Block-Cache hooks to the blocks of `lists` (the family plan's repeated lists)."""
+def hook_span(model: torch.nn.Module, lists: tuple[str, ...], mode: str, state: StateManager, head: ModelHook,
+              head_name: str) -> int:
+    """Register `head` on the first block of `lists` (the family plan's repeated lists) and the pass-through
+    hooks on the others, the last one keeping the span's residual; the number of blocks hooked."""
     blocks = repeated_blocks(model, lists)
     if len(blocks) < 2:
-        raise ValueError(f"{type(model).__name__} has {len(blocks)} repeated block(s); First-Block Cache needs 2 "
-                         "or more: run it with --cache none")
-    state = StateManager(FBCSharedBlockState, (), {})
-    head, *middle, tail = blocks
-    HookRegistry.check_if_exists_or_initialize(head).register_hook(
-        AgreedHeadHook(state, threshold, comm, report), _FBC_LEADER_BLOCK_HOOK)
+        raise ValueError(f"{type(model).__name__} has {len(blocks)} repeated block(s); {mode} needs 2 or more: "
+                         "run it with --cache none")
+    first, *middle, tail = blocks
+    HookRegistry.check_if_exists_or_initialize(first).register_hook(head, head_name)
     for block in middle:
         HookRegistry.check_if_exists_or_initialize(block).register_hook(BlockHook(state), _FBC_BLOCK_HOOK)
     HookRegistry.check_if_exists_or_initialize(tail).register_hook(TailHook(state, is_tail=True), _FBC_BLOCK_HOOK)
+    return len(blocks)
+
+
+def install(model: torch.nn.Module, lists: tuple[str, ...], threshold: float, comm: Comm, report: Report) -> int:
+    """Add the First-Block-Cache hooks to the blocks of `lists`; the number of blocks hooked."""
+    state = StateManager(FBCSharedBlockState, (), {})
+    return hook_span(model, lists, "First-Block Cache", state, AgreedHeadHook(state, threshold, comm, report),
+                     _FBC_LEADER_BLOCK_HOOK)

@@ -89,8 +89,7 @@ class StepCache:
                 plan = _transformer_plan(spec, model)
                 lists = plan.blocks.repeated
                 if mode.kind == FBC:
-                    fbc.install(model, lists, mode.threshold, comm, cache._report_decision)
-                    cache.hooked += sum(len(model.get_submodule(name)) for name in lists)
+                    cache.hooked += fbc.install(model, lists, mode.threshold, comm, cache._report_decision)
                 elif mode.kind == TAYLORSEER:
                     patterns = tuple(site.pattern for site in plan.attention)
                     cache.hooked += taylorseer.install(model, patterns, lists, mode.interval, cache._report)

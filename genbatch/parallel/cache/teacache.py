@@ -1,7 +1,7 @@
 """TeaCache with one decision per agreement group: skip every block while the rescaled input change stays small.
 
 TeaCache is not in diffusers; this follows the reference implementation (ali-vilab/TeaCache) with diffusers'
-hook machinery and FBC's block hooks (`fbc.BlockHook`, `fbc.TailHook`):
+hook machinery and FBC's block hooks (`fbc.hook_span`: the pass-through blocks and the tail's residual):
 
     block 0's hook    before block 0 runs: m = the timestep-modulated input (`MODULATED`), the change
                       relative_l1(m, m_prev) reduced over the decision group (exact, as FBC's), rescaled by
@@ -23,11 +23,11 @@ from collections.abc import Callable
 
 import torch
 from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, FBCSharedBlockState
-from diffusers.hooks.hooks import HookRegistry, ModelHook, StateManager
+from diffusers.hooks.hooks import ModelHook, StateManager
 
 from genbatch.jobs.teacache import TeaCacheModel
 from genbatch.parallel.cache.agreement import relative_l1
-from genbatch.parallel.cache.fbc import BlockHook, Report, TailHook, block_metadata, repeated_blocks
+from genbatch.parallel.cache.fbc import Report, block_metadata, hook_span
 from genbatch.parallel.comm import Comm
 
 HEAD_HOOK = "genbatch_teacache_head"
@@ -132,15 +132,6 @@ def install(model: torch.nn.Module, lists: tuple[str, ...], covered: TeaCacheMod
             comm: Comm, report: Report) -> int:
     """Add TeaCache's hooks to the blocks of `lists` (the family plan's repeated lists) for a job of `steps`
     steps; the number of blocks hooked."""
-    blocks = repeated_blocks(model, lists)
-    if len(blocks) < 2:
-        raise ValueError(f"{type(model).__name__} has {len(blocks)} repeated block(s); TeaCache needs 2 or more: "
-                         "run it with --cache none")
     state = StateManager(TeaState, (), {})
-    head, *middle, tail = blocks
-    HookRegistry.check_if_exists_or_initialize(head).register_hook(
-        HeadHook(state, covered, threshold, steps, comm, report), HEAD_HOOK)
-    for block in middle:
-        HookRegistry.check_if_exists_or_initialize(block).register_hook(BlockHook(state), _FBC_BLOCK_HOOK)
-    HookRegistry.check_if_exists_or_initialize(tail).register_hook(TailHook(state, is_tail=True), _FBC_BLOCK_HOOK)
-    return len(blocks)
+    return hook_span(model, lists, "TeaCache", state, HeadHook(state, covered, threshold, steps, comm, report),
+                     HEAD_HOOK)
