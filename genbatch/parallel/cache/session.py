@@ -73,8 +73,8 @@ class StepCache:
 
     @classmethod
     def start(cls, pipe, spec: ModelSpec, mode: CacheMode, comm: Comm, steps: int = 0) -> StepCache:
-        """Install `mode`'s hooks on the pipeline's denoisers of a job of `steps` steps; FBC and TeaCache decide
-        over `comm` (`decision_comm`)."""
+        """Install `mode`'s hooks on the pipeline's denoisers of a job of `steps` steps (TeaCache computes the
+        last one in full; 0: every step); FBC and TeaCache decide over `comm` (`decision_comm`)."""
         from diffusers.hooks.hooks import HookRegistry
 
         from genbatch.parallel.apply import denoisers
