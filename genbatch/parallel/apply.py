@@ -54,10 +54,11 @@ def denoisers(spec: ModelSpec) -> tuple[str, ...]:
 
 
 def sharded(spec: ModelSpec, text_encoders: str = "auto") -> tuple[str, ...]:
-    """Pipeline components whose weights FSDP shards under --fsdp: the denoisers, and the text encoders unless
-    `--text-encoder-parallel` (`text_encoders`) keeps them out (tp, replicate); the VAE is small and
-    replicated. Names the pipeline lacks are skipped."""
-    return denoisers(spec) + (TEXT_ENCODERS if encoders.sharded_by_fsdp(text_encoders, fsdp=True) else ())
+    """Pipeline components whose weights FSDP shards under --fsdp: the denoisers, and each text encoder that
+    `--text-encoder-parallel` (`text_encoders`) does not keep out (tp, replicate, or `auto` for an encoder at
+    least 4096 wide, which it splits); the VAE is small and replicated. Names the pipeline lacks are skipped."""
+    return denoisers(spec) + tuple(name for name in TEXT_ENCODERS if encoders.sharded_by_fsdp(
+        text_encoders, encoders.config_width(spec.path, name), fsdp=True))
 
 
 def _components(pipe, names) -> list[tuple[str, torch.nn.Module]]:

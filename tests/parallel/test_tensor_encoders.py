@@ -107,11 +107,33 @@ def test_auto_splits_wide_encoders_replicates_narrow_ones_and_leaves_fsdp_its_en
         config = type("Config", (), {"hidden_size": 768})()
 
     assert encoders.splits("auto", Wide(), fsdp=False) and not encoders.splits("auto", Narrow(), fsdp=False)
-    assert not encoders.splits("auto", Wide(), fsdp=True) and encoders.sharded_by_fsdp("auto", fsdp=True)
-    assert encoders.splits("tp", Narrow(), fsdp=True) and not encoders.sharded_by_fsdp("tp", fsdp=True)
+    # under --fsdp a wide encoder is still split, a narrow one sharded
+    assert encoders.splits("auto", Wide(), fsdp=True) and not encoders.sharded_by_fsdp("auto", 4096, fsdp=True)
+    assert not encoders.splits("auto", Narrow(), fsdp=True) and encoders.sharded_by_fsdp("auto", 768, fsdp=True)
+    assert not encoders.sharded_by_fsdp("auto", 768, fsdp=False)
+    assert encoders.splits("tp", Narrow(), fsdp=True) and not encoders.sharded_by_fsdp("tp", 768, fsdp=True)
     assert not encoders.splits("replicate", Wide(), fsdp=False)
     with pytest.raises(ValueError, match="add --fsdp"):
         encoders.check_mode("fsdp", fsdp=False)
+
+
+def test_under_fsdp_auto_reads_each_encoders_width_from_its_saved_config(tmp_path):
+    import json
+
+    from genbatch.jobs.models import ModelSpec
+    from genbatch.models import resolve_model
+    from genbatch.parallel.apply import sharded
+
+    for component, config in (("text_encoder", {"hidden_size": 768}), ("text_encoder_2", {"d_model": 4096})):
+        (tmp_path / component).mkdir()
+        (tmp_path / component / "config.json").write_text(json.dumps(config))
+    spec = ModelSpec(**{**{field: getattr(resolve_model("tiny-flux"), field)
+                           for field in ModelSpec.__dataclass_fields__}, "path": str(tmp_path)})
+    assert encoders.config_width(str(tmp_path), "text_encoder_2") == 4096
+    # T5 at 4096 is split, not sharded (a component the pipeline lacks, text_encoder_3 here, is skipped later)
+    assert sharded(spec, "auto") == ("transformer", "text_encoder", "text_encoder_3")
+    assert sharded(spec, "fsdp") == ("transformer", "text_encoder", "text_encoder_2", "text_encoder_3")
+    assert sharded(resolve_model("tiny-flux"), "auto")[1:] == ("text_encoder", "text_encoder_2", "text_encoder_3")
 
 
 def _pipeline_modes(rank, world_size, out):
