@@ -154,6 +154,14 @@ def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext, compile: C
     apply_plans(pipe, spec, ctx, compile, attention, text_encoders)
 
 
+def shard_loaded(pipe, spec: ModelSpec, ctx: ParallelContext, text_encoders: str = "auto") -> None:
+    """Step 5 on a pipeline whose components are already filled on every rank (each its own tensor-parallel
+    part, read from the checkpoint): each `sharded(spec)` component sharded over `ctx.fsdp_mesh`, per block
+    then the root (FSDP2 shards the materialised parameters, DTensors of the tp split included)."""
+    for _, module in _components(pipe, sharded(spec, text_encoders)):
+        fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
+
+
 def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
                    attention: str = "auto", text_encoders: str = "auto") -> None:
     """The order for `--fsdp`: steps 1-4 on `skeleton` (its `sharded(spec)` components built on the meta

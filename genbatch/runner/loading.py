@@ -183,7 +183,7 @@ def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dt
 
 def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None,
                                   attention: str = "auto", text_encoders: str = "auto"):
-    """`--tp` loading from a pipeline directory (without `--fsdp`): the denoisers (and the text encoders
+    """`--tp` loading from a pipeline directory (with `--fsdp` too: FSDP then shards the parts read, step 5): the denoisers (and the text encoders
     `--text-encoder-parallel` splits, when their files use the module's names) built with their parameters on
     the meta device and split by their tensor plans, then filled from their safetensors, each rank reading only
     its own part of every split tensor, straight to its device; the other components load whole and the plans
@@ -208,6 +208,10 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
         if model is not None:
             fill_from_safetensors(model, os.path.join(path, name), dtype, ctx.device,
                                   keep_fp32=keep_in_fp32(model, dtype))
+    if ctx.dims.fsdp and ctx.group.size > 1:  # step 5 on the parts each rank read: no rank held a whole copy
+        from genbatch.parallel.apply import shard_loaded
+
+        shard_loaded(pipe, spec, ctx, text_encoders)
     return pipe
 
 

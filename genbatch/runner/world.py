@@ -234,12 +234,12 @@ class World:
         """Load `spec` and parallelise it for this rank's job group."""
         from genbatch.parallel.apply import parallelize_pipeline
 
-        if self.ctx.dims.fsdp and self.ctx.group.size > 1:
-            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
-                                         self.text_encoder_parallel)
         if self.ctx.dims.tp > 1 and spec.name not in PRESETS:  # a directory: each rank reads its own shards
             return load_tensor_parallel_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
                                                  self.text_encoder_parallel)
+        if self.ctx.dims.fsdp and self.ctx.group.size > 1:
+            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
+                                         self.text_encoder_parallel)
         pipe = load_pipeline(spec, self.ctx.device, self.dtype)
         parallelize_pipeline(pipe, spec, self.ctx, self.compile, self.attention, self.text_encoder_parallel)
         return pipe
