@@ -51,15 +51,14 @@ def _peak_bytes(device, clock) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
-def _diffusers_side(model_dir: str, rows: list[dict], device, dtype, compile_backend: str | None,
-                    attention: str) -> dict:
+def _diffusers_side(model_dir: str, pipeline_class: str, rows: list[dict], device, dtype,
+                    compile_backend: str | None, attention: str) -> dict:
     """diffusers' own way: `compile_repeated_blocks` (fullgraph) for a compiled pairing, its processors'
     attention backend set to the same kernel as genbatch's `--attention`."""
     import diffusers
 
     from genbatch.parallel.attention.local import KERNELS, set_diffusers_backend
 
-    pipeline_class, _ = pipeline_classes(model_dir)
     components = {}
     if pipeline_class == "WanPipeline":
         components["vae"] = diffusers.AutoencoderKLWan.from_pretrained(model_dir, subfolder="vae", dtype=torch.float32)
@@ -142,7 +141,7 @@ def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_n
     pipeline_class, transformer_class = pipeline_classes(model_dir)
     with StepClock(device=device, module_class=getattr(diffusers, transformer_class)) as clock:
         if side == "diffusers":
-            result = _diffusers_side(model_dir, rows, device, dtype, compile_backend, attention)
+            result = _diffusers_side(model_dir, pipeline_class, rows, device, dtype, compile_backend, attention)
         else:
             result = _genbatch_side(model_dir, manifest, out, device, dtype, compile_backend, attention)
     periods = clock.step_periods(jobs=len(rows), steps=rows[0]["num_inference_steps"])

@@ -174,11 +174,12 @@ def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dt
     """`--fsdp` loading: the sharded components built on the meta device on every rank, the whole pipeline
     read once on the group leader's CPU to fill their shards, the rest placed on this rank's device;
     `compile`: the run's `CompileConfig` (None: eager); `attention`: the local attention backend."""
-    skeleton = load_skeleton(spec, dtype, meta=sharded(spec, text_encoders))
+    components = sharded(spec, text_encoders)  # reads the encoders' configs: once
+    skeleton = load_skeleton(spec, dtype, meta=components)
     full = load_pipeline(spec, torch.device("cpu"), dtype) if ctx.group.rank == 0 else None
     shard_pipeline(skeleton, full, spec, ctx, compile, attention, text_encoders)
     del full
-    return finish_placement(skeleton, spec, ctx.device, skip=sharded(spec, text_encoders))
+    return finish_placement(skeleton, spec, ctx.device, skip=components)
 
 
 def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None,
