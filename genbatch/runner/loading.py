@@ -9,6 +9,7 @@ under `--tp` from a directory each rank reads only its own shards (`load_tensor_
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import torch
@@ -17,6 +18,8 @@ from genbatch.jobs.models import ModelSpec
 from genbatch.parallel.apply import shard_pipeline, sharded
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner.presets import PRESETS, build_preset
+
+LOG = logging.getLogger(__name__)
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -95,14 +98,15 @@ def keep_in_fp32(module: torch.nn.Module, dtype: torch.dtype) -> tuple[str, ...]
 
 
 def _split_encoders(path: str, ctx: ParallelContext, dtype: torch.dtype, requested: str) -> dict:
-    """The text encoders `--text-encoder-parallel` (`requested`) splits over the job group whose safetensors name
-    every parameter as the module does, built empty by name (the others load whole, then split)."""
+    """The text encoders `--text-encoder-parallel` (`requested`) splits over the job group whose safetensors hold
+    every parameter as one stored tensor (under the module's name or one transformers renames to it), built
+    empty by name. The others it splits load whole, then split: a warning (rank 0) says which and why."""
     import json
     import os
 
     from genbatch.parallel.apply import TEXT_ENCODERS
     from genbatch.parallel.tensor import encoders
-    from genbatch.parallel.tensor.checkpoint import missing_from
+    from genbatch.parallel.tensor.checkpoint import whole_load_reason
 
     if ctx.group.size == 1:
         return {}
@@ -113,9 +117,14 @@ def _split_encoders(path: str, ctx: ParallelContext, dtype: torch.dtype, request
         if not (isinstance(index.get(name), list) and index[name][0] == "transformers"):
             continue
         module = empty_component(path, name, dtype)
-        folder = os.path.join(path, name)
-        if encoders.splits(requested, module, fsdp=ctx.dims.fsdp) and not missing_from(module, folder):
+        if not encoders.splits(requested, module, fsdp=ctx.dims.fsdp):
+            continue
+        reason = whole_load_reason(module, os.path.join(path, name))
+        if reason is None:
             built[name] = module
+        elif ctx.rank == 0:
+            LOG.warning("genbatch: %s (%s) loads whole on every rank, then splits over the job group: %s", name,
+                        type(module).__name__, reason)
     return built
 
 

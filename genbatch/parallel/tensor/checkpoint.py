@@ -11,12 +11,19 @@ to `device` in its load dtype, so no rank ever holds a full copy of a split tens
 diffusers' `from_pretrained(torch_dtype=dtype)` gives: floating tensors in `dtype` except those under a
 `_keep_in_fp32_modules` name (fp32), others as stored. Persistent buffers the files hold are read whole; those
 computed at construction move to `device`.
+
+A transformers model's files may name its tensors otherwise than its modules do (Qwen2.5-VL saves its language
+model's `model.language_model.*` as `model.*`): `checkpoint_names` maps each module name to its key by the
+renaming transformers' own `from_pretrained` applies (`conversion_mapping.get_model_conversion_mapping`, each key
+through `core_model_loading.rename_source_key`). A tensor transformers converts on loading (fuses, chunks,
+transposes) is no single slice of one stored tensor: it counts as missing, and `missing_from` lists it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import sys
 
 import torch
 from torch.distributed.tensor import DTensor
@@ -77,24 +84,53 @@ def load_dtype(name: str, stored: torch.dtype, dtype: torch.dtype, keep_fp32: tu
     return torch.float32 if any(part in name.split(".") for part in keep_fp32) else dtype
 
 
-class _Files:
-    """The component's safetensors files, each opened once, on demand."""
+def checkpoint_names(model: torch.nn.Module, keys) -> dict[str, str]:
+    """Module tensor name -> the checkpoint key (of `keys`, a component's stored tensor names) that holds it: for
+    a transformers model each key renamed as its `from_pretrained` renames it (the model's conversion mapping, its
+    base model prefix added or stripped where the module names need it), a key transformers converts (a
+    `WeightConverter`: fused, chunked, transposed) left out; for any other model each key is its own name."""
+    modeling = sys.modules.get("transformers.modeling_utils")  # loaded wherever a transformers model exists
+    if modeling is None or not isinstance(model, modeling.PreTrainedModel):
+        return {key: key for key in keys}
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
-    def __init__(self, folder: str):
+    transforms = get_model_conversion_mapping(model)
+    renamings = [entry for entry in transforms if isinstance(entry, WeightRenaming)]
+    converters = [entry for entry in transforms if isinstance(entry, WeightConverter)]
+    own = model.state_dict(keep_vars=True)  # module name -> tensor (meta or split: only the names are read)
+    prefix = model.base_model_prefix
+    names: dict[str, str] = {}
+    for key in keys:
+        name, converted = rename_source_key(key, renamings, converters, prefix, own)
+        if name not in own and key in own:  # as transformers does: a key already in the module's layout
+            name, converted = rename_source_key(key, [], [], prefix, own)
+        if name in own and converted is None:
+            names.setdefault(name, key)
+    return names
+
+
+class _Files:
+    """The component's safetensors files, each opened once, on demand; tensors asked for by `model`'s names."""
+
+    def __init__(self, folder: str, model: torch.nn.Module):
         self.folder = folder
         self.where = weight_map(folder)
+        self.keys = checkpoint_names(model, self.where)
         self.open: dict[str, object] = {}
 
-    def handle(self, name: str):
-        if name not in self.where:
-            raise ValueError(f"{self.folder}'s safetensors hold no tensor {name!r}: the files do not match the "
+    def handle(self, name: str) -> tuple[object, str]:
+        """(the open file holding module tensor `name`, its key in that file)."""
+        if name not in self.keys:
+            raise ValueError(f"{self.folder}'s safetensors hold no tensor for {name!r}: the files do not match the "
                              "model class its config names; save the pipeline again with save_pretrained")
-        path = self.where[name]
+        key = self.keys[name]
+        path = self.where[key]
         if path not in self.open:
             from safetensors import safe_open
 
             self.open[path] = safe_open(path, framework="pt")
-        return self.open[path]
+        return self.open[path], key
 
 
 def _copied(tensor: torch.Tensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
@@ -114,7 +150,7 @@ def _fill_parameter(model, files: _Files, name: str, param, dtype, device, keep_
     split = tp_split(model, name)
     mesh = param.device_mesh if isinstance(param, DTensor) else None
     rank, size = (mesh.get_local_rank(), mesh.size()) if mesh is not None else (0, 1)
-    raw = read_part(files.handle(name), name, split if mesh is not None else None, rank, size)
+    raw = read_part(*files.handle(name), split if mesh is not None else None, rank, size)
     local = _copied(raw, device, load_dtype(name, raw.dtype, dtype, keep_fp32))
     expected = param.to_local().shape if mesh is not None else param.shape
     if local.shape != expected:
@@ -133,15 +169,30 @@ def tied_targets(model: torch.nn.Module) -> set[str]:
 
 
 def missing_from(model: torch.nn.Module, folder: str) -> list[str]:
-    """`model`'s parameters (tied ones aside) that `folder`'s safetensors do not hold under the module's own names
-    (a checkpoint in an older layout that `from_pretrained` renames on loading; all of them when the folder holds
-    no safetensors)."""
+    """`model`'s parameters (tied ones aside) that `folder`'s safetensors hold under no key `checkpoint_names`
+    maps to them (a tensor transformers converts on loading; all of them when the folder holds no safetensors)."""
     try:
-        held = weight_map(folder)
+        held = checkpoint_names(model, weight_map(folder))
     except ValueError:  # other weight files (.bin): from_pretrained reads them
         held = {}
     tied = tied_targets(model)
     return [name for name, _ in model.named_parameters() if name not in held and name not in tied]
+
+
+def whole_load_reason(model: torch.nn.Module, folder: str) -> str | None:
+    """Why `model` cannot be filled in parts from `folder` (it then loads whole through `from_pretrained`, every
+    rank reading every weight, and is split afterwards); None when every parameter can be."""
+    try:
+        weight_map(folder)
+    except ValueError:
+        return (f"{folder} holds no safetensors (its weights are in other files, such as .bin); save the pipeline "
+                "with save_pretrained(safe_serialization=True) for each rank to read only its part")
+    missing = missing_from(model, folder)
+    if not missing:
+        return None
+    return (f"{folder}'s safetensors hold {len(missing)} of its parameters ({missing[0]}, ...) in a form "
+            "transformers converts on loading (fused, chunked or transposed), not as one stored tensor a rank can "
+            "read its part of")
 
 
 def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtype, device: torch.device,
@@ -150,19 +201,20 @@ def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtyp
     each rank reading only its part of every tensor-parallel split; `keep_fp32`: the module names loading keeps
     in fp32 (diffusers' `_keep_in_fp32_modules`). A transformers model's tied parameters the files leave out are
     tied again to their sources."""
-    files = _Files(folder)
+    files = _Files(folder, model)
     keep_fp32 = tuple(keep_fp32 or ())
     tied = tied_targets(model)
     for name, param in list(model.named_parameters()):
-        if name in tied and name not in files.where:
+        if name in tied and name not in files.keys:
             continue
         _fill_parameter(model, files, name, param, dtype, device, keep_fp32)
     if tied:
         model.tie_weights()
     for name, buffer in list(model.named_buffers()):
         owner, attribute = _owner(model, name)
-        if name in files.where:
-            raw = files.handle(name).get_tensor(name)
+        if name in files.keys:
+            handle, key = files.handle(name)
+            raw = handle.get_tensor(key)
             buffer = _copied(raw, device, load_dtype(name, raw.dtype, dtype, keep_fp32))
         elif buffer.is_meta:
             raise ValueError(f"{files.folder}: buffer {name} is neither in the checkpoint nor computed when the "
