@@ -10,7 +10,8 @@ The whole order, fixed now; the steps marked (later) belong to axes or features 
                            one) splits heads, MLP columns and the AdaLN modulation over `tp`
                            (`parallel.tensor`); then sequence parallel: split/gather hooks and the routed
                            attention (`parallel.sequence`) on each denoiser (ring x ulysses), which then
-                           sees each rank's heads/tp
+                           sees each rank's heads/tp; or, under distrifusion, the same hooks over the patch
+                           ranks with the stale-K/V strategy (`parallel.patch`)
     3. cache hooks         not installed here: step caching is per job (`--cache`, a row's `cache`), so
                            `genbatch.parallel.cache.StepCache` hooks the repeated blocks when each job
                            starts and removes the hooks when it ends. They replace the blocks' `forward`
@@ -39,6 +40,7 @@ import torch
 from genbatch.jobs.models import ModelSpec
 from genbatch.models import family
 from genbatch.parallel import fsdp
+from genbatch.parallel.comm import Comm
 from genbatch.parallel.compile import CompileConfig, compile_units
 from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.sequence import SequenceGroup, SequenceParallel
@@ -112,20 +114,34 @@ def apply_text_encoder_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, req
                         flag=f"--text-encoder-parallel tp over the {ctx.group.size} ranks of a job group")
 
 
+def patch_group(ctx: ParallelContext, attention: str = "auto") -> SequenceGroup:
+    """The distrifusion axis as a sequence group of one dimension: each rank one patch of every split stream."""
+    patches, solo = ctx.patch_comm, Comm(None, ctx.ledger)
+    return SequenceGroup(ulysses=patches, ring=solo, sp=patches, kernel=attention)
+
+
 def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, attention: str = "auto"
                             ) -> list[SequenceParallel]:
-    if ctx.dims.sp == 1:
+    """Sequence parallel on each denoiser: exact over ring x ulysses, or DistriFusion's stale-K/V attention over
+    the distrifusion axis (the same split and gather points: each rank one patch)."""
+    if ctx.dims.distrifusion > 1:
+        from genbatch.parallel.patch import strategies  # registers the strategy
+
+        group, strategy = patch_group(ctx, attention), strategies.StalePatchAttention.name
+    elif ctx.dims.sp > 1:
+        group, strategy = sequence_group(ctx, attention), None
+    else:
         return []
-    group = sequence_group(ctx, attention)
-    return [SequenceParallel(model, group) for _, model in _components(pipe, denoisers(spec))]
+    return [SequenceParallel(model, group, strategy) for _, model in _components(pipe, denoisers(spec))]
 
 
 def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileConfig) -> None:
-    """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph."""
+    """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph, under
+    distrifusion > 1 the stale-K/V attention call (it keeps Python state per job)."""
     plans = family(spec.family)
     for _, model in _components(pipe, denoisers(spec)):
         units = plans.transformer_plan(type(model).__name__).compile_units
-        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1)
+        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1 and ctx.dims.distrifusion == 1)
 
 
 def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,

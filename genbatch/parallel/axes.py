@@ -1,11 +1,12 @@
 """The mesh axes, outermost first, and which of them the runner implements (imports nothing heavy).
 
-    dp  x  cfg  x  pp  x  ring  x  ulysses  x  tp          (tp varies fastest: consecutive ranks)
+    dp  x  cfg  x  distrifusion  x  pp  x  ring  x  ulysses  x  tp       (tp varies fastest: consecutive ranks)
 
 `dp` groups run different jobs; the other axes together are one *job group*, the ranks that run one job.
 Tensor parallelism is innermost (its two all-reduces a layer want the fastest links, as in xDiT's rank
 order), then Ulysses (all-to-all inside a node), then Ring and PipeFusion stages (`pp`), which tolerate slower
-links, then the two CFG branches, which exchange one prediction a step. FSDP shards weights over a named
+links, then DistriFusion's patches, whose K/V all-gathers hide behind a step of compute, then the two CFG branches,
+which exchange one prediction a step. FSDP shards weights over a named
 sub-mesh: by default the job group without `tp` and `pp` (their ranks hold different weights already).
 
 `RUNNABLE` is the registry the planner and the runner read: any layout can be represented and estimated, but
@@ -32,6 +33,8 @@ class Axis:
 _AXES = (
     Axis(name="dp", what="data parallel: groups that run different jobs", runnable=True),
     Axis(name="cfg", what="CFG parallel: the two guidance branches on different ranks", runnable=True),
+    Axis(name="distrifusion", what="DistriFusion: one patch per rank, every layer's K/V all-gathered a step late",
+         runnable=True),
     Axis(name="pp", what="PipeFusion stages: layers split into stages, patches streamed through them",
          runnable=False),
     Axis(name="ring", what="Ring attention: K/V blocks passed around a ring", runnable=True),
@@ -48,6 +51,8 @@ GROUP_AXES: tuple[str, ...] = AXES[1:]
 """The axes of one job group (every axis but dp)."""
 SP_AXES: tuple[str, ...] = ("ring", "ulysses")
 """The sequence-parallel axes (USP: ring outside, ulysses inside)."""
+PATCH_AXES: tuple[str, ...] = ("distrifusion",)
+"""The axes whose ranks each hold a patch of the latent and attend to the others' stale K/V."""
 DEFAULT_FSDP_AXES: tuple[str, ...] = tuple(axis for axis in GROUP_AXES if axis not in ("pp", "tp"))
 """What FSDP shards over by default: the job group minus tp and pp."""
 

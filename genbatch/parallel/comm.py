@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 
-KINDS = ("all_to_all", "p2p", "all_gather", "sp_gather", "sp_mask", "cfg_exchange", "fsdp_all_gather", "broadcast",
+KINDS = ("all_to_all", "p2p", "all_gather", "sp_gather", "sp_mask", "stale_kv", "cfg_exchange", "fsdp_all_gather", "broadcast",
          "all_reduce", "tp_all_reduce", "tp_all_gather", "tp_norm", "control")
 """The ledger's kinds, present from the start (a new one may still appear)."""
 
@@ -62,6 +62,32 @@ class CommLedger:
 
 def _nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
+
+
+@dataclass(slots=True)
+class PendingGather:
+    """An uneven all-gather in flight: `wait()` gives each rank's piece, (rows[r], ...), in group-rank order."""
+
+    work: object | None
+    """The collective's work handle (None: a group of one, nothing was sent)."""
+    gathered: torch.Tensor
+    """(p * longest, ...): every rank's padded piece."""
+    rows: tuple[int, ...]
+    """Each rank's real rows."""
+    longest: int
+    """The padded rows of each piece."""
+
+    def wait(self) -> list[torch.Tensor]:
+        if self.work is not None:
+            self.work.wait()
+            self.work = None
+        # (p * longest, ...) -> p pieces of (rows[r], ...)
+        return [self.gathered[r * self.longest : r * self.longest + rows] for r, rows in enumerate(self.rows)]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the gathered buffer holds."""
+        return _nbytes(self.gathered)
 
 
 @dataclass(slots=True)
@@ -114,16 +140,21 @@ class Comm:
 
     def all_gather_uneven(self, tensor: torch.Tensor, rows: Sequence[int], kind: str = "all_gather") -> list[torch.Tensor]:
         """All-gather tensors whose dim 0 differs by rank (`rows[r]` on rank r): pad, gather, trim."""
+        return self.start_all_gather_uneven(tensor, rows, kind).wait()
+
+    def start_all_gather_uneven(self, tensor: torch.Tensor, rows: Sequence[int], kind: str = "all_gather"
+                                ) -> PendingGather:
+        """`all_gather_uneven` started asynchronously: its `wait()` gives the pieces (the work overlaps
+        whatever runs before it)."""
         if self.group is None:  # a group of one: nothing to send
-            return [tensor]
+            return PendingGather(None, tensor, (tensor.shape[0],), tensor.shape[0])
         longest = max(rows)
         padded = tensor.new_zeros((longest, *tensor.shape[1:]))
         padded[: tensor.shape[0]] = tensor
         gathered = tensor.new_empty((longest * self.size, *tensor.shape[1:]))
         self.ledger.add(kind, _nbytes(tensor) * (self.size - 1))
-        dist.all_gather_into_tensor(gathered, padded, group=self.group)
-        # (p * longest, ...) -> p pieces of (rows[r], ...)
-        return [gathered[r * longest : r * longest + rows[r]] for r in range(self.size)]
+        work = dist.all_gather_into_tensor(gathered, padded, group=self.group, async_op=True)
+        return PendingGather(work, gathered, tuple(rows), longest)
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM, kind: str = "all_reduce") -> torch.Tensor:
         self.ledger.add(kind, 2 * (self.size - 1) * _nbytes(tensor) // self.size)

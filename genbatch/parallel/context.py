@@ -1,8 +1,9 @@
 """ParallelContext: the one DeviceMesh of a run and the groups taken from it by axis name.
 
-Built once per process from a validated `ParallelDims`, over every axis of `parallel/axes.py` (dp, cfg, pp,
-ring, ulysses, tp; those of degree 1 too). Every group the parallel layer uses comes from here (never from
-module-level globals): `group` (the job group: every axis but dp), `cfg`, `sp` (ring x ulysses), `ring`,
+Built once per process from a validated `ParallelDims`, over every axis of `parallel/axes.py` (dp, cfg,
+distrifusion, pp, ring, ulysses, tp; those of degree 1 too). Every group the parallel layer uses comes from here
+(never from module-level globals): `group` (the job group: every axis but dp), `cfg`, `distrifusion` (the
+patch ranks), `sp` (ring x ulysses), `ring`,
 `ulysses`, `tp`, and the sub-mesh FSDP shards over (`fsdp_mesh`: by default the job group minus tp and pp). Each
 group is a `Comm`, so its collectives count bytes into the one ledger. `parallel/groups.py` computes the same
 groups as a pure function.
@@ -38,6 +39,8 @@ class ParallelContext:
     """The ranks running this rank's job (every axis but dp); group rank 0 is the leader."""
     cfg: Comm
     sp: Comm
+    distrifusion: Comm | None = None
+    """The DistriFusion patch ranks; None stands for this rank alone (`patch_comm`)."""
     ring: Comm
     ulysses: Comm
     tp: Comm | None = None
@@ -53,6 +56,11 @@ class ParallelContext:
     def is_leader(self) -> bool:
         """True on the rank that writes this group's outputs."""
         return self.group.rank == 0
+
+    @property
+    def patch_comm(self) -> Comm:
+        """The distrifusion group's `Comm` (this rank alone when there is none)."""
+        return self.distrifusion if self.distrifusion is not None else Comm(None, self.ledger)
 
     @property
     def tp_comm(self) -> Comm:
@@ -100,6 +108,7 @@ def build_context(dims: ParallelDims, device: torch.device) -> ParallelContext:
         dp_rank=mesh["dp"].get_local_rank(),
         group=comm(group_mesh),
         cfg=comm(mesh["cfg"]),
+        distrifusion=comm(mesh["distrifusion"]),
         sp=comm(sp_mesh),
         ring=comm(mesh["ring"]),
         ulysses=comm(mesh["ulysses"]),

@@ -1,6 +1,6 @@
 """ParallelDims: the run's layout, validated once at start-up, and its one name grammar.
 
-The world is `dp x cfg x pp x ring x ulysses x tp` ranks (`parallel/axes.py`: the order, outermost first, and
+The world is `dp x cfg x distrifusion x pp x ring x ulysses x tp` ranks (`parallel/axes.py`: the order, outermost first, and
 which axes the runner implements). A *job group* is the `cfg x pp x ring x ulysses x tp` ranks that run one
 job together; `dp` groups run different jobs side by side. The innermost axes vary fastest, so their ranks
 are contiguous and stay inside a node; ring, cfg and dp go across.
@@ -46,6 +46,9 @@ class ParallelDims:
     """Data-parallel groups: each runs whole jobs on its own."""
     cfg: int = 1
     """CFG parallel degree: 2 runs the conditional and unconditional branches on different ranks."""
+    distrifusion: int = 1
+    """DistriFusion patches: each rank holds every layer and one patch of the latent, and attends to the other
+    patches' K/V of the step before (all-gathered asynchronously). Composes with cfg and dp only."""
     pp: int = 1
     """PipeFusion stages (the runner does not implement them yet: `check_runnable` refuses more than 1)."""
     ring: int = 1
@@ -111,7 +114,7 @@ class ParallelDims:
         return tuple(getattr(self, axis) for axis in AXES)
 
     def describe(self) -> str:
-        shown = [axis for axis in AXES if axis not in ("pp", "tp") or getattr(self, axis) > 1]
+        shown = [axis for axis in AXES if axis not in ("distrifusion", "pp", "tp") or getattr(self, axis) > 1]
         return " x ".join(f"{axis}={getattr(self, axis)}" for axis in shown) + (" +fsdp" if self.fsdp else "")
 
     @property
@@ -148,6 +151,7 @@ class ParallelDims:
         *,
         dp: int | None = None,
         cfg: int = 1,
+        distrifusion: int = 1,
         pp: int = 1,
         ring: int = 1,
         ulysses: int = 1,
@@ -156,12 +160,12 @@ class ParallelDims:
     ) -> "ParallelDims":
         """`gen run`'s layout flags -> ParallelDims, `dp` filled from the world size when it is not given ("dp
         takes the rest"). A flag for an axis the runner does not implement yet is refused first, naming it."""
-        degrees = {"cfg": cfg, "pp": pp, "ring": ring, "ulysses": ulysses, "tp": tp}
+        degrees = {"cfg": cfg, "distrifusion": distrifusion, "pp": pp, "ring": ring, "ulysses": ulysses, "tp": tp}
         for name, value in degrees.items():
             if value < 1:
                 raise ValueError(f"--{name} {value} must be at least 1")
         check_runnable(degrees)
-        group = cfg * pp * ring * ulysses * tp
+        group = cfg * distrifusion * pp * ring * ulysses * tp
         if dp is None:
             if world_size % group:
                 given = " x ".join(f"{name} {value}" for name, value in degrees.items() if value > 1)
@@ -171,6 +175,22 @@ class ParallelDims:
                 )
             dp = world_size // group
         return cls(dp=dp, fsdp=fsdp, **degrees)
+
+    def check_patch_combination(self) -> None:
+        """ValueError when DistriFusion is combined with an axis it does not compose with (it runs beside cfg
+        and dp only, as in xDiT): every rank holds every layer and one patch, and the other axes would split
+        the layers, heads or patch again."""
+        if self.distrifusion == 1:
+            return
+        others = [f"--{axis} {getattr(self, axis)}" for axis in ("pp", "ring", "ulysses", "tp") if getattr(self, axis) > 1]
+        if self.fsdp:
+            others.append("--fsdp")
+        if others:
+            raise ValueError(
+                f"--distrifusion {self.distrifusion} does not compose with {', '.join(others)}: DistriFusion keeps "
+                "every layer whole on every rank and gives each rank one patch; combine it with --cfg and --dp only, "
+                "or use --ulysses / --ring (exact sequence parallel) for these ranks instead"
+            )
 
     def validate(self, *, world_size: int, num_heads: int, uses_cfg: bool) -> None:
         """Raise ValueError naming the bad value and a layout that would work."""
@@ -201,6 +221,7 @@ class ParallelDims:
                 f"{num_heads} attention heads (each tp rank keeps heads/tp, and Ulysses scatters those); with "
                 f"--ulysses {self.ulysses} use --tp one of {fits}, or move ranks to --ring or --dp"
             )
+        self.check_patch_combination()
         if self.cfg not in (1, 2):
             raise ValueError(f"--cfg {self.cfg}: CFG parallel splits two branches, so it is 1 or 2")
         if self.cfg == 2 and not uses_cfg:

@@ -26,6 +26,10 @@ from genbatch.parallel.attention.route import ProcessorRoutes, restore_processor
 from genbatch.parallel.attention.strategy import AttentionStrategy, make_strategy
 from genbatch.parallel.plans import sequence_plan
 
+SEQUENCE_PARALLEL = "_genbatch_sequence_parallel"
+"""The attribute under which a sequence-parallel model carries its `SequenceParallel` (read by the job-level
+sessions that set state on its strategies: `genbatch.parallel.patch.session`)."""
+
 __all__ = ["SequenceGroup", "SequenceParallel"]
 
 
@@ -76,6 +80,10 @@ class SequenceParallel:
         self.handles = []
         self.routed: list[tuple[torch.nn.Module, object]] = []
         self.routes = ProcessorRoutes(type(model).__name__)
+        self.strategies: dict[str, AttentionStrategy] = {}
+        """The strategies the routed modules attend with, by name (a job's stale-K/V state is set on them)."""
+        self.model = model
+        setattr(model, SEQUENCE_PARALLEL, self)
         named = list(model.named_modules())
         for key, spec in cp_plan.items():
             targets = [(name, module) for name, module in named if fnmatch.fnmatchcase(name, key)]
@@ -89,7 +97,7 @@ class SequenceParallel:
         attention = self.plan.attention_modules(model)
         if not attention:
             raise ValueError(f"no attention module of {type(model).__name__} matches {self.plan.attention}")
-        strategies: dict[str, AttentionStrategy] = {}
+        strategies: dict[str, AttentionStrategy] = self.strategies
         routes: dict[tuple, _Route] = {}
         for name, module, streams, planned in attention:
             chosen = strategy or planned
@@ -101,6 +109,8 @@ class SequenceParallel:
             self._route(name, module, key, routes[key])
 
     def remove(self) -> None:
+        if getattr(self.model, SEQUENCE_PARALLEL, None) is self:
+            delattr(self.model, SEQUENCE_PARALLEL)
         for handle in self.handles:
             handle.remove()
         self.handles.clear()

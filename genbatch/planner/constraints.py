@@ -23,6 +23,8 @@ class LayoutConstraints:
     """Data-parallel groups."""
     cfg: int | None = None
     """CFG parallel degree (1 or 2)."""
+    distrifusion: int | None = None
+    """DistriFusion patches."""
     pp: int | None = None
     """PipeFusion stages."""
     ring: int | None = None

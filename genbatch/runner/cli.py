@@ -63,6 +63,9 @@ def _layout_options(command):
               help="tp: split each text encoder over the job group (heads, MLP columns); fsdp: shard it with FSDP "
                    "(needs --fsdp); replicate: whole on every rank; auto: fsdp under --fsdp, else tp for encoders "
                    "at least 4096 wide (T5-XXL, UMT5-XXL), replicate for narrower ones.")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=None, metavar="W",
+              help="With --distrifusion: the synchronous (exact) steps at the start of each job, and again after a "
+                   "resume [default: 4].")
 @kernel_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the manifest and output filesystems (repeatable).")
@@ -116,6 +119,10 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             if options["cache"] not in (None, "none") and options["pp"] > 1:
                 raise ValueError(f"--cache {options['cache']} with --pp {options['pp']}: step caching does not "
                                  "run with PipeFusion stages; use --cache none or --pp 1")
+            if options["cache"] not in (None, "none") and options["distrifusion"] > 1:
+                raise ValueError(f"--cache {options['cache']} with --distrifusion {options['distrifusion']}: step "
+                                 "caching does not run with stale K/V (a skipped step would leave the buffers a "
+                                 "step further behind); use --cache none or --distrifusion 1")
             if (options["cache"] or "").startswith("taylorseer") and options["compile"]:
                 raise ValueError(f"--cache {options['cache']} with --compile: TaylorSeer's hooks would sit inside "
                                  "the compiled blocks; drop --compile, or use --cache fbc:THRESHOLD")
@@ -127,7 +134,8 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             model=options["model"],
             overrides=overrides_from_options(options),
             storage_options=storage_options_from(storage_option),
-            dp=options["dp"], cfg=options["cfg"], pp=options["pp"], ring=options["ring"], ulysses=options["ulysses"],
+            dp=options["dp"], cfg=options["cfg"], distrifusion=options["distrifusion"],
+            warmup_steps=options["warmup_steps"], pp=options["pp"], ring=options["ring"], ulysses=options["ulysses"],
             tp=options["tp"], fsdp=options["fsdp"], layout=options["layout"],
             profile=options["profile"], dtype=options["dtype"], backend=options["backend"],
             collective_timeout=options["collective_timeout"], download=options["download"], share=share_value,

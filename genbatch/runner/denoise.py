@@ -2,7 +2,7 @@
 
     for each remaining timestep:
         predict this rank's guidance branches   (sequence parallel happens inside the transformer; each
-                                                 branch in its own step-cache context)
+                                                 branch in its own step-cache and stale-K/V context)
         exchange branch predictions             (CFG parallel: one exchange of the prediction per step)
         combine, scheduler.step                  -> new latents (identical on every rank of the group)
         time the step                            (with the step cache's skipped count, when caching)
@@ -23,6 +23,7 @@ from genbatch.models.hooks import Conditioning, Family, Trajectory
 from genbatch.parallel.cache.session import StepCache
 from genbatch.parallel.cfg import BranchExchange
 from genbatch.parallel.comm import Comm
+from genbatch.parallel.patch.session import StaleSession
 from genbatch.runner.timing import JobTimer
 
 
@@ -54,9 +55,11 @@ def denoise(
     step_extra: Callable[[], dict] | None = None,
     cache: StepCache | None = None,
     cfg: Comm | None = None,
+    stale: StaleSession | None = None,
 ) -> DenoiseResult:
     """Run the denoising steps from `start_step` (0, or a checkpoint's `steps_done`). `cache`: the job's step
-    cache (None: none); `cfg`: the cfg group it sums its per-step count over under CFG parallel."""
+    cache (None: none); `cfg`: the cfg group it sums its per-step count over under CFG parallel; `stale`: the
+    job's stale-K/V session (None: exact attention)."""
     latents = trajectory.latents if latents is None else latents
     names = list(conditioning.branches)
     timesteps = trajectory.timesteps
@@ -67,7 +70,8 @@ def denoise(
         local = exchange.local_branches(names)
         predictions = {}
         for name in local:
-            with cache.branch(name, index) if cache is not None else nullcontext():
+            with (cache.branch(name, index) if cache is not None else nullcontext(),
+                  stale.branch(name, index) if stale is not None else nullcontext()):
                 predictions[name] = family.predict(pipe, trajectory, latents, t, index, conditioning.branches[name])
         predictions = exchange.complete(predictions, names)
         noise = family.combine(predictions, conditioning.guidance_scale, t)

@@ -29,6 +29,8 @@ from genbatch.parallel.cache.session import SKIPPED, StepCache
 from genbatch.parallel.cfg import BranchExchange
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.context import ParallelContext
+from genbatch.parallel.patch.config import EXACT, StaleConfig, label
+from genbatch.parallel.patch.session import StaleSession
 from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
 from genbatch.runner.decode import Decoder
@@ -81,9 +83,11 @@ class JobResult:
     """This rank's timing rows for the job."""
 
 
-def fingerprint(job: JobSpec) -> dict:
-    """The settings a checkpoint must match to be resumed (a changed row restarts the job)."""
+def fingerprint(job: JobSpec, approximation: str = EXACT) -> dict:
+    """The settings a checkpoint must match to be resumed (a changed row, or a run under another attention
+    approximation, `genbatch.parallel.patch.config.label`, restarts the job)."""
     return {
+        "approximation": approximation,
         "model": job.model,
         "seed": job.seed,
         "width": job.width,
@@ -114,6 +118,13 @@ class JobExecutor:
     at start-up, since it may create a process group)."""
     last_cache: StepCache | None = None
     """The step cache of the last job this rank denoised (its hooks removed; its indicators kept)."""
+    stale: StaleConfig | None = None
+    """The run's stale-K/V attention (`--distrifusion`; None: exact)."""
+    resync_steps: frozenset[int] = frozenset()
+    """Steps that run synchronously under `stale` besides each job's warm-up (the uninterrupted reference of a
+    resumed job, whose resume re-warmed at these steps)."""
+    last_stale_bytes: int = 0
+    """The most stale K/V bytes this rank's buffers held at once in the last job it denoised."""
 
     def __post_init__(self) -> None:
         if self.cache_group is None:
@@ -129,7 +140,7 @@ class JobExecutor:
         if payload is None:
             return None
         checkpoint = DenoiseCheckpoint.from_bytes(payload)
-        if checkpoint.fingerprint != fingerprint(job):
+        if checkpoint.fingerprint != fingerprint(job, label(self.stale)):
             return None  # the row changed since the checkpoint was taken: start over
         return checkpoint
 
@@ -143,7 +154,7 @@ class JobExecutor:
             return
         checkpoint = DenoiseCheckpoint(
             job_id=job.id,
-            fingerprint=fingerprint(job),
+            fingerprint=fingerprint(job, label(self.stale)),
             steps_done=steps_done,
             latents=latents.detach().to("cpu", copy=True),
             scheduler=scheduler_state(model.pipe.scheduler),
@@ -199,15 +210,20 @@ class JobExecutor:
             # a resumed job starts with an empty cache: its first step computes in full
             cache = StepCache.start(pipe, model.spec, parse_cache(job.cache), self.cache_group,
                                     steps=len(trajectory.timesteps))
+            # a resumed job's K/V buffers start empty too: it re-warms for the warm-up steps
+            stale = StaleSession.start(pipe, model.spec, self.stale, extra_sync=self.resync_steps)
             try:
                 result = denoise(
                     family, pipe, trajectory, conditioning,
                     timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
                     after_step=after_step, step_extra=self._step_extra, cache=cache, cfg=self.ctx.cfg,
+                    stale=stale,
                 )
             finally:
                 cache.close()
                 self.last_cache = cache
+                self.last_stale_bytes = stale.peak_bytes()
+                stale.close()
             if result.stopped:
                 raise JobInterrupted(f"job {job.id} stopped after step {result.steps_done}")
             if not torch.isfinite(result.latents).all():
@@ -242,7 +258,7 @@ class JobExecutor:
             self.store.append_timings(self._timing_rows(timer, job))
             raise
         record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank,
-                  "vae_decode": self.decoder.last_mode}
+                  "vae_decode": self.decoder.last_mode, "attention_approximation": label(self.stale)}
         if not self.ctx.is_leader:
             return JobResult(record=record, timings=self._timing_rows(timer, job))
         with timer.stage("encode_media"):

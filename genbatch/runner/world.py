@@ -21,6 +21,7 @@ from genbatch.models import family, resolve_model
 from genbatch.parallel.attention.local import KERNELS, check_kernel
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
+from genbatch.parallel.patch.config import stale_config
 from genbatch.parallel.teardown import leave_process_group
 from genbatch.runner.decode import mode_problem
 from genbatch.runner.loading import (
@@ -82,6 +83,8 @@ class World:
     vae_decode: str = "auto"
     """`--vae-decode`: how each job's VAE decodes (`genbatch.runner.decode`), checked against every model at
     start-up."""
+    stale: object = None
+    """The run's `genbatch.parallel.patch.config.StaleConfig` (None: exact attention)."""
 
     @property
     def attention(self) -> str:
@@ -228,6 +231,7 @@ class World:
             stop=stop if stop is not None else StopRequest().install(),
             checkpoints=options.checkpoints,
             run_id=run_id,
+            stale=self.stale,
         )
 
     def load_pipeline(self, spec):
@@ -283,10 +287,13 @@ def start_world(options, stop=None) -> World:
             dims = auto_dims(options.model, world_size, device, profile=options.profile, decode=options.vae_decode)
         else:
             dims = ParallelDims.infer(
-                world_size, dp=options.dp, cfg=options.cfg, pp=options.pp, ring=options.ring,
+                world_size, dp=options.dp, cfg=options.cfg, distrifusion=options.distrifusion, pp=options.pp,
+                ring=options.ring,
                 ulysses=options.ulysses, tp=options.tp, fsdp=options.fsdp,
             )
         dims.check_runnable()  # however the layout was chosen, an axis the runner lacks stops the run here
+        dims.check_patch_combination()
+        stale = stale_config(dims.distrifusion, options.warmup_steps)
         if dims.world_size != world_size:
             raise ValueError(
                 f"{dims.describe()} = {dims.world_size} ranks, but {world_size} processes were started; leave --dp "
@@ -300,4 +307,4 @@ def start_world(options, stop=None) -> World:
     return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop,
                  compile=options.compile_config(), attention_kernel=options.attention,
                  text_encoder_parallel=options.text_encoder_parallel,
-                 vae_decode=options.vae_decode)
+                 vae_decode=options.vae_decode, stale=stale)

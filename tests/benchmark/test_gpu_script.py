@@ -9,10 +9,13 @@ import os
 import subprocess
 import tarfile
 
+import pytest
+
 from genbatch.benchmark.suites import SUITES
 from tests.support.runs import REPO
 
 
+@pytest.mark.slow  # the whole GPU script on the CPU, every case: a minute and a half
 def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
     archive = tmp_path.parent / f"{tmp_path.name}-results.tar.gz"  # packed at exit, for copying back
     env = {**os.environ, "GENBATCH_BENCH_RESULTS": str(tmp_path), "OMP_NUM_THREADS": "1",

@@ -1,0 +1,74 @@
+"""The patch-parallel attention strategy over stale K/V, registered beside `exact` as `distrifusion`.
+
+Each rank holds one patch of every split stream (the sequence plan's split points, over the distrifusion
+axis) and computes q, k, v for it. With a job's `StaleState` set (`StaleSession`), by the state's method:
+
+    synchronous forward    all-gather this call's K/V, attend to all of it (exact), keep it
+    distrifusion           attend to the kept K/V of the step before with this rank's own slot fresh, and
+                           start the all-gather of the fresh K/V, which the same call of the next step waits
+                           for: the gather overlaps a whole step of compute
+    naive_patch            attend to this patch's own keys only (no K/V exchange): the baseline
+                           DistriFusion's error is measured against
+
+Without a state (a forward outside a job) every call is exact. The K/V travel as one (s_rank, 2, b, h, d)
+tensor per call, counted as `stale_kv` in the ledger. The calls hold Python state, so under `--compile` each
+call is left to eager (`torch.compiler.disable`) and the rest of the block compiles around it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from genbatch.parallel.attention.group import SequenceGroup
+from genbatch.parallel.attention.local import local_attention
+from genbatch.parallel.attention.strategy import register_strategy
+from genbatch.parallel.patch.config import DISTRIFUSION, NAIVE_PATCH
+from genbatch.parallel.patch.state import StaleState
+
+
+def _packed(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    # 2 x (b, s_rank, h, d) -> (2, b, s_rank, h, d) -> (s_rank, 2, b, h, d): gathered along the tokens
+    return torch.stack((k, v)).movedim(2, 0).contiguous()
+
+
+def _unpacked(pieces: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    # p x (s_r, 2, b, h, d) -> (S, 2, b, h, d) -> (2, b, S, h, d): keys and values in patch-rank order
+    packed = torch.cat(pieces, dim=0).movedim(0, 2)
+    return packed[0], packed[1]
+
+
+@register_strategy(DISTRIFUSION)
+class StalePatchAttention:
+    name = DISTRIFUSION
+
+    def __init__(self, group: SequenceGroup):
+        self.group = group
+        self.state: StaleState | None = None
+        """The running job's state (None: no job, every call exact)."""
+
+    def _attend(self, q, k, v, key_mask, scale):
+        return local_attention(q, k, v, scale=scale, backend=self.group.kernel, key_mask=key_mask)[0]
+
+    @torch.compiler.disable
+    def attend(self, q, k, v, *, site, layout, key_mask, scale):
+        """This rank's patch q, k, v (b, s_rank, h, d) -> its patch of the output (b, s_rank, h, d)."""
+        comm, state = self.group.sp, self.state
+        lengths = list(layout.lengths)
+        key, sync = state.call() if state is not None else (None, True)
+        if sync:
+            gather = comm.start_all_gather_uneven(_packed(k, v), lengths, kind="stale_kv")
+            if state is not None:
+                state.keep(key, gather)
+            keys, values = _unpacked(gather.wait())
+            return self._attend(q, keys, values, key_mask, scale)
+        if state.method == NAIVE_PATCH:
+            if key_mask is not None:  # (b, S) in patch-rank order -> this rank's keys
+                start = layout.offsets[comm.rank]
+                key_mask = key_mask[:, start : start + lengths[comm.rank]]
+            return self._attend(q, k, v, key_mask, scale)
+        pieces = state.buffers[key].wait()  # the step before's K/V of every patch
+        fresh = _packed(k, v)
+        pieces[comm.rank] = fresh
+        state.keep(key, comm.start_all_gather_uneven(fresh, lengths, kind="stale_kv"))
+        keys, values = _unpacked(pieces)
+        return self._attend(q, keys, values, key_mask, scale)
