@@ -98,7 +98,7 @@ def plan_to_dict(plan: Plan) -> dict:
     }
 
 
-_SHORT = {"dp": "dp", "cfg": "cfg", "pp": "pp", "ring": "ring", "ulysses": "uly", "tp": "tp"}
+_SHORT = {"dp": "dp", "cfg": "cfg", "distrifusion": "df", "pp": "pp", "ring": "ring", "ulysses": "uly", "tp": "tp"}
 
 
 def _degree_cells(degrees: dict[str, int]) -> list[str]:

@@ -53,6 +53,17 @@ def test_a_layout_the_runner_lacks_is_built_and_named_but_refused_at_start_up(de
 
 def test_degrees_and_spans_follow_the_mesh_order():
     dims = ParallelDims(dp=2, cfg=2, pp=2, ulysses=4, tp=2)
-    assert dims.degrees() == {"dp": 2, "cfg": 2, "pp": 2, "ring": 1, "ulysses": 4, "tp": 2}
+    assert dims.degrees() == {"dp": 2, "cfg": 2, "distrifusion": 1, "pp": 2, "ring": 1, "ulysses": 4, "tp": 2}
     assert [dims.span(axis) for axis in ("dp", "cfg", "ulysses", "tp")] == [(32, 2), (16, 2), (2, 4), (1, 2)]
     assert dims.sp == 4 and dims.fsdp_size == 1 and ParallelDims(cfg=2, ulysses=4, fsdp=True).fsdp_size == 8
+
+
+@pytest.mark.parametrize("others", [{"ulysses": 2}, {"ring": 2}, {"tp": 2}, {"fsdp": True}],
+                         ids=["ulysses", "ring", "tp", "fsdp"])
+def test_distrifusion_composes_with_cfg_and_dp_only(others):
+    ParallelDims(dp=2, cfg=2, distrifusion=2).validate(world_size=8, num_heads=4, uses_cfg=True)
+    with pytest.raises(ValueError, match=r"--distrifusion 2 does not compose with --(ulysses|ring|tp|fsdp).*--cfg "
+                                         r"and --dp only"):
+        ParallelDims(distrifusion=2, **others).validate(world_size=4 if "fsdp" not in others else 2, num_heads=4,
+                                                        uses_cfg=True)
+    assert ParallelDims.parse("cfg2-distrifusion2").distrifusion == 2

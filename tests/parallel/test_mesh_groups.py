@@ -15,8 +15,8 @@ from tests.support.runs import REPO
 
 
 def test_axes_outermost_first_tp_innermost():
-    assert AXES == ("dp", "cfg", "pp", "ring", "ulysses", "tp")
-    assert RUNNABLE == {"dp", "cfg", "ring", "ulysses", "tp"}
+    assert AXES == ("dp", "cfg", "distrifusion", "pp", "ring", "ulysses", "tp")
+    assert RUNNABLE == {"dp", "cfg", "distrifusion", "ring", "ulysses", "tp"}
 
 
 @pytest.mark.parametrize("name", ["single", "dp2", "cfg2-ulysses2", "dp2-cfg2-ulysses4-fsdp", "ring2-ulysses2-fsdp"])
@@ -44,7 +44,7 @@ def test_coordinates_vary_fastest_on_the_last_axis():
     dims = ParallelDims(dp=2, cfg=2, ring=2, ulysses=2)
     assert coordinates(dims, 0) == dict.fromkeys(AXES, 0)
     assert coordinates(dims, 1)["ulysses"] == 1 and coordinates(dims, 2)["ring"] == 1
-    assert coordinates(dims, 15) == {"dp": 1, "cfg": 1, "pp": 0, "ring": 1, "ulysses": 1, "tp": 0}
+    assert coordinates(dims, 15) == {"dp": 1, "cfg": 1, "distrifusion": 0, "pp": 0, "ring": 1, "ulysses": 1, "tp": 0}
     with pytest.raises(ValueError, match="outside the layout"):
         coordinates(dims, 16)
 

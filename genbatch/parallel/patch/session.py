@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from genbatch.jobs.models import ModelSpec
+from genbatch.models import family
 from genbatch.parallel.patch.config import StaleConfig
 from genbatch.parallel.patch.state import StaleState
 from genbatch.parallel.sequence import SEQUENCE_PARALLEL
@@ -43,12 +44,10 @@ class StaleSession:
               ) -> StaleSession:
         """A fresh state on every denoiser of the pipeline; `extra_sync`: further synchronous steps (the
         reference of a resumed run: the steps its resume re-warmed)."""
-        from genbatch.parallel.apply import denoisers
-
         session = cls(config=config)
         if config is None:
             return session
-        for name in denoisers(spec):
+        for name in family(spec.family).denoisers:
             model = getattr(pipe, name, None)
             strategies = patch_strategies(model) if model is not None else []
             if not strategies:
