@@ -22,6 +22,8 @@ from genbatch.parallel.attention.local import KERNELS, check_kernel
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.patch.config import stale_config
+from genbatch.parallel.apply import TEXT_ENCODERS
+from genbatch.parallel.tensor.encoders import check_splits
 from genbatch.parallel.teardown import leave_process_group
 from genbatch.runner.decode import mode_problem
 from genbatch.runner.loading import (
@@ -33,6 +35,7 @@ from genbatch.runner.loading import (
     load_tensor_parallel_pipeline,
 )
 from genbatch.runner.presets import PRESETS
+from genbatch.runner.stale_rows import device_memory_bytes, reject_unfit
 
 
 class UsageError(ValueError):
@@ -131,6 +134,9 @@ class World:
                 loaded = read_jobs(options.manifest, overrides=options.row_defaults(),
                                    storage_options=options.storage_options)
                 self._validate_layout(loaded.jobs.models())
+                loaded.jobs, unfit = reject_unfit(loaded.jobs, self.ctx.dims, device_memory_bytes(self.ctx.device),
+                                                  torch.finfo(self.dtype).bits // 8)
+                loaded.rejected.extend(unfit)
                 return None
             except (ManifestFileError, UsageError, FileNotFoundError) as error:
                 return f"genbatch: {error}"
@@ -212,6 +218,11 @@ class World:
             problem = mode_problem(self.vae_decode, spec)
             if problem is not None:
                 raise UsageError(f"model {name}: {problem}")
+            try:
+                check_splits(spec.path, TEXT_ENCODERS, self.text_encoder_parallel, self.ctx.group.size,
+                             fsdp=self.ctx.dims.fsdp)
+            except ValueError as error:
+                raise UsageError(f"model {name}: {error}") from None
 
     def executor(self, options, store, writer, run_id: str, stop=None):
         """The job executor of this rank; `stop` is the run's installed StopRequest (a new one if None)."""

@@ -81,15 +81,42 @@ def _resume_on_rank(rank, world_size, out, steps, every, warmup):
         timer = JobTimer(world.ctx.device)
         resumed = executor.denoise(first, timer)  # a new session: resumes at `every`
         timed = [row["step"] for row in timer.rows() if row["stage"] == "denoise_step"]
+        executor.stale = StaleConfig(method=DISTRIFUSION, patches=2, warmup_steps=warmup + 1)
+        executor.denoise(first, JobTimer(world.ctx.device))  # checkpoints again after step `every`
+        executor.writer.flush()
+        executor.stale = stale
+        timer = JobTimer(world.ctx.device)
+        executor.denoise(first, timer)  # that checkpoint was made under another warm-up: starts over
+        restarted = [row["step"] for row in timer.rows() if row["stage"] == "denoise_step"]
     plain = _latents(f"{out}/plain", {"distrifusion": 2}, "tiny-wan", stale, (3,), steps)["latents"][3]
     rewarmed = range(every, every + warmup)
     reference = _latents(f"{out}/reference", {"distrifusion": 2}, "tiny-wan", stale, (3,), steps,
                          resync=rewarmed)["latents"][3]
-    return {"checkpointed": checkpointed, "plain": plain, "resumed": resumed, "reference": reference, "timed": timed}
+    return {"checkpointed": checkpointed, "plain": plain, "resumed": resumed, "reference": reference, "timed": timed,
+            "restarted": restarted}
 
 
 def test_a_resumed_job_rewarms_and_equals_the_run_synchronous_at_those_steps(tmp_path):
     for result in run_on_ranks(_resume_on_rank, 2, args=(str(tmp_path), 6, 3, 2), timeout_s=30):
-        assert result["timed"] == [3, 4, 5]  # the second run resumed after step 3        assert torch.equal(result["checkpointed"], result["plain"])  # a periodic checkpoint changes nothing
+        assert result["timed"] == [3, 4, 5]  # the second run resumed after step 3
+        assert result["restarted"] == list(range(6))  # a changed approximation setting restarts the job        assert torch.equal(result["checkpointed"], result["plain"])  # a periodic checkpoint changes nothing
         torch.testing.assert_close(result["resumed"], result["reference"], rtol=0, atol=1e-5)
         assert (result["resumed"] - result["plain"]).abs().max() > 1e-6  # the re-warm steps did differ
+
+
+def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(tmp_path):
+    from genbatch.models import resolve_model
+
+    preset, steps = "tiny-wan", 3
+    stale = StaleConfig(method=DISTRIFUSION, patches=2, warmup_steps=1)
+    spec, sized = resolve_model(preset), job(preset)
+    tokens, width, layers = spec.tokens(sized.width, sized.height, sized.num_frames), spec.hidden_size, spec.num_layers
+    branches, value = 2, 4  # both CFG branches on each rank, fp32
+    for result in _distributed(tmp_path, preset, stale, steps=steps):
+        # every layer's K and V of this rank's N/P tokens, to the P-1 others, per branch, every step
+        sent = 2 * (tokens // 2) * width * (2 - 1) * layers * branches * value
+        for row in result["bytes"]:
+            assert abs(row["bytes_stale_kv"] - sent) <= 0.05 * sent, (row, sent)
+        # kept: the K and V of all N tokens for every layer, per branch (2 x N x d x L)
+        kept = 2 * tokens * width * layers * branches * value
+        assert abs(result["stale_bytes"] - kept) <= 0.05 * kept, (result["stale_bytes"], kept)
