@@ -195,9 +195,12 @@ class TransformerPlan:
     """Module name globs, matched part by part (`blocks.*` is each block, not its submodules), whose `forward`
     `--compile` compiles one unit each (`genbatch.parallel.compile`): the repeated blocks. Empty: the class is
     not compiled."""
-    stage_boundaries: tuple[int, ...] = ()
-    """Indices into the repeated blocks where pipeline stages may start. Filled by the PipeFusion work;
-    empty now."""
+    carried: tuple[str, ...] = ()
+    """PipeFusion: what one repeated block hands the next, in the order of its output (a tensor: one name; a
+    tuple: one name per item), each the name of the next block's input it becomes: `("hidden_states",)` for
+    Wan, `("encoder_hidden_states", "hidden_states")` for the MMDiT blocks. A stage sends these after its last
+    block and the next stage puts them in place of its first block's inputs. Empty: no pipeline stages for
+    this class (`--pipefusion` above 1 exits 2)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -180,6 +180,7 @@ FAMILY = ModelFamily(
             tensor_plan=TENSOR_PLAN,
             # diffusers' _repeated_blocks: FluxTransformerBlock, FluxSingleTransformerBlock
             compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
+            carried=("encoder_hidden_states", "hidden_states"),  # both block kinds return the two streams
         ),
     },
     text_encoders={"CLIPTextModel": CLIP_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},

@@ -176,6 +176,7 @@ FAMILY = ModelFamily(
             # genbatch's own: diffusers declares no _repeated_blocks for SD3 (the last block, context_pre_only,
             # and SD3.5's dual-attention blocks are the same class and compile as their own graphs)
             compile_units=("transformer_blocks.*",),
+            carried=("encoder_hidden_states", "hidden_states"),
         ),
     },
     text_encoders={"CLIPTextModelWithProjection": CLIP_TEXT_ENCODER_WITH_PROJECTION, "T5EncoderModel": T5_ENCODER},

@@ -182,6 +182,7 @@ FAMILY = ModelFamily(
             sequence=SequenceSplits(),  # diffusers' own _cp_plan
             tensor_plan=TENSOR_PLAN,
             compile_units=("blocks.*",),  # diffusers' _repeated_blocks: WanTransformerBlock
+            carried=("hidden_states",),
         ),
     },
     denoisers=("transformer", "transformer_2"),  # Wan 2.2: a second expert below the boundary timestep

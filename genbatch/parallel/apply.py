@@ -135,6 +135,28 @@ def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, attenti
     return [SequenceParallel(model, group, strategy) for _, model in _components(pipe, denoisers(spec))]
 
 
+def apply_stage_split(pipe, spec: ModelSpec, ctx: ParallelContext) -> list[tuple[torch.nn.Module, object, list]]:
+    """Cut each denoiser's repeated blocks into the pp stages, keeping this rank's (nothing at pp 1); returns
+    (model, plan, kept blocks) for `link_stages`."""
+    if ctx.dims.pp == 1:
+        return []
+    from genbatch.parallel.pipeline.stages import cut_stages
+
+    plans, cut = family(spec.family), []
+    for _, model in _components(pipe, denoisers(spec)):
+        plan = plans.transformer_plan(type(model).__name__)
+        cut.append((model, plan, cut_stages(model, plan, ctx.pp_comm.rank, ctx.dims.pp)))
+    return cut
+
+
+def link_stages(stages: list[tuple[torch.nn.Module, object, list]], ctx: ParallelContext) -> None:
+    """Join the cut denoisers' stages point to point over the pp group."""
+    from genbatch.parallel.pipeline.stages import StageLink
+
+    for model, plan, blocks in stages:
+        StageLink(model, plan, blocks, ctx.pp_comm)
+
+
 def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileConfig) -> None:
     """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph, under
     distrifusion > 1 the stale-K/V attention call (it keeps Python state per job)."""
@@ -150,14 +172,17 @@ def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileCon
     `compile`: how step 4 compiles (None: not at all); `attention`: the local attention backend
     (`genbatch.parallel.attention.local.BACKENDS`, checked at start-up) for step 2; `text_encoders`:
     `--text-encoder-parallel` (`genbatch.parallel.tensor.encoders.MODES`)."""
-    # 1. stage split (pp): cut the denoisers' repeated blocks at the family's `stage_boundaries`; pp > 1
-    #    is refused at start-up until PipeFusion lands (`parallel.axes`), so there is nothing to cut yet
+    # 1. stage split (pp): each rank keeps its stage's share of the denoisers' repeated blocks
+    stages = apply_stage_split(pipe, spec, ctx)
     # 2. tensor-parallel plans, then the sequence-parallel plans (the attention kernel first: sequence
     #    parallel routes over the processors it set; the attention modules already count heads/tp)
     apply_tensor_parallel(pipe, spec, ctx)
     apply_text_encoder_parallel(pipe, spec, ctx, text_encoders)
     apply_attention_kernel(pipe, spec, attention)
     apply_sequence_parallel(pipe, spec, ctx, attention)
+    #    the stages' point-to-point joins go on after the split hooks: a stage's first block takes the received
+    #    activations in place of the inputs the split hooks cut (those of the stage's own embeddings)
+    link_stages(stages, ctx)
     # 3. cache hooks: per job, around the compiled blocks (`parallel.cache.StepCache`), not here
     # 4. compile the family's compile units
     if compile is not None:

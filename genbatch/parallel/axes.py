@@ -36,7 +36,7 @@ _AXES = (
     Axis(name="distrifusion", what="DistriFusion: one patch per rank, every layer's K/V all-gathered a step late",
          runnable=True),
     Axis(name="pp", what="PipeFusion stages: layers split into stages, patches streamed through them",
-         runnable=False),
+         runnable=True),
     Axis(name="ring", what="Ring attention: K/V blocks passed around a ring", runnable=True),
     Axis(name="ulysses", what="Ulysses: heads exchanged by all-to-all", runnable=True),
     Axis(name="tp", what="tensor parallel: weights split by heads and MLP columns", runnable=True),

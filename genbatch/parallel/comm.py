@@ -25,7 +25,7 @@ import torch
 import torch.distributed as dist
 
 
-KINDS = ("all_to_all", "p2p", "all_gather", "sp_gather", "sp_mask", "stale_kv", "cfg_exchange", "fsdp_all_gather", "broadcast",
+KINDS = ("all_to_all", "p2p", "all_gather", "sp_gather", "sp_mask", "stale_kv", "pp_activation", "pp_text", "pp_latent", "cfg_exchange", "fsdp_all_gather", "broadcast",
          "all_reduce", "tp_all_reduce", "tp_all_gather", "tp_norm", "control")
 """The ledger's kinds, present from the start (a new one may still appear)."""
 

@@ -41,6 +41,8 @@ class ParallelContext:
     sp: Comm
     distrifusion: Comm | None = None
     """The DistriFusion patch ranks; None stands for this rank alone (`patch_comm`)."""
+    pp: Comm | None = None
+    """The PipeFusion stages, in stage order; None stands for this rank alone (`pp_comm`)."""
     ring: Comm
     ulysses: Comm
     tp: Comm | None = None
@@ -61,6 +63,11 @@ class ParallelContext:
     def patch_comm(self) -> Comm:
         """The distrifusion group's `Comm` (this rank alone when there is none)."""
         return self.distrifusion if self.distrifusion is not None else Comm(None, self.ledger)
+
+    @property
+    def pp_comm(self) -> Comm:
+        """The pp group's `Comm` (this rank alone when there is none)."""
+        return self.pp if self.pp is not None else Comm(None, self.ledger)
 
     @property
     def tp_comm(self) -> Comm:
@@ -109,6 +116,7 @@ def build_context(dims: ParallelDims, device: torch.device) -> ParallelContext:
         group=comm(group_mesh),
         cfg=comm(mesh["cfg"]),
         distrifusion=comm(mesh["distrifusion"]),
+        pp=comm(mesh["pp"]),
         sp=comm(sp_mesh),
         ring=comm(mesh["ring"]),
         ulysses=comm(mesh["ulysses"]),

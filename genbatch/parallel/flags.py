@@ -19,6 +19,7 @@ from genbatch.parallel.axes import AXES, AXIS, RUNNABLE
 _RUN_HELP = {
     "dp": "Data-parallel groups (default: the rest of the world).",
     "cfg": "CFG parallel: 2 runs the two guidance branches on different ranks.",
+    "pp": "PipeFusion stages: the layers split over P ranks, patches of the latent streamed through them.",
     "ring": "Ring-attention degree.",
     "ulysses": "Ulysses degree (must divide the head count).",
     "tp": "Tensor-parallel degree: heads and MLP columns split over consecutive ranks (ulysses x tp must divide "
@@ -35,16 +36,24 @@ def _degree_type(axis: str) -> click.ParamType:
     return click.IntRange(1, 2) if axis == "cfg" else click.IntRange(min=1)
 
 
+_ALIASES = {"pp": ("--pipefusion",)}
+"""Further spellings of an axis's flag: `--pipefusion P` sets the pp degree."""
+
+
+def _names(axis: str) -> tuple[str, ...]:
+    return (f"--{axis}", *_ALIASES.get(axis, ()), axis)
+
+
 def _degree_option(axis: str, constraints: bool):
     if constraints:
-        return click.option(f"--{axis}", type=_degree_type(axis), default=None,
+        return click.option(*_names(axis), type=_degree_type(axis), default=None,
                             help=f"Rank only layouts with this {axis} degree ({AXIS[axis].what}).")
     if axis == "dp":
         return click.option("--dp", type=_degree_type(axis), help=_RUN_HELP["dp"])
     help_text = _RUN_HELP.get(axis) or f"{AXIS[axis].what[0].upper()}{AXIS[axis].what[1:]}."
     if axis not in RUNNABLE:
         help_text += " Not implemented yet: only 1 runs."
-    return click.option(f"--{axis}", type=_degree_type(axis), default=1, show_default=True, help=help_text)
+    return click.option(*_names(axis), type=_degree_type(axis), default=1, show_default=True, help=help_text)
 
 
 def layout_options(*, constraints: bool):

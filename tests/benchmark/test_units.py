@@ -20,15 +20,15 @@ def test_layout_names_round_trip_and_flags():
                    ParallelDims(dp=2, cfg=2, ring=2, ulysses=2, fsdp=True)):
         assert parse_layout(layout_name(layout)) == layout
     assert layout_name(ParallelDims(cfg=2, ulysses=2)) == "cfg2-ulysses2" and layout_name(ParallelDims()) == "single"
-    assert run_args(ParallelDims(ulysses=2)) == ["--dp", "1", "--cfg", "1", "--ring", "1", "--ulysses", "2",
-                                                 "--tp", "1", "--no-fsdp", "--nproc", "2"]
+    assert run_args(ParallelDims(ulysses=2)) == ["--dp", "1", "--cfg", "1", "--distrifusion", "1", "--pp", "1",
+                                                 "--ring", "1", "--ulysses", "2", "--tp", "1", "--no-fsdp",
+                                                 "--nproc", "2"]
     assert "--nproc" not in run_args(ParallelDims(fsdp=True))
     assert parse_layouts("single, dp2,single") == [ParallelDims(), ParallelDims(dp=2)]
     for bad in ("dp0", "ulysses", "sp2", "dp2-dp2"):
         with pytest.raises(ValueError, match="e.g. single, dp2"):
             parse_layout(bad)
-    with pytest.raises(ValueError, match="--pp 2 .*not implemented"):  # read, and refused by the runner's registry
-        parse_layout("pp2")
+    assert parse_layout("pp2") == ParallelDims(pp=2)
     assert run_args(parse_layout("ulysses2-tp2"))[-5:] == ["--tp", "2", "--no-fsdp", "--nproc", "4"]
     with pytest.raises(ValueError, match="names no layout"):
         parse_layouts(" , ")

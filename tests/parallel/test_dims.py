@@ -40,7 +40,10 @@ def test_non_positive_degrees():
 
 @pytest.mark.parametrize(("degrees", "named"), [({"pp": 2, "tp": 2}, r"--pp 2 \(PipeFusion"),
                                                 ({"pp": 4, "ulysses": 2}, r"--pp 4 \(PipeFusion")])
-def test_a_layout_the_runner_lacks_is_built_and_named_but_refused_at_start_up(degrees, named):
+def test_a_layout_the_runner_lacks_is_built_and_named_but_refused_at_start_up(degrees, named, monkeypatch):
+    from genbatch.parallel import axes
+
+    monkeypatch.setattr(axes, "RUNNABLE", axes.RUNNABLE - {"pp"})  # an axis the registry does not mark runnable
     dims = ParallelDims(dp=2, **degrees)  # the planner estimates such layouts: the type holds them
     assert ParallelDims.parse(dims.name) == dims and dims.world_size == 2 * dims.group_size
     assert dims.unrunnable_axes == ("pp",)

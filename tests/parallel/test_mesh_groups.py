@@ -16,7 +16,7 @@ from tests.support.runs import REPO
 
 def test_axes_outermost_first_tp_innermost():
     assert AXES == ("dp", "cfg", "distrifusion", "pp", "ring", "ulysses", "tp")
-    assert RUNNABLE == {"dp", "cfg", "distrifusion", "ring", "ulysses", "tp"}
+    assert RUNNABLE == set(AXES)
 
 
 @pytest.mark.parametrize("name", ["single", "dp2", "cfg2-ulysses2", "dp2-cfg2-ulysses4-fsdp", "ring2-ulysses2-fsdp"])
@@ -33,7 +33,10 @@ def test_layout_name_lists_degrees_outermost_first():
 
 
 @pytest.mark.parametrize(("axis", "what"), [("pp", "PipeFusion")])
-def test_an_axis_not_implemented_is_rejected_at_start_up(axis, what):
+def test_an_axis_not_implemented_is_rejected_at_start_up(axis, what, monkeypatch):
+    from genbatch.parallel import axes
+
+    monkeypatch.setattr(axes, "RUNNABLE", axes.RUNNABLE - {axis})  # as the registry marks an axis not built yet
     with pytest.raises(ValueError, match=rf"--{axis} 2 \({what}.*not implemented.*set it to 1"):
         ParallelDims.infer(4, **{axis: 2})
     with pytest.raises(ValueError, match="not implemented"):

@@ -1,0 +1,135 @@
+"""PipeFusion's stages: a transformer's repeated blocks cut into `pp` contiguous stages, one per rank of the pp
+axis, joined by point-to-point sends of what one block hands the next.
+
+    cut_stages(model, plan, stage, stages)    each repeated list keeps only this stage's blocks (the rest are
+                                              dropped, and with them their weights)
+    StageLink(model, plan, comm)              after the plans of step 2: the stage's first block takes the
+                                              previous stage's activations in place of its inputs, its last
+                                              block sends its output on, and the model's output (the
+                                              prediction) is broadcast from the last stage to the others
+
+The blocks are counted over every repeated list in forward order (FLUX: its 19 double-stream blocks, then its
+38 single-stream ones) and split as evenly as possible, earlier stages taking one more. Every stage runs the
+model's own forward on the same inputs: its embeddings and per-forward inputs (timestep embedding, rotary
+embedding, text projection) are its own, so only the carried streams (`TransformerPlan.carried`) travel; the
+receiving stage already knows their shapes (its own inputs to that block have them), so nothing else does.
+The modules after the blocks run on every stage; only the last stage's output is the prediction.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+import torch.distributed as dist
+
+from genbatch.models.base import TransformerPlan
+from genbatch.parallel.attention.layout import SequenceLayout
+from genbatch.parallel.comm import Comm
+
+PIPELINE = "_genbatch_pipeline"
+"""The attribute under which a cut model carries its `StageLink`."""
+
+
+def stage_ranges(lengths: dict[str, int], stage: int, stages: int) -> dict[str, tuple[int, int]]:
+    """This stage's blocks of each repeated list, as (start, stop) indices into the list (start == stop: none)."""
+    total = sum(lengths.values())
+    if stages > total:
+        raise ValueError(f"--pipefusion {stages} cuts {total} blocks into more stages than blocks; use at most {total}")
+    layout = SequenceLayout.split(total, stages)
+    first = layout.offsets[stage]
+    last = first + layout.lengths[stage]
+    ranges, offset = {}, 0
+    for name, length in lengths.items():
+        start, stop = min(max(first - offset, 0), length), min(max(last - offset, 0), length)
+        ranges[name] = (start, stop)
+        offset += length
+    return ranges
+
+
+def _lists(model: torch.nn.Module, plan: TransformerPlan) -> dict[str, torch.nn.ModuleList]:
+    return {name: model.get_submodule(name) for name in plan.blocks.repeated}
+
+
+def cut_stages(model: torch.nn.Module, plan: TransformerPlan, stage: int, stages: int) -> list[torch.nn.Module]:
+    """Keep only this stage's blocks in each repeated list; returns them in forward order."""
+    if not plan.carried:
+        raise ValueError(f"{type(model).__name__} has no pipeline plan; run it with --pipefusion 1")
+    lists = _lists(model, plan)
+    ranges = stage_ranges({name: len(blocks) for name, blocks in lists.items()}, stage, stages)
+    kept = []
+    for name, blocks in lists.items():
+        start, stop = ranges[name]
+        owner, _, attribute = name.rpartition(".")
+        parent = model.get_submodule(owner) if owner else model
+        setattr(parent, attribute, torch.nn.ModuleList(list(blocks)[start:stop]))
+        kept.extend(list(blocks)[start:stop])
+    return kept
+
+
+def _input_positions(block: torch.nn.Module, names: tuple[str, ...]) -> dict[str, int]:
+    params = list(inspect.signature(block.forward).parameters)
+    return {name: params.index(name) for name in names if name in params}
+
+
+class StageLink:
+    """The point-to-point joins of one cut model; `remove()` takes the hooks off."""
+
+    def __init__(self, model: torch.nn.Module, plan: TransformerPlan, blocks: list[torch.nn.Module], comm: Comm):
+        self.comm, self.carried = comm, plan.carried
+        self.stage, self.stages = comm.rank, comm.size
+        self.pending: list = []
+        self.handles = []
+        first, last = blocks[0], blocks[-1]
+        if self.stage > 0:
+            positions = _input_positions(first, self.carried)
+            self.handles.append(first.register_forward_pre_hook(self._receiver(positions), with_kwargs=True))
+        if self.stage < self.stages - 1:
+            self.handles.append(last.register_forward_hook(self._send))
+        self.handles.append(model.register_forward_hook(self._return_prediction))
+        setattr(model, PIPELINE, self)
+
+    def _receiver(self, positions: dict[str, int]):
+        def receive(block, args, kwargs):
+            args = list(args)
+            for name in self.carried:
+                where = kwargs if name in kwargs else None
+                like = kwargs[name] if where is not None else args[positions[name]]
+                received = torch.empty_like(like, memory_format=torch.contiguous_format)
+                dist.recv(received, src=self.comm.global_rank(self.stage - 1), group=self.comm.group)
+                if where is not None:
+                    kwargs[name] = received
+                else:
+                    args[positions[name]] = received
+            return tuple(args), kwargs
+
+        return receive
+
+    def _send(self, block, args, output):
+        items = output if isinstance(output, tuple) else (output,)
+        for name, value in zip(self.carried, items, strict=True):
+            value = value.contiguous()
+            self.comm.ledger.add("pp_text" if name == "encoder_hidden_states" else "pp_activation",
+                                 value.numel() * value.element_size())
+            self.pending.append((dist.isend(value, dst=self.comm.global_rank(self.stage + 1), group=self.comm.group),
+                                 value))
+        return output
+
+    def _return_prediction(self, model, args, output):
+        for work, _ in self.pending:  # the sends of this forward's activations are done by now
+            work.wait()
+        self.pending.clear()
+        items = list(output) if isinstance(output, tuple) else [output.sample]
+        prediction = items[0].contiguous()
+        if self.stage == self.stages - 1:
+            self.comm.ledger.add("pp_latent", prediction.numel() * prediction.element_size() * (self.stages - 1))
+        dist.broadcast(prediction, src=self.comm.global_rank(self.stages - 1), group=self.comm.group)
+        if isinstance(output, tuple):
+            return (prediction, *items[1:])
+        output.sample = prediction
+        return output
+
+    def remove(self) -> None:
+        for handle in self.handles:
+            handle.remove()
+        self.handles.clear()
