@@ -9,7 +9,12 @@ Communication per rank per layer, from seed 000 §1's table, over the slowest li
 Ulysses 4(p-1)/p^2 N d (four all-to-alls, not overlapped); Ring 2(p-1)/p N d (K/V passed around the ring,
 overlapped with the attention of the block in hand, plus a fixed cost per round); TP 4(p-1)/p N d (two
 all-reduces, not overlapped); FSDP 2P/L (p-1)/p (the next layer's weights, prefetched under this layer's
-compute); CFG one prediction exchange per step; PipeFusion N d per stage per step (asynchronous).
+compute); CFG one prediction exchange per step; PipeFusion N d per stage per step (asynchronous, in M
+pieces); DistriFusion, each layer, an all-gather of this rank's K and V, 2 (N/p) d to each of the p-1 others,
+hidden under the layer's compute (the larger of the two, plus the overlap tax) except in the synchronous warm-up
+steps (their sum).
+
+The stale-K/V methods' warm-up and asynchronous steps make a job as `stale_time` puts them together.
 """
 
 from __future__ import annotations
@@ -18,10 +23,16 @@ from dataclasses import dataclass, field
 
 from genbatch.planner.hardware import PCIE, Cluster, Link
 from genbatch.parallel.dims import ParallelDims
-from genbatch.planner.layouts import axis_link, link_for_extent
+from genbatch.planner.layouts import axis_link, link_for_extent, token_shards
 from genbatch.planner.memory import choose_decode, memory_per_rank
 from genbatch.planner.vae_memory import decoder_memory
 from genbatch.planner.profile import COLLECTIVE_OF_AXIS, Profile
+from genbatch.planner.stale_time import (
+    DISTRIFUSION_WARMUP_STEPS,
+    PIPEFUSION_WARMUP_STEPS,
+    pipefusion_job_seconds,
+    stale_job_seconds,
+)
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
 # Fitted together by least squares on log time to xDiT's FLUX.1-dev table (seed 000 §1: 1xH100 4.30 s,
@@ -51,8 +62,6 @@ HunyuanVideo 720p 129 frames, 1904 s on one H100 against 337.6 s on eight (peers
 that tells a one-rank decode from the denoise. xDiT decodes it on one rank with diffusers' tiling on; with
 Ulysses 8 the 50 steps take about 239 s, so the ~99 s left is that decode: 7.5 PFLOP (25 MFLOP a pixel and
 frame, framewise tiles overlapping 17/12, 256-pixel tiles every 192) at 7.6% of the peak."""
-PIPEFUSION_WARMUP_STEPS = 1
-"""Synchronous steps before PipeFusion may use stale K/V: xDiT's default `--warmup_steps 1` (seed 003: 1-4)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,7 +69,8 @@ class Estimate:
     """What one layout costs: time, bytes and memory, with the parts that explain them."""
 
     seconds_per_job: float
-    """Wall time of one job: all steps, PipeFusion's warm-up and bubble, and the VAE decode."""
+    """Wall time of one job: all steps, the stale-K/V methods' warm-up (and PipeFusion's bubble), and the VAE
+    decode."""
     seconds_per_step: float
     """Wall time of one steady-state denoising step."""
     compute_s: float
@@ -77,11 +87,12 @@ class Estimate:
     decode_mode: str
     """How the VAE decodes: `parallel` over the job group, `full` or `tiled` on its leader (`memory.choose_decode`)."""
     pipeline_s: float
-    """Per job: PipeFusion's warm-up steps and pipeline bubble beyond steady-state steps."""
+    """Per job: what the synchronous warm-up steps of PipeFusion and DistriFusion, and PipeFusion's pipeline
+    bubble, add beyond steady-state steps."""
     comm_bytes_per_step: float
     """Bytes this rank sends per step, all collectives together."""
     comm_bytes: dict[str, float] = field(default_factory=dict)
-    """Bytes per step by axis: ulysses, ring, tp, fsdp, cfg, pp, sp_gather."""
+    """Bytes per step by axis: ulysses, ring, tp, fsdp, cfg, pp, distrifusion, sp_gather."""
     comm_messages: dict[str, float] = field(default_factory=dict)
     """Collectives (or transfers) per step by axis: each pays its link's latency."""
     links: dict[str, str] = field(default_factory=dict)
@@ -169,7 +180,7 @@ def _flops(layout: ParallelDims, work: Workload, *, patches: int) -> tuple[float
     shape = work.shape
     n, d, text, tp = work.sequence, shape.hidden_size, shape.text_tokens, layout.tp
     cross = not shape.joint_text
-    tokens = n / layout.sp
+    tokens = n / token_shards(layout)  # this rank's queries: its sequence shard, or its DistriFusion patch
     linear = 2 * tokens * (4 * d * d + 2 * d * shape.ffn_dim + (2 * d * d if cross else 0)) / tp
     linear += (4 * text * d * d / tp) if cross else 0.0  # text K/V projections, on every sequence rank
     attention = 4 * tokens * (n + (text if cross else 0)) * d / tp
@@ -260,36 +271,55 @@ def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compu
         # the first layer's gather waits; each next one is prefetched under the previous layer's compute
         exposed = gather + (compute.layers - 1) * _overlapped(gather, compute.layer_s + overhead)
         tally.add("fsdp", per_step * per_layer, per_step * gather, compute.forwards * exposed, link, per_step)
-    if sp > 1:
-        link = links["sp_gather"] = link_for_extent(sp * tp, cluster)
-        per_forward = (sp - 1) / sp * work.prediction_bytes  # all-gather the output over the sequence ranks
+    shards = token_shards(layout)
+    if shards > 1:
+        link = links["sp_gather"] = link_for_extent(shards * tp, cluster)
+        per_forward = (shards - 1) / shards * work.prediction_bytes  # all-gather the output over the token shards
         time = _transfer(per_forward, link)
         tally.add("sp_gather", compute.forwards * per_forward, compute.forwards * time, compute.forwards * time, link,
                   compute.forwards)
     if layout.cfg > 1:
         link = links["cfg"] = axis_link(layout, "cfg", cluster)
-        per_step_bytes = work.prediction_bytes / sp  # this rank's share of its branch's prediction, once a step
+        per_step_bytes = work.prediction_bytes / shards  # this rank's share of its branch's prediction, once a step
         time = _transfer(per_step_bytes, link)
         tally.add("cfg", per_step_bytes, time, time, link, 1)
     return tally, {axis: link.name for axis, link in links.items()}
 
 
 def _pipefusion(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute, tally: _Tally, step: float,
-                profile: Profile | None = None):
-    """PipeFusion's steady step (its P2P hides under compute) and its per-job warm-up and bubble, in seconds."""
+                profile: Profile | None = None) -> tuple[float, float, str]:
+    """PipeFusion's asynchronous step (its P2P hides under compute: T / P) and its synchronous warm-up step (the
+    stages one after another on the whole latent: T), in seconds, and the link between stages."""
     stages = patches = layout.pp  # as many patches as stages (xDiT's default)
     link = axis_link(layout, "pp", cluster)
     per_step = work.sequence * work.shape.hidden_size * BYTES_PER_VALUE / (layout.sp * layout.tp)
-    time = compute.forwards * _transfer(per_step, link, messages=patches)  # this stage's [N/sp, d], in pieces
+    time = compute.forwards * _transfer(per_step, link, messages=patches)  # this stage's [N/sp, d], in M pieces
     step += _overlapped(time, compute.step_s)  # asynchronous P2P (seed 000 §6.3: N d per stage per step)
     tally.add("pp", compute.forwards * per_step, time, 0.0)
     whole = _compute(layout, work, cluster, patches=1, profile=profile)
     # warm-up: stages run one after another on the whole latent, no patches, no stale K/V
     warm_step = compute.forwards * work.shape.num_layers * (whole.layer_s + layer_overhead(profile))
     warm_step += stages * time + tally.exposed_s
-    warm = min(PIPEFUSION_WARMUP_STEPS, work.steps)
-    bubble = (stages - 1) / patches * step if work.steps > warm else 0.0  # seed 003: M S / (M S + N - 1)
-    return step, warm * (warm_step - step) + bubble, link.name
+    return step, warm_step, link.name
+
+
+def _distrifusion(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute, tally: _Tally,
+                  step: float, profile: Profile | None = None) -> tuple[float, float, str]:
+    """DistriFusion's asynchronous step (each layer's K/V all-gather hidden under the layer: the larger of the
+    two, plus `OVERLAP_TAX` of the hidden part, as for every overlapped transfer) and its synchronous warm-up
+    step (the all-gathers waited at once: their sum), in seconds, and the link the patches' ranks share."""
+    p = layout.distrifusion
+    link = axis_link(layout, "distrifusion", cluster)
+    # this rank's K and V, [N/p, d] each, to each of the p-1 others, every layer and forward
+    per_layer = 2 * work.sequence / p * work.shape.hidden_size * (p - 1) * BYTES_PER_VALUE
+    gather = _transfer(per_layer, link)
+    layer = compute.layer_s + layer_overhead(profile)  # one layer's compute, what the gather hides under
+    forwards = compute.forwards * compute.layers
+    before_raw, before_exposed = tally.raw_s, tally.exposed_s
+    tally.add("distrifusion", forwards * per_layer, forwards * gather, forwards * _overlapped(gather, layer), link,
+              forwards)
+    raw, exposed = tally.raw_s - before_raw, tally.exposed_s - before_exposed  # a profile's measured time, if any
+    return step + exposed, step + raw, link.name
 
 
 def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Profile | None = None,
@@ -301,15 +331,21 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Pr
     overhead = compute.forwards * compute.layers * layout.pp * layer_overhead(profile)
     tally, links = _communication(layout, work, cluster, compute, profile)
     step = compute.step_s + overhead + tally.exposed_s
-    pipeline = 0.0
+    denoise = work.steps * step
     if layout.pp > 1:
-        step, pipeline, links["pp"] = _pipefusion(layout, work, cluster, compute, tally, step, profile)
+        step, warm_step, links["pp"] = _pipefusion(layout, work, cluster, compute, tally, step, profile)
+        denoise = pipefusion_job_seconds(warm_step_s=warm_step, step_s=step, steps=work.steps, stages=layout.pp,
+                                         patches=layout.pp, warmup=PIPEFUSION_WARMUP_STEPS)
+    elif layout.distrifusion > 1:
+        step, warm_step, links["distrifusion"] = _distrifusion(layout, work, cluster, compute, tally, step, profile)
+        denoise = stale_job_seconds(warm_step_s=warm_step, step_s=step, steps=work.steps,
+                                    warmup=DISTRIFUSION_WARMUP_STEPS)
     mode = choose_decode(layout, work, cluster.memory_gib, decode)
     decode_s = _decode_seconds(layout, work, cluster, mode)
     if work.offload_text_encoder:  # loaded from host memory for each job, over the GPU's PCIe link
         decode_s += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)
     return Estimate(
-        seconds_per_job=work.steps * step + pipeline + decode_s,
+        seconds_per_job=denoise + decode_s,
         seconds_per_step=step,
         compute_s=compute.step_s,
         overhead_s=overhead,
@@ -317,7 +353,7 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Pr
         comm_exposed_s=step - compute.step_s - overhead,
         decode_s=decode_s,
         decode_mode=mode,
-        pipeline_s=pipeline,
+        pipeline_s=denoise - work.steps * step,
         comm_bytes_per_step=sum(tally.nbytes.values()),
         comm_bytes=tally.nbytes,
         comm_messages=tally.messages,

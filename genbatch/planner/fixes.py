@@ -8,7 +8,7 @@ seconds per job.
 
 The changes tried, each from the layout as it is: another decode mode (an exact one, or tiling), FSDP over the
 job group, tensor parallel, and more ranks per job (fewer data-parallel groups, the job split over more sequence
-ranks). Each is priced by the cost model as a layout of its own; the fastest that fits wins.
+ranks, or more DistriFusion patches). Each is priced by the cost model as a layout of its own; the fastest that fits wins.
 """
 
 from __future__ import annotations
@@ -98,15 +98,16 @@ def _changes(layout: ParallelDims, cost: Estimate, legal: set[ParallelDims], mod
     for mode in modes:
         if mode != cost.decode_mode:
             yield f"--vae-decode {mode}", layout, mode
-    if not layout.fsdp and layout.group_size > 1 and layout.pp == layout.tp == 1:
+    if not layout.fsdp and layout.group_size > 1 and layout.pp == layout.tp == layout.distrifusion == 1:
         yield "--fsdp", replace(layout, fsdp=True), decode
     for factor in (2, 4, 8):
         if layout.dp % factor == 0 and not layout.fsdp:
             yield f"--tp {layout.tp * factor}", replace(layout, dp=layout.dp // factor, tp=layout.tp * factor), decode
-    for other in legal:
-        same = (other.cfg, other.pp, other.tp, other.fsdp) == (layout.cfg, layout.pp, layout.tp, layout.fsdp)
+    for other in legal:  # the same method: exact stays exact, DistriFusion gets more patches
+        same = (other.cfg, other.pp, other.tp, other.fsdp, other.distrifusion > 1) == (
+            layout.cfg, layout.pp, layout.tp, layout.fsdp, layout.distrifusion > 1)
         if same and other.group_size > layout.group_size:
-            flags = " ".join(f"--{axis} {getattr(other, axis)}" for axis in ("ring", "ulysses")
+            flags = " ".join(f"--{axis} {getattr(other, axis)}" for axis in ("distrifusion", "ring", "ulysses")
                              if getattr(other, axis) != getattr(layout, axis))
             groups = f"{other.dp} data-parallel group" + ("s" if other.dp > 1 else "")
             yield f"{flags} ({groups})", other, decode

@@ -1,14 +1,17 @@
 """Layouts: every way to factor the GPUs into parallel degrees, where each axis's ranks sit, and which are legal.
 
 Ranks are laid out on one mesh in the order of `AXES`, outermost first, the last axis varying fastest
-(consecutive ranks): `dp, cfg, pp, ring, ulysses, tp` (`parallel/axes.py`; `pp` is PipeFusion's stages). So TP and Ulysses stay inside a node, Ring and
-PipeFusion cross nodes before them, and the two CFG branches go to different nodes before anything else
+(consecutive ranks): `dp, cfg, distrifusion, pp, ring, ulysses, tp` (`parallel/axes.py`; `pp` is PipeFusion's
+stages, `distrifusion` DistriFusion's patches). So TP and Ulysses stay inside a node, Ring and PipeFusion cross
+nodes before them, and the two CFG branches go to different nodes before anything else
 (seed 000 §8: "节点内 Ulysses、跨节点 Ring（IB）或 PipeFusion（以太网）；CFG 并行的两组尽量放在两个节点上").
 FSDP shards each weight over all ranks of one job's group, or not at all (never with PipeFusion or TP, so the
-group and FSDP's default sub-mesh are the same ranks).
+group and FSDP's default sub-mesh are the same ranks). DistriFusion combines with cfg and dp only
+(`ParallelDims.check_patch_combination`): every rank holds every layer and one patch.
 A layout is the runner's own `ParallelDims`, named in its one grammar (`ParallelDims.name`):
-`dp2-cfg2-ulysses4-fsdp`. The planner builds and ranks layouts the runner cannot run yet (pp) too;
-`unavailable_reason` says so, and the runner's `check_runnable` refuses them at start-up.
+`dp2-cfg2-ulysses4-fsdp`. The planner builds and ranks layouts the runner cannot run yet too, and those it
+runs otherwise than the cost model prices them (`PRICED_AHEAD`: pp); `unavailable_reason` says so, and
+`Plan.best` never picks them.
 """
 
 from __future__ import annotations
@@ -20,9 +23,30 @@ from genbatch.planner.hardware import GPUS_PER_SOCKET, Cluster, Link
 from genbatch.planner.shapes import ModelShape
 
 MIN_STALE_STEPS = 10
-"""PipeFusion reuses the previous step's K/V; seed 000 §6 and §11 Q4 rule it out for few-step models (FLUX.1
-schnell, 4 steps: adjacent steps differ too much). The planner allows it from 10 steps (seed 003 runs 20 steps
-with 1-4 warm-up steps)."""
+"""PipeFusion and DistriFusion reuse the previous step's K/V; seed 000 §6 and §11 Q4 rule them out for few-step
+models (FLUX.1 schnell, 4 steps: adjacent steps differ too much). The planner allows them from 10 steps (seed 003
+runs 20 steps with 1-4 warm-up steps)."""
+STALE_AXES = {"pp": "PipeFusion", "distrifusion": "DistriFusion"}
+"""The axes whose layouts attend to stale K/V, and their methods' names."""
+
+
+PRICED_AHEAD = {"pp": "PipeFusion's patch pipeline"}
+"""Axes the runner accepts but does not run the way the cost model prices them, and what it lacks. The estimate of
+pp is PipeFusion's (patches streamed through the stages on stale K/V after one warm-up step: T / P a step); the
+runner runs pp as a synchronous layer pipeline (the stages one after another on the whole latent: T a step). Such
+layouts are ranked as estimates, never as the best runnable layout; an entry goes when the runner runs what its
+estimate prices."""
+
+
+def is_stale(layout: ParallelDims) -> bool:
+    """True when the layout reuses the previous step's K/V (PipeFusion or DistriFusion): approximate, not exact."""
+    return any(getattr(layout, axis) > 1 for axis in STALE_AXES)
+
+
+def token_shards(layout: ParallelDims) -> int:
+    """Ranks of one job that each hold a piece of its tokens: the sequence-parallel degree, times DistriFusion's
+    patches (each rank's queries; PipeFusion's patches stream through one rank and are not counted)."""
+    return layout.sp * layout.distrifusion
 
 
 def plan_degrees(layout: ParallelDims, decode_mode: str = "parallel") -> dict[str, int]:
@@ -41,11 +65,14 @@ def enumerate_layouts(gpus: int) -> list[ParallelDims]:
     """Every factoring of `gpus` into the axes (cfg 1 or 2), each with and without FSDP over the job group.
 
     FSDP is not combined with PipeFusion or TP: those already split the weights (by layer, by column).
+    DistriFusion's patches combine with cfg and dp alone, without FSDP (`ParallelDims.check_patch_combination`).
     """
     layouts = []
     for cfg in (1, 2):
         if gpus % cfg:
             continue
+        for patches in _divisors(gpus // cfg)[1:]:
+            layouts.append(ParallelDims(dp=gpus // (cfg * patches), cfg=cfg, distrifusion=patches))
         for pp in _divisors(gpus // cfg):
             rest = gpus // (cfg * pp)
             for ring in _divisors(rest):
@@ -95,17 +122,25 @@ def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, 
                             f"keep {axis} inside a node")
     if layout.pp > shape.num_layers:
         problems.append(f"pp={layout.pp} (PipeFusion stages) exceeds the {shape.num_layers} layers of {shape.name}")
-    if layout.pp > 1 and steps < MIN_STALE_STEPS:
-        problems.append(f"pp (PipeFusion) reuses the previous step's K/V; {steps} steps are too few (needs "
-                        f"{MIN_STALE_STEPS} or more)")
-    if layout.sp * layout.pp > sequence:
-        problems.append(f"{layout.sp * layout.pp} sequence shards exceed the {sequence} tokens")
+    try:
+        layout.check_patch_combination()
+    except ValueError as error:
+        problems.append(str(error))
+    for axis, method in STALE_AXES.items():
+        if getattr(layout, axis) > 1 and steps < MIN_STALE_STEPS:
+            problems.append(f"{axis} ({method}) reuses the previous step's K/V; {steps} steps are too few (needs "
+                            f"{MIN_STALE_STEPS} or more)")
+    if token_shards(layout) * layout.pp > sequence:
+        problems.append(f"{token_shards(layout) * layout.pp} sequence shards exceed the {sequence} tokens")
     return problems
 
 
 def unavailable_reason(layout: ParallelDims) -> str | None:
-    """Why genbatch's runner cannot run this layout yet (the axes `check_runnable` refuses), or None when it can."""
+    """Why genbatch's runner cannot run this layout as estimated yet (the axes `check_runnable` refuses, and those
+    of `PRICED_AHEAD`), or None when it can."""
     missing = layout.unrunnable_axes
-    if not missing:
+    ahead = [f"{axis} ({lacks})" for axis, lacks in PRICED_AHEAD.items()
+             if layout.degree(axis) > 1 and axis not in missing]
+    if not missing and not ahead:
         return None
-    return " and ".join(missing) + " not in the runner yet (estimate only)"
+    return " and ".join([*missing, *ahead]) + " not in the runner yet (estimate only)"

@@ -1,9 +1,10 @@
-"""Peak memory per rank for a layout: weights, activations, PipeFusion's stale K/V and the VAE decode.
+"""Peak memory per rank for a layout: weights, activations, stale K/V and the VAE decode.
 
 Denoising and decoding do not overlap, so the peak is the resident weights plus the larger of the denoise
-activations and the VAE decode. Seed 000 gives the rules: weights are replicated under sequence and CFG
-parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by layer); activations split 1/p under
-sequence parallel (each rank holds [N/p, d]). The VAE decode peak is the decoder's own (`vae_memory`: frame-causal,
+activations (stale K/V included) and the VAE decode. Seed 000 gives the rules: weights are replicated under
+sequence, CFG and DistriFusion parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by
+layer); activations split 1/p under sequence parallel and DistriFusion (each rank holds [N/p, d]). Stale K/V, per
+CFG branch a rank runs: PipeFusion 2 x N x d x L/p (a stage's layers), DistriFusion 2 x N x d x L (`stale_fit`). The VAE decode peak is the decoder's own (`vae_memory`: frame-causal,
 framewise or tiled as diffusers decodes), split 1/p with patch parallel over the job's group (§7.1).
 
 The decode mode is the layout's choice too: `auto` takes the first exact mode that fits (patch-parallel over
@@ -16,6 +17,8 @@ from __future__ import annotations
 from genbatch.models import families
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.hardware import GIB
+from genbatch.planner.layouts import token_shards
+from genbatch.planner.stale_fit import branches_per_rank, stale_kv_bytes
 from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, decoder_memory, first_fitting
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
@@ -78,13 +81,14 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
     weights = weight_bytes / (layout.fsdp_size * layout.pp * layout.tp)
     if layout.fsdp_size > 1:
         weights += FSDP_PREFETCH_LAYERS * weight_bytes / layers
-    # (N, d) split over sequence ranks, PipeFusion patches and TP columns
-    activations = ACTIVATION_TENSORS * work.sequence * d * BYTES_PER_VALUE / (layout.sp * patches * layout.tp)
-    stale_kv = 0.0
+    # (N, d) split over sequence ranks (or DistriFusion patches), PipeFusion patches and TP columns
+    activations = ACTIVATION_TENSORS * work.sequence * d * BYTES_PER_VALUE / (token_shards(layout) * patches * layout.tp)
+    stale_kv = stale_kv_bytes(shape, work.width, work.height, work.frames, layout, BYTES_PER_VALUE)  # DistriFusion
     if layout.pp > 1:
-        # seed 000 §6.3: a stage keeps the K and V of all N tokens for its L/p layers (2 N d per layer),
-        # whole in every sequence rank (seed 001 §5.4), split by TP heads.
-        stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / layout.tp
+        # seed 000 §6.3: a stage keeps the K and V of all N tokens for its L/p layers (2 N d per layer) for each
+        # CFG branch it runs, whole in every sequence rank (seed 001 §5.4), split by TP heads.
+        branches = branches_per_rank(shape, layout)
+        stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / layout.tp * branches
     parts = {
         "weights": weights / GIB,
         # the runner's FSDP shards the text encoders over the job group too
@@ -92,6 +96,7 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
         else shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp_size / GIB,
         "vae_weights": shape.vae_parameters * BYTES_PER_VALUE / GIB,
         "activations": (activations + stale_kv) / GIB,
+        "stale_kv": stale_kv / GIB,  # of the activations: the previous step's K/V kept for the other patches
         "vae_decode": vae_decode_gib(layout, work, decode),
         "reserve": RESERVE_GIB,
     }

@@ -29,6 +29,7 @@ COLLECTIVE_OF_AXIS = {
     "ulysses": "all_to_all",
     "ring": "p2p",
     "pp": "p2p",
+    "distrifusion": "stale_kv",
     "tp": "all_reduce",
     "fsdp": "fsdp_all_gather",
     "sp_gather": "sp_gather",

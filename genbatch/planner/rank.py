@@ -2,9 +2,10 @@
 
 Throughput (seed 000 §2, §11 Q5): data parallelism always gives more jobs per hour than splitting a job,
 so the most data-parallel layout that fits memory (and `max_latency`) wins; among equal dp, more jobs per hour.
-Latency: fewest seconds per job. Layouts built on stale activations (PipeFusion) must beat the best exact
-layout by `STALE_MARGIN` to rank above it: seed 000 §6 and §8 keep them off fast links ("NVLink 上不用它
-（USP 更好，PipeFusion 有气泡与 stale 误差）").
+Latency: fewest seconds per job. Layouts built on stale activations (PipeFusion, DistriFusion) must beat the
+best exact layout by `STALE_MARGIN` to rank above it: seed 000 §6 and §8 keep them off fast links ("NVLink 上不用它
+（USP 更好，PipeFusion 有气泡与 stale 误差）"). A DistriFusion layout whose K/V do not fit beside the weights is
+rejected with the runner's own check (`stale_fit`), so the planner never ranks a row the runner would refuse.
 """
 
 from __future__ import annotations
@@ -16,11 +17,18 @@ from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
 from genbatch.planner.fixes import Fix, Overage, memory_fix, overage
-from genbatch.planner.hardware import GPUS, Cluster, cpu_cluster, make_cluster
-from genbatch.planner.layouts import enumerate_layouts, plan_degrees, structural_problems, unavailable_reason
+from genbatch.planner.hardware import GIB, GPUS, Cluster, cpu_cluster, make_cluster
+from genbatch.planner.layouts import (
+    enumerate_layouts,
+    is_stale,
+    plan_degrees,
+    structural_problems,
+    unavailable_reason,
+)
 from genbatch.planner.memory import decode_modes
 from genbatch.planner.profile import Profile
 from genbatch.planner.shapes import ModelShape, resolve_shape
+from genbatch.planner.stale_fit import stale_fit_problem
 from genbatch.planner.workload import Workload, make_workload
 
 OBJECTIVES = ("throughput", "latency")
@@ -33,13 +41,14 @@ class Candidate:
     """A layout that can run here, with its estimate."""
 
     layout: ParallelDims
-    """The layout (the runner's type; `check_runnable` refuses it when `unavailable` is set)."""
+    """The layout (the runner's type; when `unavailable` is set, `check_runnable` refuses it or the runner runs it
+    otherwise than estimated: `layouts.PRICED_AHEAD`)."""
     estimate: Estimate
     """Its cost."""
     jobs_per_hour: float
     """Jobs the whole run finishes per hour (dp groups working side by side)."""
     unavailable: str | None
-    """Why genbatch's runner cannot run it yet; None when it can."""
+    """Why genbatch's runner cannot run it as estimated yet; None when it can."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -95,8 +104,8 @@ class Plan:
 
 def _sort_key(candidate: Candidate, objective: str) -> tuple:
     layout, cost = candidate.layout, candidate.estimate
-    stale = 1.0 + STALE_MARGIN if layout.pp > 1 else 1.0
-    simplicity = (layout.fsdp_size, layout.tp, layout.pp, layout.ring, layout.ulysses, layout.cfg)
+    stale = 1.0 + STALE_MARGIN if is_stale(layout) else 1.0
+    simplicity = (layout.fsdp_size, layout.tp, layout.pp, layout.distrifusion, layout.ring, layout.ulysses, layout.cfg)
     if objective == "throughput":
         return (-layout.dp, -candidate.jobs_per_hour / stale, simplicity)
     return (cost.seconds_per_job * stale, -candidate.jobs_per_hour, simplicity)
@@ -119,7 +128,13 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
         if problems:
             illegal.append(Rejection(layout=layout, reasons=tuple(problems)))
             continue
-        legal.append(layout)
+        # DistriFusion's K/V beside the weights: the runner's own row check, with its numbers
+        stale_fit = stale_fit_problem(work.shape, work.width, work.height, work.frames, layout,
+                                      cluster.memory_gib * GIB)
+        if stale_fit is None:
+            legal.append(layout)  # what a memory fix may change a layout into
+        else:
+            problems.append(stale_fit)
         try:
             cost = estimate(layout, work, cluster, profile, decode)
         except ValueError as error:  # a decode mode this layout cannot run
@@ -207,8 +222,8 @@ def plan(
 
 
 def best_layout(model: str | ModelSpec | ModelShape, gpus: int, **options) -> dict[str, int]:
-    """The degrees of the best runnable layout: dp, cfg, pp, ring, ulysses, tp, fsdp, vae_parallel (the ranks that
-    decode each job: the group when it decodes patch-parallel, else 1).
+    """The degrees of the best runnable layout: dp, cfg, distrifusion, pp, ring, ulysses, tp, fsdp, vae_parallel
+    (the ranks that decode each job: the group when it decodes patch-parallel, else 1).
 
     Takes `plan`'s keyword options (nodes, interconnect, gpu, gpu_mem, width, height, frames, steps, objective,
     max_latency, decode, ...); raises ValueError naming the limits when nothing fits.

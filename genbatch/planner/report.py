@@ -5,16 +5,17 @@ from __future__ import annotations
 from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.explain import explain, round_figures as _round
-from genbatch.planner.layouts import plan_degrees
+from genbatch.planner.layouts import STALE_AXES, is_stale, plan_degrees
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan, Rejection
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """Bumped when a field of `plan_to_dict` changes meaning, goes away or is added (2: PipeFusion's degree is `pp`,
 the runner's axis name, and every layout carries its `layout` name; 3: the plan names its `profile` and every
 layout carries `explain`: its inputs, parameters and their sources, and the terms of its sum; 4: every layout
 carries its `vae_decode` mode, `vae_parallel` counts the ranks that decode (1 when the leader decodes alone),
 and a layout rejected for memory carries `over` (the number that broke the limit) and `fix` (the change that
-fits with the fewest seconds per job, or null))."""
+fits with the fewest seconds per job, or null); 5: every layout carries its `distrifusion` degree, and its
+`memory_gib` the `stale_kv` part of its activations (the previous step's K/V of PipeFusion and DistriFusion))."""
 
 
 def layout_to_dict(layout: ParallelDims, decode_mode: str = "parallel") -> dict:
@@ -137,8 +138,11 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
     lines.append("(seconds: compute, comm (all traffic) and exposed (left after overlap) per step; memory in GiB "
                  "per rank: total, weights, denoise activations, VAE decode peak; decode: parallel over the job "
                  "group, full on its leader, or tiled there (blended tiles) when no exact mode fits)")
-    if any(candidate.layout.pp > 1 for candidate in plan.ranked[:top]):
-        lines.append(f"(pp (PipeFusion) reuses stale K/V: it ranks above exact layouts only when {STALE_MARGIN:.0%} faster)")
+    stale = [f"{_SHORT[axis]} ({method})" for axis, method in STALE_AXES.items()
+             if any(candidate.layout.degree(axis) > 1 for candidate in plan.ranked[:top])]
+    if stale:
+        lines.append(f"({' and '.join(stale)} reuse{'s' if len(stale) == 1 else ''} stale K/V: ranked above exact "
+                     f"layouts only when {STALE_MARGIN:.0%} faster)")
     try:
         lines.append(f"best runnable: {plan.best.layout.name}")
     except ValueError as error:

@@ -11,7 +11,7 @@ from click.testing import CliRunner
 from genbatch.cli import main
 from genbatch.jobs.exit_codes import USAGE
 
-LAYOUT_KEYS = {"layout", "dp", "cfg", "pp", "ring", "ulysses", "tp", "fsdp", "vae_parallel"}
+LAYOUT_KEYS = {"layout", "dp", "cfg", "distrifusion", "pp", "ring", "ulysses", "tp", "fsdp", "vae_parallel"}
 ESTIMATE_KEYS = {"seconds_per_job", "seconds_per_step", "jobs_per_hour", "memory_per_rank_gib", "comm_bytes_per_step"}
 
 
@@ -27,7 +27,7 @@ def _json(*args: str) -> dict:
 
 def test_json_schema_best_first_with_rejections():
     data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
-    assert data["schema"] == 4 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["schema"] == 5 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
     assert data["profile"] is None
     assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
                                 "image_tokens": 75600, "offload_text_encoder": False}
@@ -37,19 +37,23 @@ def test_json_schema_best_first_with_rejections():
         assert LAYOUT_KEYS | ESTIMATE_KEYS | {"vae_decode", "available", "note", "breakdown", "explain"} == set(layout)
         group = 8 // layout["dp"]  # Wan's VAE decodes patch-parallel over a group of two or more
         assert (layout["vae_decode"], layout["vae_parallel"]) == (("parallel", group) if group > 1 else ("full", 1))
-        degrees = [layout[axis] for axis in ("dp", "cfg", "pp", "ring", "ulysses", "tp")]
+        degrees = [layout[axis] for axis in ("dp", "cfg", "distrifusion", "pp", "ring", "ulysses", "tp")]
         assert math.prod(degrees) == 8
         assert layout["available"] == (layout["note"] is None)
         parts = layout["breakdown"]
-        assert set(parts["memory_gib"]) >= {"weights", "activations", "vae_decode", "total"}
+        assert set(parts["memory_gib"]) >= {"weights", "activations", "stale_kv", "vae_decode", "total"}
         assert sum(parts["comm_bytes_per_step"].values()) == pytest.approx(layout["comm_bytes_per_step"], abs=10)
         assert layout["jobs_per_hour"] == pytest.approx(layout["dp"] * 3600 / layout["seconds_per_job"], rel=1e-3)
         _check_explanation(layout)
-    exact = [layout["seconds_per_job"] for layout in layouts if layout["pp"] == 1]
+    exact = [layout["seconds_per_job"] for layout in layouts if layout["pp"] == layout["distrifusion"] == 1]
     assert exact == sorted(exact)
     assert {key: layouts[0][key] for key in LAYOUT_KEYS} == data["best"]
     assert data["best"]["cfg"] == 2 and data["best"]["ulysses"] == 4
-    assert all(set(r) == LAYOUT_KEYS | {"reasons"} and r["reasons"] for r in data["rejected"])
+    for r in data["rejected"]:  # those too big for memory (DistriFusion's K/V here) name the overage and a fix
+        assert set(r) - {"over", "fix"} == LAYOUT_KEYS | {"reasons"} and r["reasons"]
+        assert ("over" in r) == ("fix" in r)
+    stale = [r for r in data["rejected"] if r["distrifusion"] > 1 and r["cfg"] == 1]
+    assert stale and all(any("61.9 GB per CFG branch x 2" in reason for reason in r["reasons"]) for r in stale)
     json.dumps(data, allow_nan=False)
 
 
@@ -100,7 +104,7 @@ def test_table_shows_the_why():
     header = lines[3].split()
     for column in ("dp", "uly", "pp", "fsdp", "s/job", "s/step", "jobs/h", "compute", "exposed", "GB/step", "GiB/rank"):
         assert column in header
-    assert "pp not in the runner yet" in lines[4]
+    assert "pp (PipeFusion's patch pipeline) not in the runner yet" in lines[4]
     assert any(line.startswith("best runnable: ") for line in lines)
     assert any(line.startswith("rejected ") for line in lines)
     assert "more legal layouts" in result.output and "only when 10% faster" in result.output

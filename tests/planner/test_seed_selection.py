@@ -174,8 +174,8 @@ def test_q4_stale_kv_needs_many_steps_and_pipefusion_keeps_its_layers_kv():
 
 def test_q5_throughput_only_means_data_parallel_8():
     # "data parallel 8：每卡独立跑一个请求 ... 只有当单卡放不下或延迟 SLO 要求时才切请求"
-    assert best_layout("flux.1-dev", 8) == {"dp": 8, "cfg": 1, "pp": 1, "ring": 1, "ulysses": 1, "tp": 1,
-                                             "fsdp": 1, "vae_parallel": 1}
+    assert best_layout("flux.1-dev", 8) == {"dp": 8, "cfg": 1, "distrifusion": 1, "pp": 1, "ring": 1, "ulysses": 1,
+                                             "tp": 1, "fsdp": 1, "vae_parallel": 1}
     # section 2: "四张卡各跑一个请求的吞吐（4 张 / 4.30 s）永远高于四张卡切一个请求"
     ranked = plan("flux.1-dev", 4).ranked
     assert ranked[0].layout == ParallelDims(dp=4)
