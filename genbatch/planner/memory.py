@@ -82,7 +82,8 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
     if layout.fsdp_size > 1:
         weights += FSDP_PREFETCH_LAYERS * weight_bytes / layers
     # (N, d) split over sequence ranks (or DistriFusion patches), PipeFusion patches and TP columns
-    activations = ACTIVATION_TENSORS * work.sequence * d * BYTES_PER_VALUE / (token_shards(layout) * patches * layout.tp)
+    pieces = token_shards(layout) * patches * layout.tp
+    activations = ACTIVATION_TENSORS * work.sequence * d * BYTES_PER_VALUE / pieces
     stale_kv = stale_kv_bytes(shape, work.width, work.height, work.frames, layout, BYTES_PER_VALUE)  # DistriFusion
     if layout.pp > 1:
         # seed 000 §6.3: a stage keeps the K and V of all N tokens for its L/p layers (2 N d per layer) for each

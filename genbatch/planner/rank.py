@@ -102,7 +102,9 @@ class Plan:
         )
 
 
-def _sort_key(candidate: Candidate, objective: str) -> tuple:
+def rank_key(candidate: Candidate, objective: str) -> tuple:
+    """What `rank` sorts by, smallest first: throughput puts data parallel first, then jobs per hour; latency
+    seconds per job; a stale-K/V layout counts `STALE_MARGIN` slower; the simpler layout wins a tie."""
     layout, cost = candidate.layout, candidate.estimate
     stale = 1.0 + STALE_MARGIN if is_stale(layout) else 1.0
     simplicity = (layout.fsdp_size, layout.tp, layout.pp, layout.distrifusion, layout.ring, layout.ulysses, layout.cfg)
@@ -155,7 +157,7 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
                              lambda other, mode: estimate(other, work, cluster, profile, mode), decode)
             problems.insert(0, over.describe(fix))
         rejected.append(Rejection(layout=layout, reasons=tuple(problems), over=over, fix=fix))
-    ranked.sort(key=lambda candidate: _sort_key(candidate, objective))
+    ranked.sort(key=lambda candidate: rank_key(candidate, objective))
     rejected += illegal
     constraints = constraints or LayoutConstraints()
     if constraints.given:

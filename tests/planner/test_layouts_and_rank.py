@@ -125,4 +125,5 @@ def test_the_best_layout_is_one_the_runner_accepts():
     dims.validate(world_size=8, num_heads=40, uses_cfg=True)
     assert ParallelDims(ulysses=4, fsdp=True).fsdp_size == 4  # the planner's fsdp degree is the runner's
     # the runner runs pp as a layer pipeline; the estimate prices PipeFusion's patch pipeline
-    assert unavailable_reason(ParallelDims(pp=2)) == "pp (PipeFusion's patch pipeline) not in the runner yet (estimate only)"
+    reason = unavailable_reason(ParallelDims(pp=2))
+    assert reason == "pp (PipeFusion's patch pipeline) not in the runner yet (estimate only)"
