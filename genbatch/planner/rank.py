@@ -170,6 +170,17 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
                 rejected=tuple(rejected), constraints=constraints, profile=profile)
 
 
+def _combination_problem(constraints: LayoutConstraints) -> str | None:
+    """Why the runner refuses the constrained axes together (DistriFusion beside an axis it does not compose
+    with), which is why no layout was built with them; None when it does not."""
+    given = {name: value for name, value in constraints.given.items() if name != "dp"}
+    try:
+        ParallelDims(**given).check_patch_combination()
+    except ValueError as error:
+        return str(error)
+    return None
+
+
 def _unmet(constraints: LayoutConstraints, work: Workload, cluster: Cluster, ranked: list[Candidate],
            rejected: list[Rejection]) -> str:
     """Why no layout with these flags fits, and the nearest flags with which one does."""
@@ -177,7 +188,7 @@ def _unmet(constraints: LayoutConstraints, work: Workload, cluster: Cluster, ran
     reasons = list(dict.fromkeys(reason for rejection in rejected if constraints.admits(rejection.layout)
                                  for reason in rejection.reasons))[:3]
     if not reasons:
-        reasons = [f"no way to factor {cluster.gpus} GPUs has {flags}"]
+        reasons = [_combination_problem(constraints) or f"no way to factor {cluster.gpus} GPUs has {flags}"]
     fixes = nearest_fixes(constraints, [candidate.layout for candidate in ranked])
     nearest = f"; nearest that fit: {' | '.join(fixes)}" if fixes else "; no layout fits even without them"
     return (f"no layout with {flags} fits {work.describe()} on {cluster.gpus} x {cluster.gpu.name}: "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.explain import explain, round_figures as _round
-from genbatch.planner.layouts import STALE_AXES, is_stale, plan_degrees
+from genbatch.planner.layouts import STALE_AXES, plan_degrees
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan, Rejection
 
 SCHEMA_VERSION = 5

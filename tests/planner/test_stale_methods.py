@@ -8,6 +8,7 @@ import pytest
 
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner import plan
+from genbatch.planner.constraints import LayoutConstraints
 from genbatch.planner.cost import estimate, step_terms
 from genbatch.planner.hardware import GIB, make_cluster
 from genbatch.planner.layouts import enumerate_layouts, structural_problems
@@ -54,6 +55,11 @@ def test_distrifusion_layouts_combine_with_cfg_and_dp_only():
         ParallelDims(distrifusion=2), shape, 4096, 4, cluster)[0]
     assert structural_problems(ParallelDims(distrifusion=8), shape, 4, 28, cluster) == [
         "8 sequence shards exceed the 4 tokens"]
+    # `gen plan --distrifusion 2 --ulysses 2`: the runner's reason, and the nearest flags that fit
+    with pytest.raises(ValueError, match=r"does not compose with --ulysses 2.*nearest that fit: --distrifusion 1 "):
+        plan("flux.1-dev", 8, constraints=LayoutConstraints(distrifusion=2, ulysses=2))
+    ranked = plan("flux.1-dev", 8, constraints=LayoutConstraints(distrifusion=4)).ranked
+    assert [candidate.layout for candidate in ranked] == [ParallelDims(dp=2, distrifusion=4)]
 
 
 def test_distrifusion_step_splits_the_work_and_gathers_each_layers_kv():
