@@ -106,7 +106,8 @@ def crosses_nodes(layout: ParallelDims, axis: str, cluster: Cluster) -> bool:
     return cluster.inter is not None and axis_link(layout, axis, cluster) is cluster.inter
 
 
-def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, steps: int, cluster: Cluster) -> list[str]:
+def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, steps: int,
+                        cluster: Cluster) -> list[str]:
     """Why a layout cannot run this model here at all (empty when it can); memory is judged by the cost model."""
     problems = []
     heads = shape.num_heads

@@ -4,8 +4,9 @@ Denoising and decoding do not overlap, so the peak is the resident weights plus 
 activations (stale K/V included) and the VAE decode. Seed 000 gives the rules: weights are replicated under
 sequence, CFG and DistriFusion parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by
 layer); activations split 1/p under sequence parallel and DistriFusion (each rank holds [N/p, d]). Stale K/V, per
-CFG branch a rank runs: PipeFusion 2 x N x d x L/p (a stage's layers), DistriFusion 2 x N x d x L (`stale_fit`). The VAE decode peak is the decoder's own (`vae_memory`: frame-causal,
-framewise or tiled as diffusers decodes), split 1/p with patch parallel over the job's group (§7.1).
+CFG branch a rank runs: PipeFusion 2 x N x d x L/p (a stage's layers), DistriFusion 2 x N x d x L (`stale_fit`).
+The VAE decode peak is the decoder's own (`vae_memory`: frame-causal, framewise or tiled as diffusers decodes),
+split 1/p with patch parallel over the job's group (§7.1).
 
 The decode mode is the layout's choice too: `auto` takes the first exact mode that fits (patch-parallel over
 the group where the VAE has it, then a one-rank full decode) and tiling only when neither does, since tiles are

@@ -89,6 +89,12 @@ def test_distrifusion_memory_is_the_whole_weights_and_every_layers_kv():
         assert cost.memory["stale_kv"] == pytest.approx(kv) and kv > 0
         activations = single.memory["activations"] / layout.distrifusion + kv
         assert cost.memory["activations"] == pytest.approx(activations)
+    # PipeFusion: 2 x N x d x L/P per CFG branch the stage runs
+    work, both = _cost("wan2.1-1.3b", ParallelDims(pp=4), gpus=4)
+    _, one = _cost("wan2.1-1.3b", ParallelDims(cfg=2, pp=2), gpus=4)
+    n, d, layers = work.sequence, work.shape.hidden_size, work.shape.num_layers
+    assert both.memory["stale_kv"] * GIB == pytest.approx(2 * (2 * n * d * layers / 4) * 2)  # bf16, two branches
+    assert one.memory["stale_kv"] * GIB == pytest.approx(2 * n * d * layers / 2 * 2)
     # FLUX.1-dev 1024^2: 2 x 4,608 tokens x 3,072 x 57 layers in bf16 = 3.2 GB beside 24 GB of weights
     flux = resolve_shape("flux.1-dev")
     assert stale_kv_bytes(flux, 1024, 1024, None, ParallelDims(distrifusion=4)) / 1e9 == pytest.approx(3.2, abs=0.05)
