@@ -107,6 +107,9 @@ class SequenceSplits:
     or its gather point. Empty: the model's own diffusers `_cp_plan`."""
     output_stream: str = "hidden_states"
     """The stream the gather points bring back to full length."""
+    text_streams: tuple[str, ...] = ()
+    """The split streams of text tokens: they stay whole in a PipeFusion patch forward (the image streams keep
+    the patch's tokens)."""
     strategy: Mapping[str, str] = field(default_factory=dict)
     """Attention module glob -> the attention strategy it uses (`genbatch.parallel.attention.strategy`);
     modules not listed use `exact`."""

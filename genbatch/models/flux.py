@@ -176,7 +176,7 @@ FAMILY = ModelFamily(
             # joint attention over [text, image] in the double- and single-stream blocks; both streams split
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=_JOINT),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT, streams=_JOINT)),
-            sequence=SequenceSplits(),  # diffusers' own _cp_plan
+            sequence=SequenceSplits(text_streams=("encoder_hidden_states", "txt_ids")),  # diffusers' own _cp_plan
             tensor_plan=TENSOR_PLAN,
             # diffusers' _repeated_blocks: FluxTransformerBlock, FluxSingleTransformerBlock
             compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),

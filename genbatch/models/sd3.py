@@ -162,6 +162,7 @@ FAMILY = ModelFamily(
                         "context_embedder": {0: Split(dim=1, expected_dims=3, output=True)},
                         "proj_out": Gather(dim=1, expected_dims=3)},
                 output_stream=_IMAGE,
+                text_streams=(_TEXT,),
             ),
             # genbatch's own (diffusers has no _tp_plan for SD3): the dual-stream blocks, SD3.5's image-only
             # `attn2`, and the final modulation; the last block's text projection and MLP do not exist

@@ -60,6 +60,15 @@ class ParallelContext:
         return self.group.rank == 0
 
     @property
+    def holds_latents(self) -> bool:
+        """True on the rank that writes its group's checkpoints: the leader; under PipeFusion the last stage's
+        rank at the leader's other coordinates (between asynchronous steps only the last stage holds the whole
+        latent)."""
+        if self.dims.pp == 1:
+            return self.is_leader
+        return self.pp_comm.rank == self.dims.pp - 1 and self.cfg.rank == 0 and self.sp.rank == 0
+
+    @property
     def patch_comm(self) -> Comm:
         """The distrifusion group's `Comm` (this rank alone when there is none)."""
         return self.distrifusion if self.distrifusion is not None else Comm(None, self.ledger)

@@ -27,6 +27,8 @@ class SequencePlan:
     attention). Cross-attention to replicated text needs no communication and is not listed."""
     output_stream: str = "hidden_states"
     """The stream the plan's gather points bring back to full length."""
+    text_streams: tuple[str, ...] = ()
+    """The split streams of text tokens (whole in a PipeFusion patch forward)."""
     cp_plan: dict = field(default_factory=dict)
     """Split/gather points for a model without its own `_cp_plan` (same format as diffusers'; a key may be
     a glob such as `transformer_blocks.*`, as in diffusers' plans)."""
@@ -77,6 +79,7 @@ def _plans() -> dict[str, SequencePlan]:
             plans[class_name] = SequencePlan(
                 attention={site.pattern: site.streams for site in transformer.attention if site.kind != CROSS},
                 output_stream=transformer.sequence.output_stream,
+                text_streams=transformer.sequence.text_streams,
                 cp_plan=_cp_plan(transformer.sequence.points),
                 strategy=dict(transformer.sequence.strategy),
             )

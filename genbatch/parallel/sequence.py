@@ -45,6 +45,46 @@ class _ForwardState:
     flag (a guard that holds across sizes), never the totals (a guard per size: a recompile per job)."""
 
 
+def hook_split_points(module_name: str, module: torch.nn.Module, specs: dict, cut, prepend: bool = False) -> list:
+    """Hooks that pass each split value of `module` (its inputs by name, or its outputs by index, as `specs`
+    name them: a `ContextParallelInput` table) through `cut(tensor, dim, stream)`; returns the handles.
+    A value that is not a tensor of the spec's rank is left alone. `prepend`: run before hooks already there."""
+    params = list(inspect.signature(module.forward).parameters)
+    output_specs = {key: spec for key, spec in specs.items() if spec.split_output}
+    input_specs = {key: spec for key, spec in specs.items() if not spec.split_output}
+    handles = []
+
+    def split_value(stream, value, spec):
+        if not isinstance(value, torch.Tensor) or (spec.expected_dims and value.ndim != spec.expected_dims):
+            return value
+        return cut(value, spec.split_dim, stream)
+
+    if input_specs:
+
+        def pre_hook(mod, args, kwargs):
+            args = list(args)
+            for key, spec in input_specs.items():
+                if key in kwargs:
+                    kwargs[key] = split_value(key, kwargs[key], spec)
+                elif key in params and params.index(key) < len(args):
+                    index = params.index(key)
+                    args[index] = split_value(key, args[index], spec)
+            return tuple(args), kwargs
+
+        handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True, prepend=prepend))
+
+    if output_specs:
+
+        def post_hook(mod, args, output):
+            items = list(output) if isinstance(output, (tuple, list)) else [output]
+            for index, spec in output_specs.items():
+                items[index] = split_value(f"{module_name}:{index}", items[index], spec)
+            return type(output)(items) if isinstance(output, (tuple, list)) else items[0]
+
+        handles.append(module.register_forward_hook(post_hook, prepend=prepend))
+    return handles
+
+
 class _Route:
     """The attention of every module that attends over the same split streams with the same strategy
     (e.g. every block's self-attention): one route, shared, so repeated blocks run identical code.
@@ -64,6 +104,10 @@ class _Route:
             mask = masks.key_padding(attn_mask, query.shape[0], self.name)
             totals = [self.sp.state.stream_totals[stream] for stream in self.streams]
             key_mask = masks.rank_ordered(mask, totals, layout, self.sp.group.sp, self.name)
+        if getattr(self.strategy, "takes_streams", False):  # a stale strategy: where each stream's tokens sit
+            streams = tuple((stream, self.sp.state.stream_totals[stream]) for stream in self.streams)
+            return self.strategy.attend(query, key, value, site=self.name, layout=layout, key_mask=key_mask,
+                                        scale=scale, streams=streams)
         return self.strategy.attend(query, key, value, site=self.name, layout=layout, key_mask=key_mask, scale=scale)
 
 
@@ -139,38 +183,7 @@ class SequenceParallel:
         return torch.cat(pieces, dim=0).movedim(0, dim)  # p x (s_r, ...) -> (S, ...) -> (..., S, ...)
 
     def _hook_inputs(self, module_name: str, module: torch.nn.Module, specs: dict) -> None:
-        params = list(inspect.signature(module.forward).parameters)
-        output_specs = {key: spec for key, spec in specs.items() if spec.split_output}
-        input_specs = {key: spec for key, spec in specs.items() if not spec.split_output}
-
-        def split_value(stream, value, spec):
-            if not isinstance(value, torch.Tensor) or (spec.expected_dims and value.ndim != spec.expected_dims):
-                return value
-            return self._split(value, spec.split_dim, stream)
-
-        if input_specs:
-
-            def pre_hook(mod, args, kwargs):
-                args = list(args)
-                for key, spec in input_specs.items():
-                    if key in kwargs:
-                        kwargs[key] = split_value(key, kwargs[key], spec)
-                    elif key in params and params.index(key) < len(args):
-                        index = params.index(key)
-                        args[index] = split_value(key, args[index], spec)
-                return tuple(args), kwargs
-
-            self.handles.append(module.register_forward_pre_hook(pre_hook, with_kwargs=True))
-
-        if output_specs:
-
-            def post_hook(mod, args, output):
-                items = list(output) if isinstance(output, (tuple, list)) else [output]
-                for index, spec in output_specs.items():
-                    items[index] = split_value(f"{module_name}:{index}", items[index], spec)
-                return type(output)(items) if isinstance(output, (tuple, list)) else items[0]
-
-            self.handles.append(module.register_forward_hook(post_hook))
+        self.handles += hook_split_points(module_name, module, specs, self._split)
 
     def _hook_gather(self, module: torch.nn.Module, spec) -> None:
         def post_hook(mod, args, output):

@@ -64,8 +64,11 @@ def _layout_options(command):
                    "(needs --fsdp); replicate: whole on every rank; auto: fsdp under --fsdp, else tp for encoders "
                    "at least 4096 wide (T5-XXL, UMT5-XXL), replicate for narrower ones.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=None, metavar="W",
-              help="With --distrifusion: the synchronous (exact) steps at the start of each job, and again after a "
-                   "resume [default: 4].")
+              help="With --distrifusion or --pipefusion: the synchronous (exact) steps at the start of each job, "
+                   "and again after a resume [default: 4 for DistriFusion, 1 for PipeFusion].")
+@click.option("--patches", type=click.IntRange(min=1), default=None, metavar="M",
+              help="With --pipefusion: the patches of the latent streamed through the stages [default: the "
+                   "stages].")
 @kernel_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the manifest and output filesystems (repeatable).")
@@ -135,7 +138,7 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
             overrides=overrides_from_options(options),
             storage_options=storage_options_from(storage_option),
             dp=options["dp"], cfg=options["cfg"], distrifusion=options["distrifusion"],
-            warmup_steps=options["warmup_steps"], pp=options["pp"], ring=options["ring"], ulysses=options["ulysses"],
+            warmup_steps=options["warmup_steps"], patches=options["patches"], pp=options["pp"], ring=options["ring"], ulysses=options["ulysses"],
             tp=options["tp"], fsdp=options["fsdp"], layout=options["layout"],
             profile=options["profile"], dtype=options["dtype"], backend=options["backend"],
             collective_timeout=options["collective_timeout"], download=options["download"], share=share_value,

@@ -24,6 +24,8 @@ from genbatch.parallel.cache.session import StepCache
 from genbatch.parallel.cfg import BranchExchange
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.patch.session import StaleSession
+from genbatch.parallel.pipeline.session import PipeSession
+from genbatch.runner.pipefusion import finish, patch_step, resync
 from genbatch.runner.timing import JobTimer
 
 
@@ -55,7 +57,7 @@ def denoise(
     step_extra: Callable[[], dict] | None = None,
     cache: StepCache | None = None,
     cfg: Comm | None = None,
-    stale: StaleSession | None = None,
+    stale: StaleSession | PipeSession | None = None,
 ) -> DenoiseResult:
     """Run the denoising steps from `start_step` (0, or a checkpoint's `steps_done`). `cache`: the job's step
     cache (None: none); `cfg`: the cfg group it sums its per-step count over under CFG parallel; `stale`: the
@@ -64,18 +66,29 @@ def denoise(
     names = list(conditioning.branches)
     timesteps = trajectory.timesteps
     steps_done = start_step
+    pipeline = stale if isinstance(stale, PipeSession) else None
+    was_async = False
     for index in range(start_step, len(timesteps)):
         t = timesteps[index]
         start = timer.mark()
         local = exchange.local_branches(names)
-        predictions = {}
-        for name in local:
-            with (cache.branch(name, index) if cache is not None else nullcontext(),
-                  stale.branch(name, index) if stale is not None else nullcontext()):
-                predictions[name] = family.predict(pipe, trajectory, latents, t, index, conditioning.branches[name])
-        predictions = exchange.complete(predictions, names)
-        noise = family.combine(predictions, conditioning.guidance_scale, t)
-        latents = pipe.scheduler.step(noise, t, latents, return_dict=False)[0]
+        if pipeline is not None:
+            pipeline.step(index)
+        if pipeline is not None and not pipeline.synchronous(index):
+            latents = patch_step(family, pipe, trajectory, conditioning, exchange, pipeline, latents, index)
+            was_async = True
+        else:
+            if was_async:  # a synchronous step after asynchronous ones: every stage takes the whole latent
+                latents, was_async = resync(pipeline, pipe, latents, latents.device), False
+            predictions = {}
+            for name in local:
+                with (cache.branch(name, index) if cache is not None else nullcontext(),
+                      stale.branch(name, index) if stale is not None else nullcontext()):
+                    predictions[name] = family.predict(pipe, trajectory, latents, t, index,
+                                                       conditioning.branches[name])
+            predictions = exchange.complete(predictions, names)
+            noise = family.combine(predictions, conditioning.guidance_scale, t)
+            latents = pipe.scheduler.step(noise, t, latents, return_dict=False)[0]
         end = timer.mark()
         extra = step_extra() if step_extra else {}
         if cache is not None:
@@ -83,5 +96,9 @@ def denoise(
         timer.add("denoise_step", start, end, step=index, **extra)
         steps_done = index + 1
         if after_step is not None and after_step(steps_done, latents) and steps_done < len(timesteps):
+            if pipeline is not None:
+                latents = finish(pipeline, latents, stopped=True)
             return DenoiseResult(latents=latents, steps_done=steps_done, stopped=True)
+    if pipeline is not None:
+        latents = finish(pipeline, latents, stopped=False)
     return DenoiseResult(latents=latents, steps_done=steps_done, stopped=False)

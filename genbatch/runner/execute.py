@@ -29,8 +29,9 @@ from genbatch.parallel.cache.session import SKIPPED, StepCache
 from genbatch.parallel.cfg import BranchExchange
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.context import ParallelContext
-from genbatch.parallel.patch.config import EXACT, StaleConfig, label
+from genbatch.parallel.patch.config import DISTRIFUSION, EXACT, StaleConfig, label
 from genbatch.parallel.patch.session import StaleSession
+from genbatch.parallel.pipeline.session import PipeSession
 from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
 from genbatch.runner.decode import Decoder
@@ -150,7 +151,7 @@ class JobExecutor:
         return JobModel(spec=spec, family=models.family(spec.family).hooks, pipe=self.pipelines.get(spec))
 
     def _save_checkpoint(self, job: JobSpec, model: JobModel, steps_done: int, latents, generator) -> None:
-        if not self.ctx.is_leader:
+        if not self.ctx.holds_latents:
             return
         checkpoint = DenoiseCheckpoint(
             job_id=job.id,
@@ -161,6 +162,14 @@ class JobExecutor:
             rng={"torch_cpu": torch.get_rng_state(), "generator": generator.get_state()},
         )
         self.writer.submit(self.store.save_checkpoint, job.id, checkpoint.to_bytes())
+
+    def _stale_session(self, pipe, spec: ModelSpec, job: JobSpec, start_step: int):
+        """The job's stale-K/V session: PipeFusion's over the pp stages, else DistriFusion's (or none)."""
+        if self.stale is not None and self.stale.method != DISTRIFUSION and self.ctx.dims.pp > 1:
+            tokens = spec.tokens(job.width, job.height, job.num_frames)
+            return PipeSession.start(pipe, spec, self.stale, self.ctx.pp_comm, width=job.width, tokens=tokens,
+                                     start_step=start_step, extra_sync=self.resync_steps)
+        return StaleSession.start(pipe, spec, self.stale, extra_sync=self.resync_steps)
 
     def generate(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> np.ndarray | None:
         """Encode, denoise (resuming from a checkpoint), decode: [0, 1] frames on the leader, None elsewhere.
@@ -211,7 +220,7 @@ class JobExecutor:
             cache = StepCache.start(pipe, model.spec, parse_cache(job.cache), self.cache_group,
                                     steps=len(trajectory.timesteps))
             # a resumed job's K/V buffers start empty too: it re-warms for the warm-up steps
-            stale = StaleSession.start(pipe, model.spec, self.stale, extra_sync=self.resync_steps)
+            stale = self._stale_session(pipe, model.spec, job, start_step)
             try:
                 result = denoise(
                     family, pipe, trajectory, conditioning,

@@ -53,7 +53,10 @@ class RunOptions:
     distrifusion: int = 1
     """DistriFusion patches: each rank one patch, attending to the others' K/V of the step before."""
     warmup_steps: int | None = None
-    """Synchronous (exact) steps at the start of each job under --distrifusion (None: the method's default, 4)."""
+    """Synchronous (exact) steps at the start of each job under --distrifusion or --pipefusion (None: the
+    method's default: 4, 1)."""
+    patches: int | None = None
+    """PipeFusion's patches (None: as many as stages)."""
     pp: int = 1
     """PipeFusion stages (not implemented yet: start-up refuses anything but 1)."""
     ring: int = 1
@@ -149,7 +152,7 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "world_size": world.world_size,
         "device": str(world.ctx.device),
         "dtype": str(world.dtype).removeprefix("torch."),
-        "options": {k: getattr(options, k) for k in ("dp", "cfg", "distrifusion", "warmup_steps", "pp", "ring", "ulysses", "tp", "fsdp", "share",
+        "options": {k: getattr(options, k) for k in ("dp", "cfg", "distrifusion", "warmup_steps", "patches", "pp", "ring", "ulysses", "tp", "fsdp", "share",
                                                               "vae_decode", "vae_memory_gib", "compile",
                                                               "compile_backend",
                                                               "attention", "compile_cache",

@@ -304,7 +304,7 @@ def start_world(options, stop=None) -> World:
             )
         dims.check_runnable()  # however the layout was chosen, an axis the runner lacks stops the run here
         dims.check_patch_combination()
-        stale = stale_config(dims.distrifusion, options.warmup_steps)
+        stale = stale_config(dims.distrifusion, options.warmup_steps, dims.pp, options.patches)
         if dims.world_size != world_size:
             raise ValueError(
                 f"{dims.describe()} = {dims.world_size} ranks, but {world_size} processes were started; leave --dp "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from genbatch.parallel.patch.config import NAIVE_PATCH, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
@@ -46,5 +47,25 @@ def _distributed(tmp_path, preset, layout, stale=None, seeds=(7,), steps=STEPS):
 ], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2", "sd3-pp2-ulysses2"])
 def test_pure_layer_pipelining_equals_one_process(preset, layout, tmp_path):
     reference = _latents(str(tmp_path / "single"), {}, preset)["latents"][7]
-    for result in _distributed(tmp_path, preset, layout):
+    stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=STEPS)
+    for result in _distributed(tmp_path, preset, layout, stale):
         torch.testing.assert_close(result["latents"][7], reference, rtol=0, atol=1e-5)
+
+
+def _mse(ours: dict, exact: dict) -> float:
+    return sum(float((ours[seed] - exact[seed]).pow(2).mean()) for seed in exact) / len(exact)
+
+
+@pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux", "tiny-sd3"])
+def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
+    seeds, steps = (1, 2), 6
+    exact = _latents(str(tmp_path / "single"), {}, preset, None, seeds, steps)["latents"]
+    errors = {}
+    for method, patches in ((PIPEFUSION, 2), (PIPEFUSION, 4), (NAIVE_PATCH, 2), (NAIVE_PATCH, 4)):
+        stale = StaleConfig(method=method, patches=patches, warmup_steps=1)
+        ranks = _distributed(tmp_path / f"{method}{patches}", preset, {"pp": 2}, stale, seeds, steps)
+        assert all(torch.equal(ranks[1]["latents"][s], ranks[0]["latents"][s]) for s in seeds)  # one latent
+        errors[(method, patches)] = _mse(ranks[0]["latents"], exact)
+    print(preset, errors)
+    for patches in (2, 4):
+        assert 0 < errors[(PIPEFUSION, patches)] <= 0.5 * errors[(NAIVE_PATCH, patches)], errors

@@ -29,6 +29,9 @@ from genbatch.parallel.comm import Comm
 
 PIPELINE = "_genbatch_pipeline"
 """The attribute under which a cut model carries its `StageLink`."""
+TEXT = "encoder_hidden_states"
+"""The carried text stream (diffusers' name in every MMDiT block): in a patch forward it travels with the first
+patch of a step only, and the stages reuse it for the others."""
 
 
 def stage_ranges(lengths: dict[str, int], stage: int, stages: int) -> dict[str, tuple[int, int]]:
@@ -80,6 +83,10 @@ class StageLink:
         self.stage, self.stages = comm.rank, comm.size
         self.pending: list = []
         self.handles = []
+        self.state = None
+        """The job's `PipeState` (None: whole forwards only)."""
+        self.text: dict[str, torch.Tensor] = {}
+        """The text stream received with a step's first patch, by branch."""
         first, last = blocks[0], blocks[-1]
         if self.stage > 0:
             positions = _input_positions(first, self.carried)
@@ -92,11 +99,17 @@ class StageLink:
     def _receiver(self, positions: dict[str, int]):
         def receive(block, args, kwargs):
             args = list(args)
+            patch = None if self.state is None else self.state.patch
             for name in self.carried:
                 where = kwargs if name in kwargs else None
                 like = kwargs[name] if where is not None else args[positions[name]]
-                received = torch.empty_like(like, memory_format=torch.contiguous_format)
-                dist.recv(received, src=self.comm.global_rank(self.stage - 1), group=self.comm.group)
+                if name == TEXT and patch:  # a later patch of the step: the text came with the first
+                    received = self.text[self.state.branch]
+                else:
+                    received = torch.empty_like(like, memory_format=torch.contiguous_format)
+                    dist.recv(received, src=self.comm.global_rank(self.stage - 1), group=self.comm.group)
+                    if name == TEXT and patch == 0:
+                        self.text[self.state.branch] = received
                 if where is not None:
                     kwargs[name] = received
                 else:
@@ -105,9 +118,20 @@ class StageLink:
 
         return receive
 
+    def flush(self) -> None:
+        """Wait for the sends in flight (those of the forward before: a stage never blocks on its own sends
+        within a forward, so the next stage can be one patch behind)."""
+        for work, _ in self.pending:
+            work.wait()
+        self.pending.clear()
+
     def _send(self, block, args, output):
+        self.flush()
         items = output if isinstance(output, tuple) else (output,)
+        patch = None if self.state is None else self.state.patch
         for name, value in zip(self.carried, items, strict=True):
+            if name == TEXT and patch:
+                continue  # sent once a step, with the first patch
             value = value.contiguous()
             self.comm.ledger.add("pp_text" if name == "encoder_hidden_states" else "pp_activation",
                                  value.numel() * value.element_size())
@@ -116,9 +140,8 @@ class StageLink:
         return output
 
     def _return_prediction(self, model, args, output):
-        for work, _ in self.pending:  # the sends of this forward's activations are done by now
-            work.wait()
-        self.pending.clear()
+        if self.state is not None and self.state.patch is not None:
+            return output  # a patch's prediction stays on the last stage, which steps it
         items = list(output) if isinstance(output, tuple) else [output.sample]
         prediction = items[0].contiguous()
         if self.stage == self.stages - 1:
@@ -130,6 +153,7 @@ class StageLink:
         return output
 
     def remove(self) -> None:
+        self.flush()
         for handle in self.handles:
             handle.remove()
         self.handles.clear()

@@ -1,0 +1,152 @@
+"""One job's PipeFusion: a `PipeState` per denoiser, shared by its attention strategy, patch hooks and stage
+link; which steps are synchronous; the per-patch schedulers of the asynchronous steps.
+
+    session = PipeSession.start(pipe, spec, config, job, start_step)
+    session.synchronous(index)                   the first `warmup_steps` steps of the job (and of a resumed
+                                                 job, which starts a new session), and `extra_sync`
+    with session.forward("cond", patch):         one forward of a branch, on a patch (None: whole)
+    session.schedulers(pipe.scheduler, latents)  the per-patch schedulers (made at the first asynchronous step)
+    session.close()                              buffers dropped
+
+The K/V buffers are not checkpointed: a resumed job re-warms for `warmup_steps` steps.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+import torch
+
+from genbatch.jobs.models import ModelSpec
+from genbatch.models import family
+from genbatch.parallel.patch.config import NAIVE_PATCH, StaleConfig
+from genbatch.parallel.pipeline.regions import PatchSchedulers, region_masks
+from genbatch.parallel.pipeline.state import PipeState
+from genbatch.parallel.sequence import SEQUENCE_PARALLEL
+
+PATCHES = "_genbatch_patches"
+"""The attribute under which a PipeFusion denoiser carries its `PatchHooks`."""
+
+
+def row_tokens(spec: ModelSpec, width: int) -> int:
+    """Tokens in one row of a job's latent: its width over the VAE's and the patch's downsampling."""
+    return width // (spec.vae_spatial * spec.patch_size[-1])
+
+
+def patch_problem(spec: ModelSpec, width: int, height: int, num_frames: int | None, patches: int) -> str | None:
+    """Why a job of this size cannot be split into `patches` patches of whole token rows (None: it can)."""
+    rows = spec.tokens(width, height, num_frames) // row_tokens(spec, width)
+    if rows >= patches:
+        return None
+    return (f"its latent has {rows} token rows, too few for --patches {patches} (each patch holds whole rows); "
+            f"use --patches {rows} or fewer, or a taller size")
+
+
+@dataclass(kw_only=True, slots=True)
+class PipeSession:
+    config: StaleConfig
+    """The run's PipeFusion settings (its patches and warm-up steps)."""
+    first_step: int = 0
+    """The job's first step in this session (a resumed job's checkpointed step)."""
+    extra_sync: frozenset[int] = frozenset()
+    """Further synchronous steps (the reference of a resumed run)."""
+    parts: list[tuple[PipeState, list]] = field(default_factory=list)
+    """Each denoiser's state and the objects that read it (its strategies, patch hooks, stage link)."""
+    spec: ModelSpec | None = None
+    """The job's model."""
+    tokens: int = 0
+    """The job's image tokens."""
+    comm: object = None
+    """The pp group (`genbatch.parallel.comm.Comm`): stage 0 is its rank 0."""
+    patch_schedulers: PatchSchedulers | None = None
+    pending: bool = False
+    """True when the last stage sent this step's patch latents to the first stage (it receives them next step)."""
+    sends: dict[int, tuple] = field(default_factory=dict)
+    """The last stage's sends of patch latents in flight: patch -> (work, tensor)."""
+
+    @classmethod
+    def start(cls, pipe, spec: ModelSpec, config: StaleConfig, comm, width: int, tokens: int, start_step: int = 0,
+              extra_sync: frozenset[int] = frozenset()) -> PipeSession:
+        """A fresh state on each denoiser for a job `width` pixels wide with `tokens` image tokens, resumed at
+        `start_step`; `comm`: the pp group."""
+        from genbatch.parallel.pipeline.stages import PIPELINE
+
+        session = cls(config=config, first_step=start_step, extra_sync=frozenset(extra_sync), spec=spec,
+                      tokens=tokens, comm=comm)
+        plans = family(spec.family)
+        for name in plans.denoisers:
+            model = getattr(pipe, name, None)
+            parallel = getattr(model, SEQUENCE_PARALLEL, None) if model is not None else None
+            if parallel is None:
+                continue
+            text = frozenset(parallel.plan.text_streams)
+            state = PipeState(patches=config.patches, row_tokens=row_tokens(spec, width), text_streams=text,
+                              naive=config.method == NAIVE_PATCH)
+            readers = [strategy for strategy in parallel.strategies.values() if hasattr(strategy, "state")]
+            readers += [reader for reader in (getattr(model, PATCHES, None), getattr(model, PIPELINE, None))
+                        if reader is not None]
+            for reader in readers:
+                reader.state = state
+            session.parts.append((state, readers))
+        return session
+
+    def synchronous(self, index: int) -> bool:
+        """Whether step `index` runs whole forwards (exact) rather than one forward per patch."""
+        return index < self.first_step + self.config.warmup_steps or index in self.extra_sync
+
+    def step(self, index: int) -> None:
+        for state, _ in self.parts:
+            state.sync = self.synchronous(index)
+
+    def branch(self, name: str, step: int):
+        """A whole forward of branch `name` (a synchronous step)."""
+        return self.forward(name, None)
+
+    @contextlib.contextmanager
+    def forward(self, branch: str, patch: int | None):
+        for state, _ in self.parts:
+            state.begin(branch, patch)
+        try:
+            yield
+        finally:
+            for state, _ in self.parts:
+                state.patch = None
+
+    def schedulers(self, scheduler, latents: torch.Tensor) -> PatchSchedulers:
+        """The per-patch schedulers, copied from `scheduler` at the first asynchronous step."""
+        if self.patch_schedulers is None:
+            state = self.parts[0][0]
+            ranges = [state.patch_range(self.tokens, patch) for patch in range(self.config.patches)]
+            self.patch_schedulers = PatchSchedulers(scheduler, region_masks(latents, self.spec.patch_size, ranges))
+        return self.patch_schedulers
+
+    def peak_bytes(self) -> int:
+        return self.held_bytes()
+
+    def held_bytes(self) -> int:
+        return sum(state.held_bytes() for state, _ in self.parts)
+
+    def wait_send(self, patch: int) -> None:
+        """Wait for the send in flight of `patch`'s latent part, if any."""
+        sent = self.sends.pop(patch, None)
+        if sent is not None:
+            sent[0].wait()
+
+    def flush(self) -> None:
+        """Wait for this rank's sends in flight: the patch latents, and each stage link's activations."""
+        for patch in list(self.sends):
+            self.wait_send(patch)
+        for _, readers in self.parts:
+            for reader in readers:
+                if hasattr(reader, "flush"):
+                    reader.flush()
+
+    def close(self) -> None:
+        self.flush()
+        for state, readers in self.parts:
+            state.clear()
+            for reader in readers:
+                reader.state = None
+        self.parts.clear()
+        self.patch_schedulers = None
