@@ -169,11 +169,12 @@ def link_stages(stages: list[tuple[torch.nn.Module, object, list]], ctx: Paralle
 
 def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileConfig) -> None:
     """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph, under
-    distrifusion > 1 the stale-K/V attention call (it keeps Python state per job)."""
+    distrifusion > 1 and pp > 1 the stale-K/V attention call (it keeps Python state per job)."""
     plans = family(spec.family)
     for _, model in _components(pipe, denoisers(spec)):
         units = plans.transformer_plan(type(model).__name__).compile_units
-        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1 and ctx.dims.distrifusion == 1)
+        stale = ctx.dims.distrifusion > 1 or ctx.dims.pp > 1
+        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1 and not stale)
 
 
 def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,

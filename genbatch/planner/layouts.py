@@ -9,9 +9,9 @@ FSDP shards each weight over all ranks of one job's group, or not at all (never 
 group and FSDP's default sub-mesh are the same ranks). DistriFusion combines with cfg and dp only
 (`ParallelDims.check_patch_combination`): every rank holds every layer and one patch.
 A layout is the runner's own `ParallelDims`, named in its one grammar (`ParallelDims.name`):
-`dp2-cfg2-ulysses4-fsdp`. The planner builds and ranks layouts the runner cannot run yet too, and those it
-runs otherwise than the cost model prices them (`PRICED_AHEAD`: pp); `unavailable_reason` says so, and
-`Plan.best` never picks them.
+`dp2-cfg2-ulysses4-fsdp`. The planner builds and ranks layouts the runner cannot run yet too (any axis the
+registry `parallel/axes.py` does not mark runnable); `unavailable_reason` says so, and `Plan.best` never picks
+them.
 """
 
 from __future__ import annotations
@@ -29,13 +29,6 @@ runs 20 steps with 1-4 warm-up steps)."""
 STALE_AXES = {"pp": "PipeFusion", "distrifusion": "DistriFusion"}
 """The axes whose layouts attend to stale K/V, and their methods' names."""
 
-
-PRICED_AHEAD = {"pp": "PipeFusion's patch pipeline"}
-"""Axes the runner accepts but does not run the way the cost model prices them, and what it lacks. The estimate of
-pp is PipeFusion's (patches streamed through the stages on stale K/V after one warm-up step: T / P a step); the
-runner runs pp as a synchronous layer pipeline (the stages one after another on the whole latent: T a step). Such
-layouts are ranked as estimates, never as the best runnable layout; an entry goes when the runner runs what its
-estimate prices."""
 
 
 def is_stale(layout: ParallelDims) -> bool:
@@ -137,11 +130,8 @@ def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, 
 
 
 def unavailable_reason(layout: ParallelDims) -> str | None:
-    """Why genbatch's runner cannot run this layout as estimated yet (the axes `check_runnable` refuses, and those
-    of `PRICED_AHEAD`), or None when it can."""
+    """Why genbatch's runner cannot run this layout yet (the axes `check_runnable` refuses), or None when it can."""
     missing = layout.unrunnable_axes
-    ahead = [f"{axis} ({lacks})" for axis, lacks in PRICED_AHEAD.items()
-             if layout.degree(axis) > 1 and axis not in missing]
-    if not missing and not ahead:
+    if not missing:
         return None
-    return " and ".join([*missing, *ahead]) + " not in the runner yet (estimate only)"
+    return " and ".join(missing) + " not in the runner yet (estimate only)"

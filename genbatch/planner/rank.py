@@ -41,8 +41,7 @@ class Candidate:
     """A layout that can run here, with its estimate."""
 
     layout: ParallelDims
-    """The layout (the runner's type; when `unavailable` is set, `check_runnable` refuses it or the runner runs it
-    otherwise than estimated: `layouts.PRICED_AHEAD`)."""
+    """The layout (the runner's type; when `unavailable` is set, `check_runnable` refuses it)."""
     estimate: Estimate
     """Its cost."""
     jobs_per_hour: float

@@ -134,8 +134,9 @@ class World:
                 loaded = read_jobs(options.manifest, overrides=options.row_defaults(),
                                    storage_options=options.storage_options)
                 self._validate_layout(loaded.jobs.models())
+                patches = self.stale.patches if self.stale is not None else None
                 loaded.jobs, unfit = reject_unfit(loaded.jobs, self.ctx.dims, device_memory_bytes(self.ctx.device),
-                                                  torch.finfo(self.dtype).bits // 8)
+                                                  torch.finfo(self.dtype).bits // 8, patches)
                 loaded.rejected.extend(unfit)
                 return None
             except (ManifestFileError, UsageError, FileNotFoundError) as error:

@@ -6,6 +6,8 @@ equals one process within 1e-5 on fp32 latents: pipefusion 2, pipefusion 2 x uly
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -24,7 +26,7 @@ def _latents(out: str, layout: dict, preset: str, stale=None, seeds=(7,), steps=
         for seed in seeds:
             timer = JobTimer(world.ctx.device)
             results[seed] = executor.denoise(job(preset, num_inference_steps=steps, seed=seed), timer)
-        return {"latents": results,
+        return {"latents": results, "stale_bytes": executor.last_stale_bytes, "rank": world.ctx.rank,
                 "bytes": [{k: v for k, v in row.items() if k.startswith("bytes_")}
                           for row in timer.rows() if row["stage"] == "denoise_step"]}
 
@@ -69,3 +71,53 @@ def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
     print(preset, errors)
     for patches in (2, 4):
         assert 0 < errors[(PIPEFUSION, patches)] <= 0.5 * errors[(NAIVE_PATCH, patches)], errors
+
+
+def _resume_on_rank(rank, world_size, out, steps, every, warmup):
+    from genbatch.runner.execute import CheckpointPolicy
+
+    stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=warmup)
+    first = job("tiny-wan", num_inference_steps=steps, seed=3)
+    with job_executor(f"{out}/resumed", pp=2, checkpoints=CheckpointPolicy(every_steps=every)) as (world, executor):
+        executor.stale = stale
+        checkpointed = executor.denoise(first, JobTimer(world.ctx.device))  # checkpoints after step `every`
+        executor.writer.flush()
+        timer = JobTimer(world.ctx.device)
+        resumed = executor.denoise(first, timer)  # a new session: resumes at `every`, re-warms
+        timed = [row["step"] for row in timer.rows() if row["stage"] == "denoise_step"]
+    plain = _latents(f"{out}/plain", {"pp": 2}, "tiny-wan", stale, (3,), steps)["latents"][3]
+    with job_executor(f"{out}/reference", pp=2) as (world, executor):
+        executor.stale, executor.resync_steps = stale, frozenset(range(every, every + warmup))
+        reference = executor.denoise(first, JobTimer(world.ctx.device))
+    return {"checkpointed": checkpointed, "plain": plain, "resumed": resumed, "reference": reference, "timed": timed}
+
+
+def test_a_resumed_job_rewarms_and_equals_the_run_synchronous_at_those_steps(tmp_path):
+    for result in run_on_ranks(_resume_on_rank, 2, args=(str(tmp_path), 6, 3, 1), timeout_s=30):
+        assert result["timed"] == [3, 4, 5]  # the second run resumed after step 3
+        assert torch.equal(result["checkpointed"], result["plain"])  # a periodic checkpoint changes nothing
+        torch.testing.assert_close(result["resumed"], result["reference"], rtol=0, atol=1e-5)
+        assert (result["resumed"] - result["plain"]).abs().max() > 1e-6  # the re-warm step did differ
+
+
+@pytest.mark.parametrize("layout", [{"pp": 2}, pytest.param({"pp": 2, "ulysses": 2}, marks=pytest.mark.slow)],
+                         ids=["pp2", "pp2-ulysses2"])
+def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(layout, tmp_path):
+    from genbatch.models import resolve_model
+
+    preset, steps, u = "tiny-wan", 3, layout.get("ulysses", 1)
+    stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=1)
+    spec, sized = resolve_model(preset), job(preset)
+    tokens, width, layers = spec.tokens(sized.width, sized.height, sized.num_frames), spec.hidden_size, spec.num_layers
+    latent = spec.out_channels * math.prod(spec.latent_shape(sized.width, sized.height, sized.num_frames))
+    branches, value = 2, 4  # both CFG branches on each rank, fp32
+    for result in _distributed(tmp_path, preset, layout, stale, steps=steps):
+        stage = result["rank"] // u
+        rows = result["bytes"]
+        if stage == 0:  # N x d per step (in M pieces), per branch, this rank's 1/u of it
+            assert [row.get("bytes_pp_activation", 0) for row in rows] == [tokens * width * branches * value // u] * 3
+        else:  # the prediction returned in the warm-up step, the latent's parts in the next, none after the last
+            assert [row.get("bytes_pp_latent", 0) for row in rows] == [latent * branches * value, latent * value, 0]
+        # the K and V of all N tokens for this stage's L/P layers, per branch, this rank's heads/u
+        kept = 2 * tokens * width * (layers // 2) * branches * value // u
+        assert result["stale_bytes"] == kept, (result["stale_bytes"], kept)

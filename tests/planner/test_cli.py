@@ -104,7 +104,7 @@ def test_table_shows_the_why():
     header = lines[3].split()
     for column in ("dp", "uly", "pp", "fsdp", "s/job", "s/step", "jobs/h", "compute", "exposed", "GB/step", "GiB/rank"):
         assert column in header
-    assert "pp (PipeFusion's patch pipeline) not in the runner yet" in lines[4]
+    assert "not in the runner yet" not in result.output  # every axis runs, PipeFusion's too
     assert any(line.startswith("best runnable: ") for line in lines)
     assert any(line.startswith("rejected ") for line in lines)
     assert "more legal layouts" in result.output and "only when 10% faster" in result.output

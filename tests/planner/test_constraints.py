@@ -16,7 +16,7 @@ from genbatch.parallel.dims import ParallelDims, layout_name
 from genbatch.planner import plan
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cli import plan_command
-from genbatch.planner.layouts import PRICED_AHEAD, enumerate_layouts
+from genbatch.planner.layouts import enumerate_layouts
 from genbatch.runner.cli import run_command
 
 
@@ -67,7 +67,10 @@ def test_nearest_fixes_change_one_constraint_and_keep_the_others():
         LayoutConstraints(ring=0)
 
 
-def test_estimate_only_axes_can_be_constrained_but_are_not_runnable():
+def test_estimate_only_axes_can_be_constrained_but_are_not_runnable(monkeypatch):
+    from genbatch.parallel import axes
+
+    monkeypatch.setattr(axes, "RUNNABLE", axes.RUNNABLE - {"pp"})  # as the registry marks an axis not built yet
     result = plan("flux.1-dev", 8, gpu="l40", constraints=LayoutConstraints(pp=2))
     assert result.ranked and all(candidate.layout.pp == 2 for candidate in result.ranked)
     assert all(candidate.unavailable.startswith("pp") and candidate.unavailable.endswith("not in the runner yet "
@@ -98,23 +101,24 @@ def test_planner_layouts_are_the_runners_parallel_dims_named_in_its_grammar(gpus
     assert ParallelDims(pp=2, tp=2).name == "pp2-tp2" and ParallelDims().name == "single"
 
 
-def test_ranked_layouts_round_trip_and_only_unavailable_ones_are_refused_by_the_runner():
-    result = plan("hunyuanvideo", 8, objective="latency")  # ranks tp and pp layouts among the runnable ones
-    kinds = {candidate.unavailable is None for candidate in result.ranked}
-    assert kinds == {True, False}
+def test_ranked_layouts_round_trip_and_only_unavailable_ones_are_refused_by_the_runner(monkeypatch):
+    result = plan("hunyuanvideo", 8, objective="latency")  # ranks tp and pp layouts
+    assert {candidate.unavailable for candidate in result.ranked} == {None}  # every axis runs
+    assert any(candidate.layout.pp > 1 for candidate in result.ranked)
     for candidate in result.ranked:
         layout = candidate.layout
         assert type(layout) is ParallelDims and ParallelDims.parse(layout.name) == layout
-        if candidate.unavailable is None:
-            layout.check_runnable()
-            continue
-        missing = [axis for axis in ("pp",) if layout.degree(axis) > 1]
-        assert missing and candidate.unavailable.startswith(" and ".join(missing))
-        if missing[0] in PRICED_AHEAD:  # the runner runs it, but not as the estimate prices it
-            layout.check_runnable()
-            continue
-        with pytest.raises(ValueError, match=rf"--{missing[0]} {layout.degree(missing[0])} .*not implemented"):
-            layout.check_runnable()
+        layout.check_runnable()
+    from genbatch.parallel import axes
+
+    monkeypatch.setattr(axes, "RUNNABLE", axes.RUNNABLE - {"pp"})  # an axis the registry does not mark runnable
+    held = plan("hunyuanvideo", 8, objective="latency")
+    for candidate in held.ranked:
+        if candidate.layout.pp > 1:
+            assert candidate.unavailable.startswith("pp")
+            with pytest.raises(ValueError, match=rf"--pp {candidate.layout.pp} .*not implemented"):
+                candidate.layout.check_runnable()
+    assert held.best.layout.pp == 1
 
 
 def test_gen_plan_with_layout_flags_imports_no_torch():

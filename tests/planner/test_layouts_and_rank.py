@@ -60,12 +60,11 @@ def test_rejection_reasons_name_the_limit():
     assert one.over.needs_gib > 40 and one.fix.memory_gib <= 40
 
 
-def test_pp_is_estimated_but_flagged_and_tp_runs():
+def test_pp_and_tp_run():
     assert unavailable_reason(ParallelDims(ulysses=8)) is None
-    assert "pp" in unavailable_reason(ParallelDims(pp=2, ulysses=4))
+    assert unavailable_reason(ParallelDims(pp=2, ulysses=4)) is None
     assert unavailable_reason(ParallelDims(tp=2, dp=4)) is None
-    flagged = [candidate for candidate in plan("flux.1-dev", 8, gpu="l40").ranked if candidate.unavailable]
-    assert flagged and all(candidate.layout.pp > 1 for candidate in flagged)
+    assert not [candidate for candidate in plan("flux.1-dev", 8, gpu="l40").ranked if candidate.unavailable]
 
 
 def test_throughput_splits_only_for_memory():
@@ -124,6 +123,4 @@ def test_the_best_layout_is_one_the_runner_accepts():
     assert dims == ParallelDims(cfg=2, ulysses=4)
     dims.validate(world_size=8, num_heads=40, uses_cfg=True)
     assert ParallelDims(ulysses=4, fsdp=True).fsdp_size == 4  # the planner's fsdp degree is the runner's
-    # the runner runs pp as a layer pipeline; the estimate prices PipeFusion's patch pipeline
-    reason = unavailable_reason(ParallelDims(pp=2))
-    assert reason == "pp (PipeFusion's patch pipeline) not in the runner yet (estimate only)"
+    assert unavailable_reason(ParallelDims(pp=2)) is None  # PipeFusion's patch pipeline runs as estimated

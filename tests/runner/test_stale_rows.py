@@ -36,3 +36,14 @@ def test_a_row_too_large_for_its_kv_is_rejected_alone_naming_the_numbers(tmp_pat
     assert f"{kv(128, 96) / 2 / 1e9:.1f} GB per CFG branch x 2" in reason and "--cfg 2" in reason
     assert "--ulysses" in reason  # the fix: exact sequence parallel keeps no K/V
     assert reject_unfit(jobs, ParallelDims(ulysses=2), memory, 4)[1] == []  # exact: nothing to keep
+
+
+def test_a_row_with_fewer_token_rows_than_patches_is_rejected_naming_the_patches_that_work(tmp_path):
+    rows = [{"id": "tall", "prompt": "a fox", "model": "tiny-wan", "width": 32, "height": 64},
+            {"id": "flat", "prompt": "an owl", "model": "tiny-wan", "width": 64, "height": 16}]
+    jobs = read_jobs(write_manifest(str(tmp_path / "m.parquet"), rows), overrides=JobOverrides()).jobs
+    kept, rejected = reject_unfit(jobs, ParallelDims(pp=2), 1e15, element_bytes=4, patches=4)
+    assert [job.id for job in kept] == ["tall"]  # 4 token rows in each of 3 latent frames: 12 rows
+    ((job_id, column, reason),) = [(r.job_id, r.column, r.reason) for r in rejected]
+    assert (job_id, column) == ("flat", "height")  # 1 token row in each of 3 latent frames: 3 rows
+    assert "3 token rows, too few for --patches 4" in reason and "use --patches 3 or fewer" in reason
