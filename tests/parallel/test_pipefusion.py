@@ -45,7 +45,8 @@ def _distributed(tmp_path, preset, layout, stale=None, seeds=(7,), steps=STEPS):
 @pytest.mark.parametrize(("preset", "layout"), [
     ("tiny-wan", {"pp": 2}), ("tiny-flux", {"pp": 2}), ("tiny-sd3", {"pp": 2}),
     ("tiny-wan", {"pp": 2, "ulysses": 2}), ("tiny-wan", {"cfg": 2, "pp": 2}),
-    ("tiny-flux", {"pp": 2, "ulysses": 2}), ("tiny-sd3", {"pp": 2, "ulysses": 2}),
+    pytest.param("tiny-flux", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
+    pytest.param("tiny-sd3", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
 ], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2", "sd3-pp2-ulysses2"])
 def test_pure_layer_pipelining_equals_one_process(preset, layout, tmp_path):
     reference = _latents(str(tmp_path / "single"), {}, preset)["latents"][7]
@@ -58,7 +59,8 @@ def _mse(ours: dict, exact: dict) -> float:
     return sum(float((ours[seed] - exact[seed]).pow(2).mean()) for seed in exact) / len(exact)
 
 
-@pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux", "tiny-sd3"])
+@pytest.mark.parametrize("preset", ["tiny-wan", pytest.param("tiny-flux", marks=pytest.mark.slow),
+                                    pytest.param("tiny-sd3", marks=pytest.mark.slow)])
 def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
     seeds, steps = (1, 2), 6
     exact = _latents(str(tmp_path / "single"), {}, preset, None, seeds, steps)["latents"]
@@ -121,3 +123,16 @@ def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(layout, tmp_path
         # the K and V of all N tokens for this stage's L/P layers, per branch, this rank's heads/u
         kept = 2 * tokens * width * (layers // 2) * branches * value // u
         assert result["stale_bytes"] == kept, (result["stale_bytes"], kept)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", [{"cfg": 2, "pp": 2}, {"pp": 2, "ulysses": 2}], ids=["cfg2-pp2", "pp2-ulysses2"])
+def test_the_patch_pipeline_composes_with_cfg_and_ulysses(layout, tmp_path):
+    exact = _latents(str(tmp_path / "single"), {}, "tiny-wan", None, (1,), 6)["latents"][1]
+    stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=1)
+    ranks = _distributed(tmp_path, "tiny-wan", layout, stale, (1,), 6)
+    assert all(torch.equal(result["latents"][1], ranks[0]["latents"][1]) for result in ranks)  # one latent
+    naive = _distributed(tmp_path / "naive", "tiny-wan", {"pp": 2}, StaleConfig(method=NAIVE_PATCH, patches=2,
+                                                                                warmup_steps=1), (1,), 6)
+    error = float((ranks[0]["latents"][1] - exact).pow(2).mean())
+    assert 0 < error <= 0.5 * float((naive[0]["latents"][1] - exact).pow(2).mean())
