@@ -59,6 +59,9 @@ class Family(Protocol):
     def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch: dict[str, Any]) -> torch.Tensor:
         """One transformer forward for one branch at timestep `t` (step index `step`)."""
 
+    # optional: `denoiser_at(pipe, trajectory, t)`, the denoiser module that runs at timestep `t`, for families
+    # with more than one (Wan 2.2's two experts); stale-K/V methods re-warm where it changes
+
     def combine(self, predictions: dict[str, torch.Tensor], guidance_scale: float, t) -> torch.Tensor:
         """The guided noise prediction from the branch predictions."""
 

@@ -90,7 +90,7 @@ class WanHooks:
         shared = {"boundary_timestep": boundary * pipe.scheduler.config.num_train_timesteps if boundary else None}
         return Trajectory(latents=latents, timesteps=pipe.scheduler.timesteps, shared=shared)
 
-    def _model_at(self, pipe, trajectory: Trajectory, t):
+    def denoiser_at(self, pipe, trajectory: Trajectory, t):
         """Wan 2.2 switches to `transformer_2` below the boundary timestep (guidance_scale_2 = guidance_scale)."""
         boundary = trajectory.shared["boundary_timestep"]
         if boundary is None or t >= boundary:
@@ -100,7 +100,7 @@ class WanHooks:
     def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch):
         import torch
 
-        model = self._model_at(pipe, trajectory, t)
+        model = self.denoiser_at(pipe, trajectory, t)
         model_input = latents.to(self._transformer_dtype(pipe))
         if pipe.config.expand_timesteps:
             # Wan 2.2 TI2V: one timestep per token. (b, c, f, h, w) -> (b, f * h/2 * w/2)

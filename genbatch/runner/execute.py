@@ -31,7 +31,7 @@ from genbatch.parallel.comm import Comm
 from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.patch.config import DISTRIFUSION, EXACT, StaleConfig, label
 from genbatch.parallel.patch.session import StaleSession
-from genbatch.parallel.pipeline.session import PipeSession
+from genbatch.parallel.pipeline.session import PipeSession, switch_steps
 from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
 from genbatch.runner.decode import Decoder
@@ -163,12 +163,16 @@ class JobExecutor:
         )
         self.writer.submit(self.store.save_checkpoint, job.id, checkpoint.to_bytes())
 
-    def _stale_session(self, pipe, spec: ModelSpec, job: JobSpec, start_step: int):
-        """The job's stale-K/V session: PipeFusion's over the pp stages, else DistriFusion's (or none)."""
+    def _stale_session(self, model: JobModel, trajectory, job: JobSpec, start_step: int):
+        """The job's stale-K/V session: PipeFusion's over the pp stages (re-warming where Wan 2.2's second
+        expert takes over), else DistriFusion's (each expert's buffers re-warm on their first use), or none."""
+        spec, pipe = model.spec, model.pipe
         if self.stale is not None and self.stale.method != DISTRIFUSION and self.ctx.dims.pp > 1:
             tokens = spec.tokens(job.width, job.height, job.num_frames)
+            rewarm = {index + offset for index in switch_steps(model.family, pipe, trajectory)
+                      for offset in range(self.stale.warmup_steps)}
             return PipeSession.start(pipe, spec, self.stale, self.ctx.pp_comm, width=job.width, tokens=tokens,
-                                     start_step=start_step, extra_sync=self.resync_steps)
+                                     start_step=start_step, extra_sync=self.resync_steps | rewarm)
         return StaleSession.start(pipe, spec, self.stale, extra_sync=self.resync_steps)
 
     def generate(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> np.ndarray | None:
@@ -220,7 +224,7 @@ class JobExecutor:
             cache = StepCache.start(pipe, model.spec, parse_cache(job.cache), self.cache_group,
                                     steps=len(trajectory.timesteps))
             # a resumed job's K/V buffers start empty too: it re-warms for the warm-up steps
-            stale = self._stale_session(pipe, model.spec, job, start_step)
+            stale = self._stale_session(model, trajectory, job, start_step)
             try:
                 result = denoise(
                     family, pipe, trajectory, conditioning,

@@ -136,3 +136,22 @@ def test_the_patch_pipeline_composes_with_cfg_and_ulysses(layout, tmp_path):
                                                                                 warmup_steps=1), (1,), 6)
     error = float((ranks[0]["latents"][1] - exact).pow(2).mean())
     assert 0 < error <= 0.5 * float((naive[0]["latents"][1] - exact).pow(2).mean())
+
+
+def test_wan_2_2_rewarms_where_its_second_expert_takes_over(tmp_path):
+    from types import SimpleNamespace
+
+    from genbatch import models
+    from genbatch.parallel.pipeline.session import PipeSession, switch_steps
+
+    hooks = models.family("wan").hooks
+    pipe = SimpleNamespace(transformer=object(), transformer_2=object(),
+                           scheduler=SimpleNamespace(config=SimpleNamespace(num_train_timesteps=1000)))
+    trajectory = SimpleNamespace(timesteps=torch.tensor([990.0, 800.0, 620.0, 580.0, 300.0, 10.0]),
+                                 shared={"boundary_timestep": 600.0})
+    assert switch_steps(hooks, pipe, trajectory) == [3]  # 580 is the first timestep below the boundary
+    one_expert = SimpleNamespace(timesteps=trajectory.timesteps, shared={"boundary_timestep": None})
+    assert switch_steps(hooks, pipe, one_expert) == []
+    session = PipeSession(config=StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=2),
+                          extra_sync=frozenset({3, 4}))
+    assert [session.synchronous(index) for index in range(6)] == [True, True, False, True, True, False]

@@ -34,6 +34,16 @@ def row_tokens(spec: ModelSpec, width: int) -> int:
     return width // (spec.vae_spatial * spec.patch_size[-1])
 
 
+def switch_steps(family, pipe, trajectory) -> list[int]:
+    """The step indices at which the family's denoiser changes (Wan 2.2's second expert takes over): the other
+    expert's K/V buffers are empty there, so PipeFusion re-warms from each."""
+    denoiser_at = getattr(family, "denoiser_at", None)
+    if denoiser_at is None:
+        return []
+    models = [denoiser_at(pipe, trajectory, t) for t in trajectory.timesteps]
+    return [index for index in range(1, len(models)) if models[index] is not models[index - 1]]
+
+
 def patch_problem(spec: ModelSpec, width: int, height: int, num_frames: int | None, patches: int) -> str | None:
     """Why a job of this size cannot be split into `patches` patches of whole token rows (None: it can)."""
     rows = spec.tokens(width, height, num_frames) // row_tokens(spec, width)
