@@ -250,7 +250,8 @@ class World:
         """Load `spec` and parallelise it for this rank's job group."""
         from genbatch.parallel.apply import parallelize_pipeline
 
-        if self.ctx.dims.tp > 1 and spec.name not in PRESETS:  # a directory: each rank reads its own shards
+        if spec.name not in PRESETS and (self.ctx.dims.tp > 1 or self._reads_encoder_parts(spec)):
+            # a directory: each rank reads its own shards of what tensor parallelism splits
             return load_tensor_parallel_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
                                                  self.text_encoder_parallel)
         if self.ctx.dims.fsdp and self.ctx.group.size > 1:
@@ -259,6 +260,18 @@ class World:
         pipe = load_pipeline(spec, self.ctx.device, self.dtype)
         parallelize_pipeline(pipe, spec, self.ctx, self.compile, self.attention, self.text_encoder_parallel)
         return pipe
+
+    def _reads_encoder_parts(self, spec) -> bool:
+        """True when some text encoder of `spec`'s directory is split over the job group without `--tp` (and
+        without `--fsdp`, whose group leader reads the model, or `--pipefusion`, whose stages renumber the
+        blocks), read from its saved config: each rank then reads only its part of it."""
+        from genbatch.parallel.tensor.encoders import config_width, mode_for
+
+        dims = self.ctx.dims
+        if self.ctx.group.size == 1 or dims.fsdp or dims.pp > 1:
+            return False
+        return any(config_width(spec.path, name) and mode_for(self.text_encoder_parallel, config_width(spec.path, name),
+                                                              fsdp=False) == "tp" for name in TEXT_ENCODERS)
 
     def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
         """Rank 0 waits (without a collective, whose timeout is short) until every rank has finished."""

@@ -33,6 +33,7 @@ def test_only_a_psnr_drop_past_one_db_regresses():
     assert not quality_regressed("ssim", 0.99, 0.5)  # reported, never a verdict
 
 
+@pytest.mark.slow  # gen bench end to end, twice (20 s): the metrics themselves are tested above
 def test_gen_bench_scores_a_cache_against_the_exact_run_and_judges_the_drop(tmp_path):
     import json
 

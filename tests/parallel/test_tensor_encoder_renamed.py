@@ -102,13 +102,14 @@ def _stored_bytes(folder: str) -> int:
                for tensor in load_file(path).values())
 
 
-def _load_and_encode(rank, world_size, path, out):
-    """This rank's prompt embeddings from the tp 2 pipeline, its bytes read from the text encoder's files, the
-    bytes of its own parts (stored fp32) and how many of the encoder's parameters are split."""
+def _load_and_encode(rank, world_size, path, out, layout=None):
+    """This rank's prompt embeddings from the pipeline laid out by `layout` (tp 2), its bytes read from the text
+    encoder's files, the bytes of its own parts (stored fp32) and how many of the encoder's parameters are split."""
     from torch.distributed.tensor import DTensor
 
     folder = os.path.join(path, "text_encoder")
-    with counted_reads() as counts, job_executor(out, tp=2, text_encoder_parallel="tp") as (world, _):
+    layout = layout or {"tp": 2}
+    with counted_reads() as counts, job_executor(out, text_encoder_parallel="tp", **layout) as (world, _):
         with mock.patch("genbatch.runner.world.load_pipeline", side_effect=AssertionError("loaded whole")):
             pipe = world.load_pipeline(resolve_model(path))
         read = counts[os.path.abspath(folder)]
@@ -116,6 +117,9 @@ def _load_and_encode(rank, world_size, path, out):
     params = list(encoder.parameters())
     own = sum((p.to_local() if isinstance(p, DTensor) else p).numel() * 4 for p in params)
     split = sum(isinstance(p, DTensor) for p in params)
+    if "tp" not in layout:  # Wan's encode_prompt: the embeddings only
+        return pipe.encode_prompt(PROMPTS, do_classifier_free_guidance=False, device=world.ctx.device)[0], None, \
+            read, own, split
     embeds, mask = pipe.encode_prompt(PROMPTS, device=world.ctx.device)
     return embeds, mask, read, own, split
 
@@ -178,3 +182,15 @@ def test_an_encoder_saved_without_safetensors_loads_whole_saying_so(qwen_image, 
     assert "text_encoder (Qwen2_5_VLForConditionalGeneration) loads whole on every rank" in caplog.text
     assert "holds no safetensors" in caplog.text and "safe_serialization=True" in caplog.text
     assert _split_encoders(qwen_image, ctx, torch.float32, "tp").keys() == {"text_encoder"}  # read in parts
+
+
+def test_without_tp_an_encoder_split_over_the_group_is_read_in_parts_too(tmp_path):
+    path = str(tmp_path / "tiny-wan")
+    _save(load_pipeline(resolve_model("tiny-wan"), torch.device("cpu"), torch.float32), path)
+    whole = load_pipeline(resolve_model(path), torch.device("cpu"), torch.float32)
+    reference = whole.encode_prompt(PROMPTS, do_classifier_free_guidance=False, device=torch.device("cpu"))[0]
+    stored = _stored_bytes(os.path.join(path, "text_encoder"))
+    for rank, (embeds, _, read, own, split) in enumerate(run_on_ranks(
+            _load_and_encode, 2, args=(path, str(tmp_path / "out"), {"ulysses": 2}), timeout_s=60)):
+        assert split >= 8 and read == own and read < 0.9 * stored, (rank, split, read, own, stored)
+        assert (embeds - reference).abs().max() <= 1e-5, f"rank {rank}"

@@ -44,7 +44,7 @@ def _mid_job(out) -> bool:
     return bool(checkpoints - done)
 
 
-@pytest.mark.parametrize("fault", ["dies", "hangs"])
+@pytest.mark.parametrize("fault", ["dies", pytest.param("hangs", marks=pytest.mark.slow)])
 def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS)
     out = tmp_path / "out"

@@ -13,7 +13,8 @@ from tests.support.runs import gen, run_cli, write_manifest
 
 
 @pytest.mark.parametrize(("flags", "label", "kind"), [
-    (("--distrifusion", "2", "--warmup-steps", "1"), "distrifusion(patches=2,warmup=1)", "bytes_stale_kv"),
+    pytest.param(("--distrifusion", "2", "--warmup-steps", "1"), "distrifusion(patches=2,warmup=1)", "bytes_stale_kv",
+                 marks=pytest.mark.slow),
     (("--pipefusion", "2", "--patches", "3"), "pipefusion(patches=3,warmup=1)", "bytes_pp_activation"),
 ], ids=["distrifusion", "pipefusion"])
 def test_the_results_row_and_the_done_marker_name_the_approximation(flags, label, kind, tmp_path):
