@@ -263,12 +263,12 @@ class World:
 
     def _reads_encoder_parts(self, spec) -> bool:
         """True when some text encoder of `spec`'s directory is split over the job group without `--tp` (and
-        without `--fsdp`, whose group leader reads the model, or `--pipefusion`, whose stages renumber the
-        blocks), read from its saved config: each rank then reads only its part of it."""
+        without `--fsdp`, whose group leader reads the model), read from its saved config: each rank then reads
+        only its part of it."""
         from genbatch.parallel.tensor.encoders import config_width, mode_for
 
         dims = self.ctx.dims
-        if self.ctx.group.size == 1 or dims.fsdp or dims.pp > 1:
+        if self.ctx.group.size == 1 or dims.fsdp:
             return False
         return any(config_width(spec.path, name) and mode_for(self.text_encoder_parallel, config_width(spec.path, name),
                                                               fsdp=False) == "tp" for name in TEXT_ENCODERS)

@@ -155,3 +155,30 @@ def test_wan_2_2_rewarms_where_its_second_expert_takes_over(tmp_path):
     session = PipeSession(config=StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=2),
                           extra_sync=frozenset({3, 4}))
     assert [session.synchronous(index) for index in range(6)] == [True, True, False, True, True, False]
+
+
+def _directory_rank(rank, world_size, out, path, layout, stale, steps):
+    with job_executor(f"{out}/rank{rank}", **layout) as (world, executor):
+        executor.stale = stale
+        return executor.denoise(job("tiny-wan", model=path, num_inference_steps=steps, seed=7),
+                                JobTimer(world.ctx.device))
+
+
+@pytest.mark.parametrize("directory", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["directory", "preset"])
+def test_stages_compose_with_tensor_parallel(directory, tmp_path):
+    from genbatch.models import resolve_model
+    from genbatch.runner.loading import load_pipeline
+    from tests.parallel.test_tensor_loading import _save
+
+    reference = _latents(str(tmp_path / "single"), {}, "tiny-wan")["latents"][7]
+    stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=STEPS)
+    layout = {"pp": 2, "tp": 2}
+    if directory:  # each stage reads its own blocks' tp parts from the safetensors, by their whole-model names
+        path = str(tmp_path / "tiny-wan")
+        _save(load_pipeline(resolve_model("tiny-wan"), torch.device("cpu"), torch.float32), path)
+        reference = _directory_rank(0, 1, str(tmp_path / "single-directory"), path, {}, None, STEPS)
+        results = run_on_ranks(_directory_rank, 4, args=(str(tmp_path), path, layout, stale, STEPS), timeout_s=30)
+    else:
+        results = [result["latents"][7] for result in _distributed(tmp_path, "tiny-wan", layout, stale)]
+    for latents in results:
+        torch.testing.assert_close(latents, reference, rtol=0, atol=1e-5)

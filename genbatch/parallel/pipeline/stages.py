@@ -29,6 +29,9 @@ from genbatch.parallel.comm import Comm
 
 PIPELINE = "_genbatch_pipeline"
 """The attribute under which a cut model carries its `StageLink`."""
+STAGE_BLOCKS = "_genbatch_stage_blocks"
+"""The attribute under which a cut model keeps, per repeated list, the (start, stop) of its blocks in the whole
+model (its block `i` is the whole model's `start + i`: what a checkpoint calls it)."""
 TEXT = "encoder_hidden_states"
 """The carried text stream (diffusers' name in every MMDiT block): in a patch forward it travels with the first
 patch of a step only, and the stages reuse it for the others."""
@@ -60,6 +63,7 @@ def cut_stages(model: torch.nn.Module, plan: TransformerPlan, stage: int, stages
         raise ValueError(f"{type(model).__name__} has no pipeline plan; run it with --pipefusion 1")
     lists = _lists(model, plan)
     ranges = stage_ranges({name: len(blocks) for name, blocks in lists.items()}, stage, stages)
+    setattr(model, STAGE_BLOCKS, ranges)
     kept = []
     for name, blocks in lists.items():
         start, stop = ranges[name]
@@ -68,6 +72,24 @@ def cut_stages(model: torch.nn.Module, plan: TransformerPlan, stage: int, stages
         setattr(parent, attribute, torch.nn.ModuleList(list(blocks)[start:stop]))
         kept.extend(list(blocks)[start:stop])
     return kept
+
+
+def stage_name(model: torch.nn.Module, key: str) -> str | None:
+    """A whole model's tensor name (a checkpoint key) as this stage's model names it, or None when the stage
+    does not hold it (a block of another stage); unchanged for a model that is not cut."""
+    ranges = getattr(model, STAGE_BLOCKS, None)
+    if not ranges:
+        return key
+    for name, (start, stop) in ranges.items():
+        head = f"{name}."
+        if key.startswith(head):
+            index, _, rest = key[len(head):].partition(".")
+            if not index.isdigit():
+                return key
+            if not start <= int(index) < stop:
+                return None
+            return f"{head}{int(index) - start}.{rest}"
+    return key
 
 
 def _input_positions(block: torch.nn.Module, names: tuple[str, ...]) -> dict[str, int]:

@@ -91,7 +91,9 @@ def checkpoint_names(model: torch.nn.Module, keys) -> dict[str, str]:
     `WeightConverter`: fused, chunked, transposed) left out; for any other model each key is its own name."""
     modeling = sys.modules.get("transformers.modeling_utils")  # loaded wherever a transformers model exists
     if modeling is None or not isinstance(model, modeling.PreTrainedModel):
-        return {key: key for key in keys}
+        from genbatch.parallel.pipeline.stages import stage_name  # a PipeFusion stage renumbers its blocks
+
+        return {name: key for key in keys if (name := stage_name(model, key)) is not None}
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import WeightConverter, WeightRenaming, rename_source_key
 
