@@ -141,9 +141,11 @@ def _cast(pipe, dtype: torch.dtype) -> None:
                 torch.nn.Module.to(child, dtype=torch.float32)
 
 
-def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...], build=_meta_component):
+def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...], build=_meta_component,
+                  leave_out: tuple[str, ...] = ()):
     """The pipeline with the components named in `meta` built on the meta device (shapes, no weights); from a
-    directory, `build(path, component, dtype)` builds them."""
+    directory, `build(path, component, dtype)` builds them, and the components in `leave_out` are not loaded
+    (None)."""
     _quiet_loading()
     if spec.name in PRESETS:
         pipe = build_preset(spec.name, meta=meta)
@@ -159,6 +161,7 @@ def load_skeleton(spec: ModelSpec, dtype: torch.dtype, meta: tuple[str, ...], bu
         index = json.load(handle)
     present = [name for name in meta if isinstance(index.get(name), list) and index[name][0] is not None]
     skeletons = {name: build(path, name, dtype) for name in present}
+    skeletons.update({name: None for name in leave_out if name in index})
     return DiffusionPipeline.from_pretrained(path, dtype=dtype, local_files_only=True, **skeletons)
 
 
@@ -183,12 +186,27 @@ def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dt
     """`--fsdp` loading: the sharded components built on the meta device on every rank, the whole pipeline
     read once on the group leader's CPU to fill their shards, the rest placed on this rank's device;
     `compile`: the run's `CompileConfig` (None: eager); `attention`: the local attention backend."""
+    import os
+
+    from genbatch.parallel.tensor.checkpoint import fill_from_safetensors
+
     components = sharded(spec, text_encoders)  # reads the encoders' configs: once
-    skeleton = load_skeleton(spec, dtype, meta=components)
-    full = load_pipeline(spec, torch.device("cpu"), dtype) if ctx.group.rank == 0 else None
+    path = spec.path or spec.name
+    # the encoders split over the group, read in parts by every rank (the leader's whole copy leaves them out)
+    built = _split_encoders(path, ctx, dtype, text_encoders) if spec.name not in PRESETS else {}
+
+    def build(where: str, name: str, load: torch.dtype):
+        return built[name] if name in built else _meta_component(where, name, load)
+
+    skeleton = load_skeleton(spec, dtype, meta=components + tuple(built), build=build)
+    full = None
+    if ctx.group.rank == 0:
+        full = finish_placement(load_skeleton(spec, dtype, meta=(), leave_out=tuple(built)), spec, torch.device("cpu"))
     shard_pipeline(skeleton, full, spec, ctx, compile, attention, text_encoders)
     del full
-    return finish_placement(skeleton, spec, ctx.device, skip=components)
+    for name, module in built.items():
+        fill_from_safetensors(module, os.path.join(path, name), dtype, ctx.device, keep_fp32=keep_in_fp32(module, dtype))
+    return finish_placement(skeleton, spec, ctx.device, skip=components + tuple(built))
 
 
 def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None,

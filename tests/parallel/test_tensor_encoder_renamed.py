@@ -184,13 +184,14 @@ def test_an_encoder_saved_without_safetensors_loads_whole_saying_so(qwen_image, 
     assert _split_encoders(qwen_image, ctx, torch.float32, "tp").keys() == {"text_encoder"}  # read in parts
 
 
-def test_without_tp_an_encoder_split_over_the_group_is_read_in_parts_too(tmp_path):
+@pytest.mark.parametrize("layout", [{"ulysses": 2}, {"ulysses": 2, "fsdp": True}], ids=["ulysses2", "ulysses2-fsdp"])
+def test_without_tp_an_encoder_split_over_the_group_is_read_in_parts_too(layout, tmp_path):
     path = str(tmp_path / "tiny-wan")
     _save(load_pipeline(resolve_model("tiny-wan"), torch.device("cpu"), torch.float32), path)
     whole = load_pipeline(resolve_model(path), torch.device("cpu"), torch.float32)
     reference = whole.encode_prompt(PROMPTS, do_classifier_free_guidance=False, device=torch.device("cpu"))[0]
     stored = _stored_bytes(os.path.join(path, "text_encoder"))
     for rank, (embeds, _, read, own, split) in enumerate(run_on_ranks(
-            _load_and_encode, 2, args=(path, str(tmp_path / "out"), {"ulysses": 2}), timeout_s=60)):
+            _load_and_encode, 2, args=(path, str(tmp_path / "out"), layout), timeout_s=60)):
         assert split >= 8 and read == own and read < 0.9 * stored, (rank, split, read, own, stored)
         assert (embeds - reference).abs().max() <= 1e-5, f"rank {rank}"
