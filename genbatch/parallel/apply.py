@@ -17,9 +17,9 @@ The whole order, fixed now; the steps marked (later) belong to axes or features 
                            starts and removes the hooks when it ends. They replace the blocks' `forward`
                            (diffusers' HookRegistry), which by then is the compiled forward of step 4
                            and sits inside FSDP's per-block hooks of step 5: so the cache hooks wrap
-                           the compiled blocks from outside (TaylorSeer, whose hooks would sit inside
-                           them, is refused with --compile), and a skipped span's decision is agreed
-                           over the group (`parallel.cache.agreement`)
+                           the compiled blocks from outside (TaylorSeer's sit inside them and run
+                           eagerly, the blocks compiled around them, `parallel.cache.taylorseer`), and a
+                           skipped span's decision is agreed over the group (`parallel.cache.agreement`)
     4. compile             `--compile`: torch.compile of each compile unit's forward (the family's
                            repeated blocks, `parallel/compile.py`), after the plans and hooks above so
                            that it traces through them, before FSDP so that FSDP's all-gathers stay
@@ -174,7 +174,7 @@ def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileCo
     for _, model in _components(pipe, denoisers(spec)):
         units = plans.transformer_plan(type(model).__name__).compile_units
         stale = ctx.dims.distrifusion > 1 or ctx.dims.pp > 1
-        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1 and not stale)
+        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1 and not stale and not config.breaks)
 
 
 def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,

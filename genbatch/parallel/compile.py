@@ -48,6 +48,10 @@ class CompileConfig:
     dynamic: bool | None = None
     """torch.compile's `dynamic`: None compiles static first and dynamic at the first new shape (at most two
     compiles per block class over mixed sizes); True compiles dynamic at once."""
+    breaks: bool = False
+    """True when the run needs graph breaks inside a unit (`--cache taylorseer`: its hooks on the attention and
+    feed-forward modules run eagerly between the compiled parts of each block), so units compile with
+    `fullgraph=False`."""
 
     def __post_init__(self) -> None:
         if self.backend not in COMPILE_BACKENDS:
@@ -137,6 +141,9 @@ class CompileClock:
         return taken
 
 
+FULLGRAPH = "_genbatch_fullgraph"
+"""The attribute under which a compiled unit says whether it was compiled whole (no graph break allowed)."""
+
 CLOCK = CompileClock()
 """The process's compile clock (dynamo's callbacks are process-wide); installed by the first `compile_units`."""
 
@@ -156,5 +163,6 @@ def compile_units(module: torch.nn.Module, patterns: tuple[str, ...], config: Co
     for name in names:
         unit = module.get_submodule(name)
         unit.forward = torch.compile(unit.forward, **options)
+        setattr(unit, FULLGRAPH, fullgraph)
         unit.register_forward_pre_hook(CLOCK.enter, with_kwargs=True)
     return names

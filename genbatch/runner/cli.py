@@ -126,9 +126,6 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
                 raise ValueError(f"--cache {options['cache']} with --distrifusion {options['distrifusion']}: step "
                                  "caching does not run with stale K/V (a skipped step would leave the buffers a "
                                  "step further behind); use --cache none or --distrifusion 1")
-            if (options["cache"] or "").startswith("taylorseer") and options["compile"]:
-                raise ValueError(f"--cache {options['cache']} with --compile: TaylorSeer's hooks would sit inside "
-                                 "the compiled blocks; drop --compile, or use --cache fbc:THRESHOLD")
         except ValueError as error:
             raise UsageError(str(error)) from None
         run_options = RunOptions(

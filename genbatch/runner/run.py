@@ -122,9 +122,11 @@ class RunOptions:
         """The `CompileConfig` step 4 of the parallelisation order applies (None: no compile)."""
         if not self.compile:
             return None
+        from genbatch.jobs.cache import TAYLORSEER, parse_cache
         from genbatch.parallel.compile import CompileConfig
 
-        return CompileConfig(backend=self.compile_backend)
+        taylorseer = parse_cache(self.overrides.cache).kind == TAYLORSEER  # its hooks sit inside the blocks
+        return CompileConfig(backend=self.compile_backend, breaks=taylorseer)
 
     def row_defaults(self) -> JobOverrides:
         """The defaults for rows that leave a setting empty: the run-level overrides, with `model` as the model

@@ -1,7 +1,9 @@
 """Step caching with `--compile`: First-Block Cache's hooks wrap each block's compiled forward from outside,
 so a skipping threshold adds no graph break and no graph (aot_eager: dynamo's tracing, no code generation)
-and gives the eager cached latents; TaylorSeer, whose hooks would sit inside the compiled blocks, is
-refused (the job, and gen run at start-up)."""
+and gives the eager cached latents. TaylorSeer's hooks sit inside the blocks: a row asking for it in blocks
+compiled whole fails its job naming the fix; given to the run (`--cache taylorseer:N --compile`), the blocks
+compile around its hooks, which run eagerly, and the output is the eager TaylorSeer output; the hooks stay for
+later jobs, so those compile nothing more, and a job without caching passes through them unchanged."""
 
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ def test_fbc_hooks_sit_outside_the_compiled_blocks(tmp_path):
         timer = JobTimer(world.ctx.device)
         compiled = executor.denoise(spec, timer)
         skipped = [row["cache_skipped"] for row in timer.rows() if row["stage"] == "denoise_step"]
-        with pytest.raises(ValueError, match="inside WanTransformer3DModel's compiled blocks"):
+        with pytest.raises(ValueError, match="inside WanTransformer3DModel's blocks, compiled whole; give the run"):
             executor.denoise(job("tiny-wan", num_inference_steps=2, cache="taylorseer:2"), JobTimer(world.ctx.device))
         model = executor.model_for(spec).pipe.transformer
         assert not [m for m in model.modules() if getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks]
@@ -38,8 +40,36 @@ def test_fbc_hooks_sit_outside_the_compiled_blocks(tmp_path):
     assert (compiled - eager).abs().max().item() <= 1e-4
 
 
-def test_gen_run_refuses_taylorseer_with_compile(tmp_path):
-    url = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox"}])
+def test_taylorseer_runs_with_compile_around_its_hooks_and_compiles_once(tmp_path):
+    from torch._dynamo.utils import counters
+
+    from genbatch.jobs.spec import JobOverrides
+
+    cached = job("tiny-wan", num_inference_steps=6, cache="taylorseer:2")
+    plain = job("tiny-wan", num_inference_steps=3)
+    with job_executor(str(tmp_path / "eager")) as (world, executor):
+        eager = executor.denoise(cached, JobTimer(world.ctx.device))
+        eager_plain = executor.denoise(plain, JobTimer(world.ctx.device))
+    torch._dynamo.reset()
+    counters.clear()
+    CLOCK.counts.clear()
+    with job_executor(str(tmp_path / "compiled"), compile=True, compile_backend="aot_eager",
+                      overrides=JobOverrides(cache="taylorseer:2")) as (world, executor):
+        timer = JobTimer(world.ctx.device)
+        compiled = executor.denoise(cached, timer)
+        skipped = [row["cache_skipped"] for row in timer.rows() if row["stage"] == "denoise_step"]
+        compiles = dict(CLOCK.counts)
+        again = executor.denoise(cached, JobTimer(world.ctx.device))  # the kept hooks, re-armed
+        after = executor.denoise(plain, JobTimer(world.ctx.device))  # passing through
+        assert dict(CLOCK.counts) == compiles  # no compile after the first job
+    assert sum(skipped) > 0 and sum(counters["graph_break"].values()) > 0  # the hooked calls run eagerly
+    assert (compiled - eager).abs().max().item() <= 1e-4
+    assert torch.equal(again, compiled)
+    assert (after - eager_plain).abs().max().item() <= 1e-4
+
+
+def test_gen_run_takes_taylorseer_with_compile(tmp_path):
+    url = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox", "num_inference_steps": 5}])
     result = run_cli("run", url, "--out", str(tmp_path / "out"), "--model", "tiny-wan", "--compile",
-                     "--cache", "taylorseer:2")
-    assert result.returncode == 2 and "drop --compile, or use --cache fbc:THRESHOLD" in result.stderr
+                     "--compile-backend", "aot_eager", "--cache", "taylorseer:2", "-q")
+    assert result.returncode == 0, result.stderr

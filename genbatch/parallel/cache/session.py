@@ -149,6 +149,8 @@ class StepCache:
 
         names = {FBC: fbc.HOOK_NAMES, TAYLORSEER: taylorseer.HOOK_NAMES}.get(self.mode.kind, teacache.HOOK_NAMES)
         for model in self.models:
+            if self.mode.kind == TAYLORSEER and taylorseer.disarm(model):
+                continue  # inside compiled blocks: kept, passing through until a job arms them again
             registry = HookRegistry.check_if_exists_or_initialize(model)
             for name in names:
                 registry.remove_hook(name, recurse=True)
