@@ -34,10 +34,15 @@ from genbatch.planner.memory import DECODE_CHOICES
 @cache_option
 @click.option("--vae-decode", type=click.Choice(DECODE_CHOICES), default="auto", show_default=True,
               help="How every layout's runs decode (gen run --vae-decode).")
+@click.option("--warmup-steps", type=click.IntRange(min=0), default=None, metavar="W",
+              help="The synchronous steps of the PipeFusion and DistriFusion layouts (gen run --warmup-steps) "
+                   "[default: each method's].")
+@click.option("--patches", type=click.IntRange(min=1), default=None, metavar="M",
+              help="The patches of the PipeFusion layouts (gen run --patches) [default: their stages].")
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
                   model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
                   compile: bool, compile_backend: str, attention: str, compile_cache: str | None,
-                  cache: str | None, vae_decode: str) -> None:
+                  cache: str | None, vae_decode: str, warmup_steps: int | None, patches: int | None) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
 
     Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
@@ -57,5 +62,7 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
                            model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
                            run_args=(*kernel_args(compile, compile_backend, attention, compile_cache),
                                      *(("--cache", cache) if cache else ()),
-                                     *(("--vae-decode", vae_decode) if vae_decode != "auto" else ())))
+                                     *(("--vae-decode", vae_decode) if vae_decode != "auto" else ())),
+                           stale_args=(*(("--warmup-steps", str(warmup_steps)) if warmup_steps is not None else ()),
+                                       *(("--patches", str(patches)) if patches is not None else ())))
     sys.exit(run_bench(options))

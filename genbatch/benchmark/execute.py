@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from genbatch.benchmark.layouts import describe, layout_name, run_args
+from genbatch.benchmark.layouts import describe, layout_name, run_args, stale
 from genbatch.benchmark.suites import Suite
 from genbatch.parallel.dims import ParallelDims
 
@@ -57,17 +57,26 @@ class SuiteRunner:
     """fp32 / bf16 / fp16 (None: gen run's default for the device)."""
     run_args: tuple[str, ...] = ()
     """More `gen run` arguments for every layout (e.g. `--compile`)."""
+    stale_args: tuple[str, ...] = ()
+    """More `gen run` arguments for the stale-K/V layouts only (`--warmup-steps W`; `--patches M` reaches only
+    PipeFusion's)."""
     say: Callable[[str], None] = lambda line: print(line, file=sys.stderr, flush=True)
     """Where progress lines go."""
 
     def command(self, layout: ParallelDims) -> list[str]:
         command = [sys.executable, "-m", "genbatch", "run", self.manifest_url, "--out", self.run_url(layout),
-                   "--model", self.model_dir, "-q", *run_args(layout), *self.run_args]
+                   "--model", self.model_dir, "-q", *run_args(layout), *self.run_args, *self._stale_args(layout)]
         if self.dtype:
             command += ["--dtype", self.dtype]
         for option in self.storage_args:
             command += ["--storage-option", option]
         return command
+
+    def _stale_args(self, layout: ParallelDims) -> list[str]:
+        if not stale(layout):
+            return []
+        pairs = list(zip(self.stale_args[::2], self.stale_args[1::2], strict=True))
+        return [arg for flag, value in pairs if flag != "--patches" or layout.pp > 1 for arg in (flag, value)]
 
     def run_url(self, layout: ParallelDims) -> str:
         return f"{self.out.rstrip('/')}/runs/{layout_name(layout)}"

@@ -43,6 +43,11 @@ def parse_layout(name: str) -> ParallelDims:
     return dims
 
 
+def stale(layout: ParallelDims) -> bool:
+    """True for a layout that attends to stale K/V (PipeFusion, DistriFusion): an approximation of exact."""
+    return layout.distrifusion > 1 or layout.pp > 1
+
+
 def parse_layouts(text: str) -> list[ParallelDims]:
     """A comma-separated list of layout names, in order, without repeats."""
     layouts = [parse_layout(part) for part in text.split(",") if part.strip()]

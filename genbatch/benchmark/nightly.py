@@ -45,6 +45,8 @@ class BenchOptions:
     """Replace a report already in OUT (else OUT must not hold one)."""
     run_args: tuple[str, ...] = ()
     """More `gen run` arguments for every layout (`--compile`, `--attention`: `genbatch.parallel.flags.kernel_args`)."""
+    stale_args: tuple[str, ...] = ()
+    """`gen run` arguments for the stale-K/V layouts only (`--warmup-steps W`, `--patches M`)."""
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
     """Where progress and the comparison are printed."""
 
@@ -77,26 +79,33 @@ def _prepare(options: BenchOptions):
 
 
 def _quality(options: BenchOptions, runner, layouts, runs: dict, metrics: dict, failures: dict, storage) -> dict:
-    """With an approximate `--cache`: one exact run of the first layout (same seeds) under OUT/exact, and every
-    layout's PSNR / SSIM against it, in its metrics and OUT/quality.json. {} for an exact configuration."""
+    """With an approximate configuration (a `--cache` mode, or layouts on stale K/V: PipeFusion, DistriFusion):
+    one exact run (same seeds) under OUT/exact, of the first exact layout (one process when every layout is
+    stale), and each approximate layout's PSNR / SSIM against it, in its metrics and OUT/quality.json. {} when
+    nothing is approximate."""
     import json
     from dataclasses import replace
 
+    from genbatch.benchmark.layouts import layout_name, stale
     from genbatch.benchmark.quality import cache_mode, output_quality, without_cache
     from genbatch.io.options import open_filesystem
+    from genbatch.parallel.dims import ParallelDims
 
     mode = cache_mode(options.run_args)
-    if mode is None:
+    approximate = {layout_name(layout) for layout in layouts if mode is not None or stale(layout)}
+    if not approximate:
         return {}
-    options.say(f"gen bench: the exact configuration (--cache {mode} left out), for the outputs' quality ...")
+    left_out = f"--cache {mode} left out" if mode is not None else "exact attention"
+    options.say(f"gen bench: the exact configuration ({left_out}), for the outputs' quality ...")
+    reference = next((layout for layout in layouts if not stale(layout)), ParallelDims())
     exact_runner = replace(runner, out=f"{runner.out}/exact", run_args=without_cache(options.run_args))
-    (exact,) = exact_runner.run_all(layouts[:1])
+    (exact,) = exact_runner.run_all([reference])
     quality = {}
     if exact.status != 0:
         failures["exact"] = exact.log_tail
     else:
         for name, run in runs.items():
-            scores = output_quality(exact.url, run.url, storage) if name in metrics else None
+            scores = output_quality(exact.url, run.url, storage) if name in metrics and name in approximate else None
             if scores is not None:
                 quality[name] = scores
                 metrics[name].extra.update(scores)
@@ -145,7 +154,7 @@ def run_bench(options: BenchOptions) -> int:
     fs.pipe_file(f"{root}/manifest.parquet", to_parquet_bytes(records_to_table(suite.manifest_rows())))
     runner = SuiteRunner(suite=suite, manifest_url=f"{url}/manifest.parquet", model_dir=model_dir, out=url,
                          storage_args=options.storage_args, storage_options=storage, dtype=options.dtype, say=say,
-                         run_args=options.run_args)
+                         run_args=options.run_args, stale_args=options.stale_args)
     runs = runner.run_all(layouts)
     timings = concat([run.timings for run in runs]) if runs else pa.table({})
     metrics = report_metrics(timings)

@@ -73,3 +73,33 @@ def test_the_quality_plot_is_drawn_for_the_scored_layouts(tmp_path):
     (tmp_path / "q.png").write_bytes(quality_png({"single": {"psnr_db": 41.5, "ssim": 0.97},
                                                   "ulysses2": {"psnr_db": 38.0, "ssim": 0.91}}, "fbc:0.1"))
     _assert_quality_plot(tmp_path / "q.png")
+
+
+def test_stale_layouts_take_the_warm_up_flags_and_exact_ones_do_not():
+    from genbatch.benchmark.execute import SuiteRunner
+    from genbatch.benchmark.suites import SUITES
+    from genbatch.parallel.dims import ParallelDims
+
+    runner = SuiteRunner(suite=SUITES["tiny"], manifest_url="m", model_dir="d", out="o",
+                         stale_args=("--warmup-steps", "2", "--patches", "4"))
+
+    def tail(layout):
+        command = runner.command(layout)
+        return command[command.index("-q"):]
+
+    assert "--warmup-steps" not in tail(ParallelDims(ulysses=2))  # gen run refuses it for an exact layout
+    assert tail(ParallelDims(pp=2))[-4:] == ["--warmup-steps", "2", "--patches", "4"]
+    assert tail(ParallelDims(distrifusion=2))[-2:] == ["--warmup-steps", "2"]  # no --patches: PipeFusion's
+
+
+@pytest.mark.slow  # gen bench end to end: two layouts and the exact run
+def test_gen_bench_scores_stale_layouts_against_an_exact_one(tmp_path):
+    import json
+
+    from tests.support.runs import run_cli
+
+    result = run_cli("bench", "--suite", "tiny", "--layouts", "single,pp2", "--out", str(tmp_path / "a"),
+                     "--model-cache", str(tmp_path / "models"), "--warmup-steps", "1")
+    assert result.returncode == 0, result.stderr
+    quality = json.loads((tmp_path / "a" / "quality.json").read_text())
+    assert list(quality) == ["pp2"] and quality["pp2"]["jobs"] == 2 and 0 < quality["pp2"]["ssim"] <= 1
