@@ -43,7 +43,7 @@ def _distributed(tmp_path, preset, layout, stale=None, seeds=(7,), steps=STEPS):
 
 
 @pytest.mark.parametrize(("preset", "layout"), [
-    ("tiny-wan", {"pp": 2}), ("tiny-flux", {"pp": 2}), ("tiny-sd3", {"pp": 2}),
+    ("tiny-wan", {"pp": 2}), ("tiny-flux", {"pp": 2}), pytest.param("tiny-sd3", {"pp": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-wan", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow), ("tiny-wan", {"cfg": 2, "pp": 2}),
     pytest.param("tiny-flux", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-sd3", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),

@@ -70,7 +70,7 @@ def _held_jobs(proxy: FaultyProxy) -> set[str]:
 
 
 @pytest.mark.parametrize(("layout", "signum", "where"), [  # each layout, each signal, each kind of store once
-    ("one-process", signal.SIGTERM, "s3"),
+    pytest.param("one-process", signal.SIGTERM, "s3", marks=pytest.mark.slow),
     ("dp2", signal.SIGTERM, "s3-held"),
     ("ulysses2", signal.SIGUSR1, "local"),
 ], ids=["one-process-TERM-s3", "dp2-TERM", "ulysses2-USR1"])
