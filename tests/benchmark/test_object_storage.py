@@ -4,11 +4,14 @@ uploads, would differ: a nightly compares like with like.)"""
 
 from __future__ import annotations
 
+import pytest
+
 from genbatch.benchmark.compare import load_baseline
 from genbatch.io.options import open_filesystem
 from tests.support.runs import gen
 
 
+@pytest.mark.slow  # gen bench twice against a bucket
 def test_report_in_a_bucket_is_a_baseline(s3_run, tiny_report):
     result = gen("bench", "--suite", "tiny", "--layouts", "single", "--out", s3_run.url,
                  "--model-cache", tiny_report.model_cache, env=s3_run.env)

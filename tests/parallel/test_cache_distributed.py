@@ -61,7 +61,8 @@ def test_four_ulysses_ranks_skip_together_and_never_hang(tmp_path):
     assert all(torch.equal(result["latents"], results[0]["latents"]) for result in results)
 
 
-@pytest.mark.parametrize("fsdp", [False, True], ids=["cfg2-ulysses2", "cfg2-ulysses2-fsdp"])
+@pytest.mark.parametrize("fsdp", [pytest.param(False, marks=pytest.mark.slow), True],
+                         ids=["cfg2-ulysses2", "cfg2-ulysses2-fsdp"])
 def test_cfg_branches_count_together_and_decide_jointly_under_fsdp(fsdp, tmp_path):
     layout = {"cfg": 2, "ulysses": 2, "fsdp": fsdp}
     results = run_on_ranks(_on_rank, 4, args=(str(tmp_path), layout, "fbc:0.5", STEPS, "tiny-wan"), timeout_s=30)

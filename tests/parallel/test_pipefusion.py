@@ -44,7 +44,8 @@ def _distributed(tmp_path, preset, layout, stale=None, seeds=(7,), steps=STEPS):
 
 @pytest.mark.parametrize(("preset", "layout"), [
     ("tiny-wan", {"pp": 2}), ("tiny-flux", {"pp": 2}), pytest.param("tiny-sd3", {"pp": 2}, marks=pytest.mark.slow),
-    pytest.param("tiny-wan", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow), ("tiny-wan", {"cfg": 2, "pp": 2}),
+    pytest.param("tiny-wan", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
+    pytest.param("tiny-wan", {"cfg": 2, "pp": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-flux", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-sd3", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
 ], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2", "sd3-pp2-ulysses2"])

@@ -4,6 +4,8 @@ other works through the short ones; every job is done once, by one group."""
 
 from __future__ import annotations
 
+import pytest
+
 from collections import Counter
 
 from genbatch.io import RunStore
@@ -17,6 +19,7 @@ ROWS = [
        "num_frames": 33, "width": 160, "height": 96}]  # ~9x the tokens per step, 50x the steps
 
 
+@pytest.mark.slow  # two groups over a whole manifest
 def test_two_groups_split_a_skewed_manifest_by_work(tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS)
     out = tmp_path / "out"

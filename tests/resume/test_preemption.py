@@ -71,7 +71,7 @@ def _held_jobs(proxy: FaultyProxy) -> set[str]:
 
 @pytest.mark.parametrize(("layout", "signum", "where"), [  # each layout, each signal, each kind of store once
     pytest.param("one-process", signal.SIGTERM, "s3", marks=pytest.mark.slow),
-    ("dp2", signal.SIGTERM, "s3-held"),
+    pytest.param("dp2", signal.SIGTERM, "s3-held", marks=pytest.mark.slow),
     ("ulysses2", signal.SIGUSR1, "local"),
 ], ids=["one-process-TERM-s3", "dp2-TERM", "ulysses2-USR1"])
 def test_signal_checkpoints_exits_75_and_the_rerun_continues(layout, signum, where, uninterrupted, request, tmp_path):

@@ -228,6 +228,7 @@ def test_c_preempted_job_checkpoints_requeues_and_completes(slurm_cluster, inter
     assert not list((out / "checkpoints").glob("*.ckpt"))  # finished jobs leave no checkpoint
 
 
+@pytest.mark.slow  # a further requeue on the running cluster
 def test_d_scontrol_requeue_mid_run_gives_the_same_outputs(slurm_cluster, interrupted_runs):
     root, reference, jobs = interrupted_runs
     job_id, out = jobs["requeued"]
