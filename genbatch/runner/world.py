@@ -270,8 +270,8 @@ class World:
         dims = self.ctx.dims
         if self.ctx.group.size == 1 or dims.fsdp:
             return False
-        return any(config_width(spec.path, name) and mode_for(self.text_encoder_parallel, config_width(spec.path, name),
-                                                              fsdp=False) == "tp" for name in TEXT_ENCODERS)
+        widths = [config_width(spec.path, name) for name in TEXT_ENCODERS]  # 0: no such encoder (or no config)
+        return any(width and mode_for(self.text_encoder_parallel, width, fsdp=False) == "tp" for width in widths)
 
     def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
         """Rank 0 waits (without a collective, whose timeout is short) until every rank has finished."""

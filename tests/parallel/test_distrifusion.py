@@ -14,57 +14,32 @@ import torch
 
 from genbatch.parallel.patch.config import DISTRIFUSION, NAIVE_PATCH, StaleConfig
 from genbatch.runner.timing import JobTimer
+from tests.parallel.stale_runs import denoised, mse, on_ranks
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
 
 STEPS = 4
 
 
-def _latents(out: str, layout: dict, preset: str, stale: StaleConfig | None, seeds=(7,), steps=STEPS,
-             resync=frozenset()) -> dict:
-    with job_executor(out, **layout) as (world, executor):
-        executor.stale, executor.resync_steps = stale, frozenset(resync)
-        results = {}
-        for seed in seeds:
-            timer = JobTimer(world.ctx.device)
-            results[seed] = executor.denoise(job(preset, num_inference_steps=steps, seed=seed), timer)
-        return {"latents": results, "stale_bytes": executor.last_stale_bytes,
-                "bytes": [{k: v for k, v in row.items() if k.startswith("bytes_")}
-                          for row in timer.rows() if row["stage"] == "denoise_step"]}
-
-
-def _on_rank(rank, world_size, out, layout, preset, stale, seeds, steps):
-    return _latents(f"{out}/rank{rank}", layout, preset, stale, seeds, steps)
-
-
-def _distributed(tmp_path, preset, stale, layout=None, seeds=(7,), steps=STEPS, world=2):
-    layout = layout or {"distrifusion": 2}
-    return run_on_ranks(_on_rank, world, args=(str(tmp_path), layout, preset, stale, seeds, steps), timeout_s=30)
-
-
 @pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux", "tiny-sd3"])
 def test_a_warm_up_over_every_step_equals_one_process(preset, tmp_path):
-    reference = _latents(str(tmp_path / "single"), {}, preset, None)["latents"][7]
+    reference = denoised(str(tmp_path / "single"), {}, preset, None, (7,), STEPS)["latents"][7]
     stale = StaleConfig(method=DISTRIFUSION, patches=2, warmup_steps=STEPS)
-    for result in _distributed(tmp_path, preset, stale):
+    for result in on_ranks(tmp_path, preset, {"distrifusion": 2}, stale, (7,), STEPS):
         torch.testing.assert_close(result["latents"][7], reference, rtol=0, atol=1e-5)
-
-
-def _mse(ours: dict, exact: dict) -> float:
-    return sum(float((ours[seed] - exact[seed]).pow(2).mean()) for seed in exact) / len(exact)
 
 
 @pytest.mark.slow  # 2 two-rank runs a model; the stale path also runs in the resume and accounting tests
 @pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux", "tiny-sd3"])
 def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
     seeds, steps = (1, 2), 6
-    exact = _latents(str(tmp_path / "single"), {}, preset, None, seeds, steps)["latents"]
+    exact = denoised(str(tmp_path / "single"), {}, preset, None, seeds, steps)["latents"]
     errors = {}
     for method in (DISTRIFUSION, NAIVE_PATCH):
         stale = StaleConfig(method=method, patches=2, warmup_steps=1)
-        ranks = _distributed(tmp_path / method, preset, stale, seeds=seeds, steps=steps)
+        ranks = on_ranks(tmp_path / method, preset, {"distrifusion": 2}, stale, seeds, steps)
         assert all(torch.equal(ranks[1]["latents"][s], ranks[0]["latents"][s]) for s in seeds)  # one latent
-        errors[method] = _mse(ranks[0]["latents"], exact)
+        errors[method] = mse(ranks[0]["latents"], exact)
     print(preset, errors)
     assert 0 < errors[DISTRIFUSION] <= 0.5 * errors[NAIVE_PATCH], errors
 
@@ -89,9 +64,9 @@ def _resume_on_rank(rank, world_size, out, steps, every, warmup):
         timer = JobTimer(world.ctx.device)
         executor.denoise(first, timer)  # that checkpoint was made under another warm-up: starts over
         restarted = [row["step"] for row in timer.rows() if row["stage"] == "denoise_step"]
-    plain = _latents(f"{out}/plain", {"distrifusion": 2}, "tiny-wan", stale, (3,), steps)["latents"][3]
+    plain = denoised(f"{out}/plain", {"distrifusion": 2}, "tiny-wan", stale, (3,), steps)["latents"][3]
     rewarmed = range(every, every + warmup)
-    reference = _latents(f"{out}/reference", {"distrifusion": 2}, "tiny-wan", stale, (3,), steps,
+    reference = denoised(f"{out}/reference", {"distrifusion": 2}, "tiny-wan", stale, (3,), steps,
                          resync=rewarmed)["latents"][3]
     return {"checkpointed": checkpointed, "plain": plain, "resumed": resumed, "reference": reference, "timed": timed,
             "restarted": restarted}
@@ -113,7 +88,7 @@ def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(tmp_path):
     spec, sized = resolve_model(preset), job(preset)
     tokens, width, layers = spec.tokens(sized.width, sized.height, sized.num_frames), spec.hidden_size, spec.num_layers
     branches, value = 2, 4  # both CFG branches on each rank, fp32
-    for result in _distributed(tmp_path, preset, stale, steps=steps):
+    for result in on_ranks(tmp_path, preset, {"distrifusion": 2}, stale, (7,), steps):
         # every layer's K and V of this rank's N/P tokens, to the P-1 others, per branch, every step
         sent = 2 * (tokens // 2) * width * (2 - 1) * layers * branches * value
         for row in result["bytes"]:

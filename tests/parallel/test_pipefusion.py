@@ -13,33 +13,11 @@ import torch
 
 from genbatch.parallel.patch.config import NAIVE_PATCH, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
+from tests.parallel.stale_runs import denoised, mse, on_ranks
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
 
 STEPS = 3
-
-
-def _latents(out: str, layout: dict, preset: str, stale=None, seeds=(7,), steps=STEPS) -> dict:
-    with job_executor(out, **layout) as (world, executor):
-        executor.stale = stale
-        results = {}
-        for seed in seeds:
-            timer = JobTimer(world.ctx.device)
-            results[seed] = executor.denoise(job(preset, num_inference_steps=steps, seed=seed), timer)
-        return {"latents": results, "stale_bytes": executor.last_stale_bytes, "rank": world.ctx.rank,
-                "bytes": [{k: v for k, v in row.items() if k.startswith("bytes_")}
-                          for row in timer.rows() if row["stage"] == "denoise_step"]}
-
-
-def _on_rank(rank, world_size, out, layout, preset, stale, seeds, steps):
-    return _latents(f"{out}/rank{rank}", layout, preset, stale, seeds, steps)
-
-
-def _distributed(tmp_path, preset, layout, stale=None, seeds=(7,), steps=STEPS):
-    world = 1
-    for value in layout.values():
-        world *= value
-    return run_on_ranks(_on_rank, world, args=(str(tmp_path), layout, preset, stale, seeds, steps), timeout_s=30)
 
 
 @pytest.mark.parametrize(("preset", "layout"), [
@@ -50,27 +28,23 @@ def _distributed(tmp_path, preset, layout, stale=None, seeds=(7,), steps=STEPS):
     pytest.param("tiny-sd3", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
 ], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2", "sd3-pp2-ulysses2"])
 def test_pure_layer_pipelining_equals_one_process(preset, layout, tmp_path):
-    reference = _latents(str(tmp_path / "single"), {}, preset)["latents"][7]
+    reference = denoised(str(tmp_path / "single"), {}, preset, None, (7,), STEPS)["latents"][7]
     stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=STEPS)
-    for result in _distributed(tmp_path, preset, layout, stale):
+    for result in on_ranks(tmp_path, preset, layout, stale, (7,), STEPS):
         torch.testing.assert_close(result["latents"][7], reference, rtol=0, atol=1e-5)
-
-
-def _mse(ours: dict, exact: dict) -> float:
-    return sum(float((ours[seed] - exact[seed]).pow(2).mean()) for seed in exact) / len(exact)
 
 
 @pytest.mark.slow  # 4 two-rank runs a model; the patch path also runs in the resume and accounting tests
 @pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux", "tiny-sd3"])
 def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
     seeds, steps = (1, 2), 6
-    exact = _latents(str(tmp_path / "single"), {}, preset, None, seeds, steps)["latents"]
+    exact = denoised(str(tmp_path / "single"), {}, preset, None, seeds, steps)["latents"]
     errors = {}
     for method, patches in ((PIPEFUSION, 2), (PIPEFUSION, 4), (NAIVE_PATCH, 2), (NAIVE_PATCH, 4)):
         stale = StaleConfig(method=method, patches=patches, warmup_steps=1)
-        ranks = _distributed(tmp_path / f"{method}{patches}", preset, {"pp": 2}, stale, seeds, steps)
+        ranks = on_ranks(tmp_path / f"{method}{patches}", preset, {"pp": 2}, stale, seeds, steps)
         assert all(torch.equal(ranks[1]["latents"][s], ranks[0]["latents"][s]) for s in seeds)  # one latent
-        errors[(method, patches)] = _mse(ranks[0]["latents"], exact)
+        errors[(method, patches)] = mse(ranks[0]["latents"], exact)
     print(preset, errors)
     for patches in (2, 4):
         assert 0 < errors[(PIPEFUSION, patches)] <= 0.5 * errors[(NAIVE_PATCH, patches)], errors
@@ -88,7 +62,7 @@ def _resume_on_rank(rank, world_size, out, steps, every, warmup):
         timer = JobTimer(world.ctx.device)
         resumed = executor.denoise(first, timer)  # a new session: resumes at `every`, re-warms
         timed = [row["step"] for row in timer.rows() if row["stage"] == "denoise_step"]
-    plain = _latents(f"{out}/plain", {"pp": 2}, "tiny-wan", stale, (3,), steps)["latents"][3]
+    plain = denoised(f"{out}/plain", {"pp": 2}, "tiny-wan", stale, (3,), steps)["latents"][3]
     with job_executor(f"{out}/reference", pp=2) as (world, executor):
         executor.stale, executor.resync_steps = stale, frozenset(range(every, every + warmup))
         reference = executor.denoise(first, JobTimer(world.ctx.device))
@@ -114,7 +88,7 @@ def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(layout, tmp_path
     tokens, width, layers = spec.tokens(sized.width, sized.height, sized.num_frames), spec.hidden_size, spec.num_layers
     latent = spec.out_channels * math.prod(spec.latent_shape(sized.width, sized.height, sized.num_frames))
     branches, value = 2, 4  # both CFG branches on each rank, fp32
-    for result in _distributed(tmp_path, preset, layout, stale, steps=steps):
+    for result in on_ranks(tmp_path, preset, layout, stale, (7,), steps):
         stage = result["rank"] // u
         rows = result["bytes"]
         if stage == 0:  # N x d per step (in M pieces), per branch, this rank's 1/u of it
@@ -129,11 +103,11 @@ def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(layout, tmp_path
 @pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"cfg": 2, "pp": 2}, {"pp": 2, "ulysses": 2}], ids=["cfg2-pp2", "pp2-ulysses2"])
 def test_the_patch_pipeline_composes_with_cfg_and_ulysses(layout, tmp_path):
-    exact = _latents(str(tmp_path / "single"), {}, "tiny-wan", None, (1,), 6)["latents"][1]
+    exact = denoised(str(tmp_path / "single"), {}, "tiny-wan", None, (1,), 6)["latents"][1]
     stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=1)
-    ranks = _distributed(tmp_path, "tiny-wan", layout, stale, (1,), 6)
+    ranks = on_ranks(tmp_path, "tiny-wan", layout, stale, (1,), 6)
     assert all(torch.equal(result["latents"][1], ranks[0]["latents"][1]) for result in ranks)  # one latent
-    naive = _distributed(tmp_path / "naive", "tiny-wan", {"pp": 2}, StaleConfig(method=NAIVE_PATCH, patches=2,
+    naive = on_ranks(tmp_path / "naive", "tiny-wan", {"pp": 2}, StaleConfig(method=NAIVE_PATCH, patches=2,
                                                                                 warmup_steps=1), (1,), 6)
     error = float((ranks[0]["latents"][1] - exact).pow(2).mean())
     assert 0 < error <= 0.5 * float((naive[0]["latents"][1] - exact).pow(2).mean())
@@ -171,7 +145,7 @@ def test_stages_compose_with_tensor_parallel(directory, tmp_path):
     from genbatch.runner.loading import load_pipeline
     from tests.parallel.test_tensor_loading import _save
 
-    reference = _latents(str(tmp_path / "single"), {}, "tiny-wan")["latents"][7]
+    reference = denoised(str(tmp_path / "single"), {}, "tiny-wan", None, (7,), STEPS)["latents"][7]
     stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=STEPS)
     layout = {"pp": 2, "tp": 2}
     if directory:  # each stage reads its own blocks' tp parts from the safetensors, by their whole-model names
@@ -180,6 +154,6 @@ def test_stages_compose_with_tensor_parallel(directory, tmp_path):
         reference = _directory_rank(0, 1, str(tmp_path / "single-directory"), path, {}, None, STEPS)
         results = run_on_ranks(_directory_rank, 4, args=(str(tmp_path), path, layout, stale, STEPS), timeout_s=30)
     else:
-        results = [result["latents"][7] for result in _distributed(tmp_path, "tiny-wan", layout, stale)]
+        results = [result["latents"][7] for result in on_ranks(tmp_path, "tiny-wan", layout, stale, (7,), STEPS)]
     for latents in results:
         torch.testing.assert_close(latents, reference, rtol=0, atol=1e-5)

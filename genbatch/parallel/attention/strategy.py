@@ -7,8 +7,10 @@ returns this rank's shard of the output. The model's plan names a strategy per a
 
     exact    Ulysses, Ring or USP by the group's shape: equal to one-process attention
 
-Strategies that attend to stale K/V (PipeFusion, DistriFusion) register here under their own names and
-keep their per-module state keyed by `site`, the attention module's name; model code does not change.
+Strategies that attend to stale K/V register here under their own names (`distrifusion` in
+`genbatch.parallel.patch.strategies`, `pipefusion` in `genbatch.parallel.pipeline.strategy`) and keep a job's
+K/V buffers keyed by branch and by the attention call's place in the forward (the same on every rank); model
+code does not change.
 """
 
 from __future__ import annotations
