@@ -168,13 +168,12 @@ def link_stages(stages: list[tuple[torch.nn.Module, object, list]], ctx: Paralle
 
 
 def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileConfig) -> None:
-    """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph, under
-    distrifusion > 1 and pp > 1 the stale-K/V attention call (it keeps Python state per job)."""
+    """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph (the
+    stale-K/V attention of distrifusion and pp is one opaque node, no break; a stage's P2P is outside its blocks)."""
     plans = family(spec.family)
     for _, model in _components(pipe, denoisers(spec)):
         units = plans.transformer_plan(type(model).__name__).compile_units
-        stale = ctx.dims.distrifusion > 1 or ctx.dims.pp > 1
-        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1 and not stale and not config.breaks)
+        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1 and not config.breaks)
 
 
 def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,

@@ -104,10 +104,9 @@ class _Route:
             mask = masks.key_padding(attn_mask, query.shape[0], self.name)
             totals = [self.sp.state.stream_totals[stream] for stream in self.streams]
             key_mask = masks.rank_ordered(mask, totals, layout, self.sp.group.sp, self.name)
-        if getattr(self.strategy, "takes_streams", False):  # a stale strategy: where each stream's tokens sit
-            streams = tuple((stream, self.sp.state.stream_totals[stream]) for stream in self.streams)
+        if getattr(self.strategy, "takes_streams", False):  # a stale strategy: which streams its keys come from
             return self.strategy.attend(query, key, value, site=self.name, layout=layout, key_mask=key_mask,
-                                        scale=scale, streams=streams)
+                                        scale=scale, streams=self.streams)
         return self.strategy.attend(query, key, value, site=self.name, layout=layout, key_mask=key_mask, scale=scale)
 
 

@@ -7,6 +7,7 @@ equals one process within 1e-5 on fp32 latents: pipefusion 2, pipefusion 2 x uly
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -114,8 +115,6 @@ def test_the_patch_pipeline_composes_with_cfg_and_ulysses(layout, tmp_path):
 
 
 def test_wan_2_2_rewarms_where_its_second_expert_takes_over(tmp_path):
-    from types import SimpleNamespace
-
     from genbatch import models
     from genbatch.parallel.pipeline.session import PipeSession, switch_steps
 
@@ -130,6 +129,54 @@ def test_wan_2_2_rewarms_where_its_second_expert_takes_over(tmp_path):
     session = PipeSession(config=StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=2),
                           extra_sync=frozenset({3, 4}))
     assert [session.synchronous(index) for index in range(6)] == [True, True, False, True, True, False]
+
+
+def _two_experts_of_one_model(path: str) -> None:
+    """Wan 2.2's layout (two experts switched at a boundary timestep) whose experts are both tiny-wan's transformer:
+    it denoises as tiny-wan does, except where a method treats the switch differently."""
+    import copy
+
+    from diffusers import WanPipeline
+
+    from genbatch.models import resolve_model
+    from genbatch.runner.loading import load_pipeline
+
+    base = load_pipeline(resolve_model("tiny-wan"), torch.device("cpu"), torch.float32)
+    WanPipeline(tokenizer=base.tokenizer, text_encoder=base.text_encoder, vae=base.vae, scheduler=base.scheduler,
+                transformer=base.transformer, transformer_2=copy.deepcopy(base.transformer),
+                boundary_ratio=0.6).save_pretrained(path)
+
+
+def _expert_switch_rank(rank, world_size, out, path, steps, switch):
+    stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=1)
+    runs = {}
+    for name, model, resync in (("two experts", path, ()), ("one, re-warmed there", None, (switch,)),
+                                ("one", None, ())):
+        with job_executor(f"{out}/{name}/rank{rank}", pp=2) as (world, executor):
+            executor.stale, executor.resync_steps = stale, frozenset(resync)
+            spec = job("tiny-wan", num_inference_steps=steps, seed=7, **({"model": model} if model else {}))
+            runs[name] = executor.denoise(spec, JobTimer(world.ctx.device))
+    return runs
+
+
+def test_wan_2_2_rewarms_at_the_expert_switch_end_to_end(tmp_path):
+    """Both experts hold the same weights, so the two-expert run must equal the one-expert run made synchronous
+    at the switch step (and differ from the one that is not): the second expert's first W steps re-warm."""
+    from genbatch import models
+    from genbatch.parallel.pipeline.session import switch_steps
+    from genbatch.runner.loading import load_pipeline
+
+    path, steps = str(tmp_path / "wan22"), 6
+    _two_experts_of_one_model(path)
+    pipe = load_pipeline(models.resolve_model(path), torch.device("cpu"), torch.float32)
+    pipe.scheduler.set_timesteps(steps)
+    trajectory = SimpleNamespace(timesteps=pipe.scheduler.timesteps,
+                                 shared={"boundary_timestep": 0.6 * pipe.scheduler.config.num_train_timesteps})
+    (switch,) = switch_steps(models.family("wan").hooks, pipe, trajectory)
+    assert 1 < switch < steps
+    for runs in run_on_ranks(_expert_switch_rank, 2, args=(str(tmp_path), path, steps, switch), timeout_s=60):
+        torch.testing.assert_close(runs["two experts"], runs["one, re-warmed there"], rtol=0, atol=1e-5)
+        assert (runs["two experts"] - runs["one"]).abs().max() > 1e-6
 
 
 def _directory_rank(rank, world_size, out, path, layout, stale, steps):

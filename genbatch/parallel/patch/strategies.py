@@ -12,7 +12,7 @@ axis) and computes q, k, v for it. With a job's `StaleState` set (`StaleSession`
 
 Without a state (a forward outside a job) every call is exact. The K/V travel as one (s_rank, 2, b, h, d)
 tensor per call, counted as `stale_kv` in the ledger. The calls hold Python state, so under `--compile` each
-call is left to eager (`torch.compiler.disable`) and the rest of the block compiles around it.
+call is one opaque node (`genbatch.parallel.attention.stateful`) and the block compiles whole around it.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import torch
 
 from genbatch.parallel.attention.group import SequenceGroup
 from genbatch.parallel.attention.local import local_attention
+from genbatch.parallel.attention.stateful import attend_through_op, hold
 from genbatch.parallel.attention.strategy import register_strategy
 from genbatch.parallel.patch.config import DISTRIFUSION, NAIVE_PATCH
 from genbatch.parallel.patch.state import StaleState
@@ -45,13 +46,18 @@ class StalePatchAttention:
         self.group = group
         self.state: StaleState | None = None
         """The running job's state (None: no job, every call exact)."""
+        self.handle = hold(self)
 
     def _attend(self, q, k, v, key_mask, scale):
         return local_attention(q, k, v, scale=scale, backend=self.group.kernel, key_mask=key_mask)[0]
 
-    @torch.compiler.disable
     def attend(self, q, k, v, *, site, layout, key_mask, scale):
-        """This rank's patch q, k, v (b, s_rank, h, d) -> its patch of the output (b, s_rank, h, d)."""
+        """This rank's patch q, k, v (b, s_rank, h, d) -> its patch of the output (b, s_rank, h, d); one opaque
+        node under compile (`genbatch.parallel.attention.stateful`)."""
+        return attend_through_op(self.handle, q, k, v, site=site, layout=layout, key_mask=key_mask, scale=scale)
+
+    def attend_now(self, q, k, v, *, site, layout, key_mask, scale, streams=()):
+        """`attend`, eagerly, with the job's state."""
         comm, state = self.group.sp, self.state
         lengths = list(layout.lengths)
         key, sync = state.call() if state is not None else (None, True)

@@ -37,6 +37,9 @@ class PipeState:
     """Attention calls made so far by the running forward."""
     windows: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Stream -> (its full length, where this forward's tokens start), for the streams a patch forward cuts."""
+    lengths: dict[str, int] = field(default_factory=dict)
+    """Stream -> its tokens in the running forward (before the sequence-parallel split), noted at each cut: what
+    the attention calls place their keys by (read at run time, so a compiled block does not guard on them)."""
     buffers: dict[tuple[str, int], tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     """(branch, attention call index) -> that call's K and V of every token, (b, S, h, d)."""
     _positions: dict[tuple, tuple[torch.Tensor, int]] = field(default_factory=dict)
@@ -45,6 +48,7 @@ class PipeState:
         """A forward of `branch` starts, on `patch` (None: whole)."""
         self.branch, self.patch, self.calls = branch, patch, 0
         self.windows.clear()
+        self.lengths.clear()
 
     def patch_range(self, total: int, patch: int) -> tuple[int, int]:
         """(start, count) of `patch`'s tokens in a stream of `total` image tokens."""
@@ -53,11 +57,11 @@ class PipeState:
 
     def cut(self, tensor: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
         """A split value in a patch forward: an image stream keeps the patch's tokens (recorded in `windows`)."""
+        total = self.lengths[stream] = tensor.shape[dim]
         if self.patch is None or stream in self.text_streams:
             return tensor
-        total = tensor.shape[dim]
         start, count = self.patch_range(total, self.patch)
-        self.windows[stream] = (total, start)
+        self.windows[stream], self.lengths[stream] = (total, start), count
         return tensor.narrow(dim, start, count)
 
     def place(self, tensor: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
@@ -76,6 +80,15 @@ class PipeState:
         key = (self.branch, self.calls)
         self.calls += 1
         return key
+
+    def counted(self, streams: tuple[str, ...], site: str) -> tuple[tuple[str, int], ...]:
+        """(stream, its tokens in the running forward) for an attention call's streams."""
+        missing = [name for name in streams if name not in self.lengths]
+        if missing:
+            raise RuntimeError(f"{site}: no split point of stream(s) {', '.join(missing)} ran in this forward, so "
+                               "PipeFusion cannot place its keys; the model's sequence plan must split every stream "
+                               "its attention calls attend over")
+        return tuple((name, self.lengths[name]) for name in streams)
 
     def positions(self, streams: tuple[tuple[str, int], ...], ranks: int, device) -> tuple[torch.Tensor, int]:
         """(the buffer position of each key the attention gathered, the buffer's length): the keys come in

@@ -10,14 +10,16 @@ gathered; one rank: as it is). On the gathered q, k, v (b, S_forward, h/U, d), w
     naive patches        the patch's queries attend to this forward's keys only (the baseline)
 
 Key-padding masks are refused (no PipeFusion model masks its self-attention). Without a state every call is exact.
+The calls keep Python state, so each is one opaque node under `--compile` (`attention.stateful`): the blocks of
+a stage compile whole, with no graph break.
 """
 
 from __future__ import annotations
 
-import torch
 
 from genbatch.parallel.attention.group import SequenceGroup
 from genbatch.parallel.attention.local import local_attention
+from genbatch.parallel.attention.stateful import attend_through_op, hold
 from genbatch.parallel.attention.strategy import register_strategy
 from genbatch.parallel.attention.ulysses import ulysses_wrap
 from genbatch.parallel.pipeline.state import PipeState
@@ -36,20 +38,26 @@ class PipeFusionAttention:
                              "--ulysses for the sequence-parallel ranks of a stage")
         self.group = group
         self.state: PipeState | None = None
+        self.handle = hold(self)
 
     def _local(self, q, k, v, scale):
         return local_attention(q, k, v, scale=scale, backend=self.group.kernel)[0]
 
-    @torch.compiler.disable
     def attend(self, q, k, v, *, site, layout, key_mask, scale, streams=()):
-        """This rank's q, k, v (b, s_rank, h, d) of the forward's tokens -> its part of the output."""
+        """This rank's q, k, v (b, s_rank, h, d) of the forward's tokens -> its part of the output; one opaque
+        node under compile (`genbatch.parallel.attention.stateful`)."""
         if key_mask is not None:
             raise ValueError(f"{site}: --pipefusion takes no key-padding mask; run this model with --pipefusion 1")
+        return attend_through_op(self.handle, q, k, v, site=site, layout=layout, key_mask=None, scale=scale,
+                                 streams=streams)
+
+    def attend_now(self, q, k, v, *, site, layout, key_mask, scale, streams=()):
+        """`attend`, eagerly, with the job's state."""
         state, ulysses = self.state, self.group.ulysses
         if state is None or state.naive:
             return ulysses_wrap(q, k, v, ulysses, layout.lengths, lambda qh, kh, vh: self._local(qh, kh, vh, scale))
         key = state.next_call()
-        positions, length = state.positions(streams, ulysses.size, q.device)
+        positions, length = state.positions(state.counted(streams, site), ulysses.size, q.device)
 
         def attend_buffer(qh, kh, vh):
             buffers = state.buffers.get(key)
