@@ -7,7 +7,13 @@ the other half, printed beside its measurement. Every rank runs one OpenMP threa
 on a machine others share, slow a rank several times over); ranks beyond this machine's cores share them,
 and the profile's ranks-per-core term (core_sharing) carries that, fitted from the FIT half's 1, 2 and 4 ranks.
 
-    python bench/calibration.py [--frames 17] [--sizes 192,128] [--steps 4] [--runs DIR]
+The whole list of layouts runs `--repeats` times, one pass after another, so that a burst of other work on a
+shared machine slows different layouts in different passes; a job measured more than once counts at its fastest
+(median step), in the fit (`calibrate.fastest_of_each`) and in the measured column alike. The spread column is
+how much slower the same job's median step was in its slowest pass than in its fastest: the noise the machine
+itself puts on a measurement, which bounds how closely any model can predict it.
+
+    python bench/calibration.py [--frames 17] [--sizes 192,160,128] [--steps 5] [--repeats 3] [--runs DIR]
 
 With --runs DIR the layouts' run folders are kept there, and a later call with the same DIR fits and predicts
 from them again without running anything.
@@ -41,8 +47,9 @@ TOLERANCE = 0.20
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--frames", type=int, default=17)
-    parser.add_argument("--sizes", default="192,128", help="square sizes, comma separated (one job each)")
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--sizes", default="192,160,128", help="square sizes, comma separated (one job each)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the layouts (a job counts at its fastest)")
     parser.add_argument("--runs", default=None, help="keep the run folders here (and reuse those already there)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
@@ -58,45 +65,59 @@ def main() -> None:
         model_dir = os.path.join(root, "model")
         if not os.path.isdir(model_dir):
             build_model(model_dir)
-        outs = {}
-        for name, dp, cfg, ring, ulysses, fsdp in LAYOUTS:
-            rows = [{"id": f"clip-{size}-{index}", "prompt": "a harbour at dawn", "seed": 5, "width": size,
-                     "height": size, "num_frames": args.frames, "num_inference_steps": args.steps,
-                     "guidance_scale": 5.0} for size in sizes for index in range(dp)]
-            manifest = os.path.join(root, f"m-{dp}.parquet")
-            pq.write_table(pa.Table.from_pylist(rows), manifest)
-            outs[name] = os.path.join(root, name.replace(" ", "_"))
-            if os.path.isdir(os.path.join(outs[name], "timings")):
-                continue
-            run_layout(model_dir, manifest, outs[name], dp, cfg, ring, ulysses, fsdp, "bf16", threads=1)
-            print(f"ran {name}", file=sys.stderr, flush=True)
-        fitted = calibrate_runs([outs[name] for name in outs if name in FIT], name="bench-cpu")
+        outs: dict[str, list[str]] = {}
+        for repeat in range(args.repeats):
+            for name, dp, cfg, ring, ulysses, fsdp in LAYOUTS:
+                rows = [{"id": f"clip-{size}-{index}", "prompt": "a harbour at dawn", "seed": 5, "width": size,
+                         "height": size, "num_frames": args.frames, "num_inference_steps": args.steps,
+                         "guidance_scale": 5.0} for size in sizes for index in range(dp)]
+                manifest = os.path.join(root, f"m-{dp}.parquet")
+                pq.write_table(pa.Table.from_pylist(rows), manifest)
+                out = os.path.join(root, name.replace(" ", "_") + (f"-{repeat}" if repeat else ""))
+                outs.setdefault(name, []).append(out)
+                if os.path.isdir(os.path.join(out, "timings")):
+                    continue
+                run_layout(model_dir, manifest, out, dp, cfg, ring, ulysses, fsdp, "bf16", threads=1)
+                print(f"ran {name} (pass {repeat + 1} of {args.repeats})", file=sys.stderr, flush=True)
+        fitted = calibrate_runs([out for name in outs if name in FIT for out in outs[name]], name="bench-cpu")
         print(f"model: the Wan benchmark model of bench/overhead.py, sizes {sizes}, {args.frames} frames, "
-              f"{args.steps} steps (the first of each job not used), bf16, {os.cpu_count()} cores")
+              f"{args.steps} steps (the first of each job not used), bf16, {os.cpu_count()} cores, "
+              f"{args.repeats} passes (each job at its fastest)")
         print(format_fit(fitted).replace(root + "/", ""))
         print()
-        header = f"{'layout':28s} {'half':>7s} {'ranks':>5s} {'size':>5s} {'measured':>9s} {'predicted':>9s} {'error':>7s}"
+        header = (f"{'layout':28s} {'half':>7s} {'ranks':>5s} {'size':>5s} {'measured':>9s} {'predicted':>9s} "
+                  f"{'error':>7s} {'spread':>7s}")
         print(header)
         print("-" * len(header))
-        errors = []
+        errors, spreads = [], []
         shape = resolve_shape(model_dir)
         for name, *_ in LAYOUTS:
-            samples = read_steps(outs[name])
+            samples = [sample for out in outs[name] for sample in read_steps(out)]
             for size in sizes:
                 mine = [sample for sample in samples if sample.width == size]
                 sample = mine[0]
                 work = make_workload(shape, width=size, height=size, frames=args.frames, steps=args.steps)
                 cluster = measured_cluster("cpu", sample.ranks)
                 predicted = estimate(sample.layout, work, cluster, fitted.profile).seconds_per_step
-                measured = statistics.median(s.seconds for s in mine)
+                by_job: dict[tuple, list[float]] = {}
+                for step in mine:
+                    by_job.setdefault((step.run, step.job_id), []).append(step.seconds)
+                medians = [statistics.median_low(seconds) for seconds in by_job.values()]
+                measured = min(medians)
+                spread = max(medians) / measured - 1  # the same job, pass to pass (and a dp group's equal jobs)
+                spreads.append(spread)
                 error = predicted / measured - 1
                 half = "fit" if name in FIT else "predict"
                 if half == "predict":
                     errors.append(abs(error))
-                print(f"{name:28s} {half:>7s} {sample.ranks:5d} {size:5d} {measured:9.3f} {predicted:9.3f} {error:+7.1%}")
+                print(f"{name:28s} {half:>7s} {sample.ranks:5d} {size:5d} {measured:9.3f} {predicted:9.3f} {error:+7.1%} "
+                      f"{spread:+7.0%}")
         within = sum(error <= TOLERANCE for error in errors)
         print(f"\npredicted half: {within} of {len(errors)} within {TOLERANCE:.0%}; mean |error| "
               f"{statistics.mean(errors):.1%}, max {max(errors):.1%}")
+        if len(spreads) and max(spreads) > 0:
+            print(f"spread of one job's median step over the passes (the machine's own noise): median "
+                  f"{statistics.median(spreads):.0%}, max {max(spreads):.0%}")
 
 
 if __name__ == "__main__":
