@@ -8,7 +8,8 @@ with L, A the step's linear and attention FLOPs, rows the GEMM rows per rank, F 
 bytes it sent of kind k (measured) in M_k collectives (the cost model's count), and a = 1/gemm rate,
 b = gemm_half_rows x a, c = 1/attention rate, o the fixed seconds per layer forward, beta_k = 1/bandwidth,
 lambda_k the latency. Each step is weighted by 1/t (relative residuals), so fast
-and slow layouts count alike. `slowdown = 1 + core_sharing (ranks - 1)` is found by a grid search around the
+and slow layouts count alike. `slowdown = core_slowdown(core_sharing, ranks, cpu_cores)` (ranks beyond the
+run's cores time-slice them; `cpu_cores` from run.json, else this machine's) is found by a grid search around the
 linear fit, on CPUs whose runs differ in rank count.
 
 What the runs cannot tell apart is not guessed: while the columns are linearly dependent or a fitted value
@@ -21,6 +22,7 @@ were held. So one GPU (no communication) fits compute and the fixed cost, or com
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -113,8 +115,9 @@ class _Design:
     """A bandwidth column's name -> the LINK/KIND keys that share it."""
 
 
-def _design(observations: list[Observation], sharing: float, published: dict[str, tuple[float, float]]) -> _Design:
-    slow = np.array([core_slowdown(sharing, o.terms.ranks) for o in observations])
+def _design(observations: list[Observation], sharing: float, published: dict[str, tuple[float, float]],
+            cores: int | None = None) -> _Design:
+    slow = np.array([core_slowdown(sharing, o.terms.ranks, cores) for o in observations])
     linear = np.array([o.terms.linear_flops for o in observations])
     rows = np.array([o.terms.rows for o in observations])
     columns = {
@@ -206,8 +209,8 @@ def _solve(design: _Design) -> tuple[dict[str, float] | None, str | None]:
     return (values, None) if values[worst] > 0 else (None, worst)
 
 
-def _fit_at(observations: list[Observation], sharing: float, published: dict[str, float]):
-    design = _design(observations, sharing, published)
+def _fit_at(observations: list[Observation], sharing: float, published: dict[str, float], cores: int | None):
+    design = _design(observations, sharing, published, cores)
     while True:
         values, culprit = _solve(design)
         if values is not None:
@@ -222,9 +225,10 @@ def _fit_at(observations: list[Observation], sharing: float, published: dict[str
 
 
 def fit(observations: list[Observation], *, name: str, device: str, published: dict[str, tuple[float, float]],
-        fit_core_sharing: bool | None = None) -> Fit:
+        fit_core_sharing: bool | None = None, cpu_cores: int | None = None) -> Fit:
     """Fit a profile to `observations` (see the module docstring); `published` maps link names to the
-    (GB/s, seconds per collective) a held bandwidth or latency keeps. `fit_core_sharing` defaults to: a CPU whose steps differ in rank count."""
+    (GB/s, seconds per collective) a held bandwidth or latency keeps. `fit_core_sharing` defaults to: a CPU whose
+    steps differ in rank count; `cpu_cores`: that CPU's cores (ranks beyond them time-slice, `core_slowdown`)."""
     if not observations:
         raise ValueError("no measured steps to calibrate from")
     if fit_core_sharing is None:
@@ -233,7 +237,7 @@ def fit(observations: list[Observation], *, name: str, device: str, published: d
     best, error = None, None
     for sharing in grid:
         try:
-            values, design, residuals = _fit_at(observations, sharing or 0.0, published)
+            values, design, residuals = _fit_at(observations, sharing or 0.0, published, cpu_cores)
         except ValueError as problem:
             error = problem
             continue
@@ -255,6 +259,7 @@ def fit(observations: list[Observation], *, name: str, device: str, published: d
         attention_tflops=attention / 1e12,
         layer_overhead_s=values.get("overhead"),
         bandwidth_gbs=bandwidth, latency_s=latency, core_sharing=sharing if fit_core_sharing else None,
+        cpu_cores=cpu_cores if fit_core_sharing else None,
     )
     profile.fit = {
         "steps": len(observations),
@@ -284,6 +289,8 @@ def format_fit(result: Fit, path: str | None = None) -> str:
         text = f"{value:.4g}" if value is not None else "-"
         lines.append(f"  {label:34s} {text:>12s}  " + (f"held: {held}" if held else "fitted" if value is not None
                                                         else "not measured"))
+    if profile.cpu_cores is not None:
+        lines.append(f"  {'cpu_cores':34s} {profile.cpu_cores:>12d}  the runs' (ranks beyond them time-slice them)")
     for label, value in sorted(result.held.items()):
         if label.startswith(("bandwidth_gbs", "latency_s")) and label not in dict(rows):
             lines.append(f"  {label:34s} {'-':>12s}  held: {value}")
@@ -326,7 +333,13 @@ def calibrate_runs(directories: list[str], *, name: str | None = None, gpu: str 
         cluster = measured_cluster(sample.device, sample.ranks, gpu=gpu, interconnect=interconnect)
         published.update({link.name: (link.gbs, link.latency_s)
                           for link in (cluster.intra, cluster.cross_socket, cluster.inter) if link})
-    result = fit(observations, name=name or default_profile_name(samples), device=device, published=published)
+    cores = sorted({sample.cpu_cores for sample in samples if sample.cpu_cores})
+    if len(cores) > 1:
+        raise ValueError(f"the runs had different CPU core counts ({', '.join(map(str, cores))}); calibrate each "
+                         "machine on its own")
+    cpu_cores = cores[0] if cores else (os.cpu_count() if device == "cpu" else None)
+    result = fit(observations, name=name or default_profile_name(samples), device=device, published=published,
+                 cpu_cores=cpu_cores)
     result.profile.fit.update(steps=len(samples), jobs=len(by_job), measurements=len(typical), runs=sorted({sample.run for sample in samples}))
     return result
 

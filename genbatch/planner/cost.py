@@ -7,7 +7,8 @@ that splitting does not shrink.
 
 Communication per rank per layer, from seed 000 §1's table, over the slowest link the axis crosses:
 Ulysses 4(p-1)/p^2 N d (four all-to-alls, not overlapped); Ring 2(p-1)/p N d (K/V passed around the ring,
-overlapped with the attention of the block in hand, plus a fixed cost per round); TP 4(p-1)/p N d (two
+overlapped with the attention of the block in hand, plus a fixed cost per round; inside a PipeFusion stage once
+per patch forward, each passing the whole stale buffer); TP 4(p-1)/p N d (two
 all-reduces, not overlapped); FSDP 2P/L (p-1)/p (the next layer's weights, prefetched under this layer's
 compute); CFG one prediction exchange per step; PipeFusion N d per stage per step (asynchronous, in M
 pieces); DistriFusion, each layer, an all-gather of this rank's K and V, 2 (N/p) d to each of the p-1 others,
@@ -200,10 +201,16 @@ def step_terms(layout: ParallelDims, work: Workload, cluster: Cluster) -> StepTe
                      layer_forwards=forwards * layers * layout.pp, ranks=cluster.gpus_per_node)
 
 
-def core_slowdown(sharing: float | None, ranks: int) -> float:
-    """How much longer compute takes when `ranks` share a CPU's cores: 1 + sharing (ranks - 1), 1 without a
-    fitted sharing (a profile's `core_sharing`)."""
-    return 1.0 if sharing is None else 1.0 + sharing * (ranks - 1)
+def core_slowdown(sharing: float | None, ranks: int, cores: int | None = None) -> float:
+    """How much longer compute takes when `ranks` share a CPU's `cores` (a profile's `core_sharing` and
+    `cpu_cores`): ranks up to the cores slow each other by `1 + sharing (ranks - 1)` (memory bandwidth, caches),
+    and ranks beyond them time-slice the cores, `ranks / cores` longer again; without `cores`, the first term
+    alone over every rank. 1 without a fitted sharing."""
+    if sharing is None:
+        return 1.0
+    if cores is None:
+        return 1.0 + sharing * (ranks - 1)
+    return max(1.0, ranks / cores) * (1.0 + sharing * (min(ranks, cores) - 1))
 
 
 def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches: int,
@@ -220,7 +227,8 @@ def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches:
         if profile.attention_tflops is not None:
             attention_rate = profile.attention_tflops * 1e12
     efficiency = share * rows / (rows + half_rows)
-    slowdown = core_slowdown(profile.core_sharing if profile else None, cluster.gpus_per_node)
+    slowdown = core_slowdown(profile.core_sharing if profile else None, cluster.gpus_per_node,
+                             profile.cpu_cores if profile else None)
     forwards, layers = _forwards_and_layers(layout, work)
     return _Compute(
         forwards=forwards,
@@ -254,9 +262,11 @@ def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compu
         link = links["ring"] = axis_link(layout, "ring", cluster)
         chunk = 2 * nd / (r * u * tp)  # K and V of N/r tokens, d/(u tp) channels, each round
         round_s = _transfer(chunk, link)
-        exposed = (r - 1) * _overlapped(round_s, compute.attention_s / r) + r * RING_ROUND_OVERHEAD_S
-        tally.add("ring", per_step * (r - 1) * chunk, per_step * (r - 1) * round_s, per_step * exposed, link,
-                  per_step * (r - 1))
+        passes = layout.pp  # PipeFusion: each of its M = P patch forwards passes every rank's whole K/V buffer
+        exposed = passes * ((r - 1) * _overlapped(round_s, compute.attention_s / (r * passes))
+                            + r * RING_ROUND_OVERHEAD_S)
+        tally.add("ring", per_step * passes * (r - 1) * chunk, per_step * passes * (r - 1) * round_s,
+                  per_step * exposed, link, per_step * passes * (r - 1))
     if tp > 1:
         link = links["tp"] = axis_link(layout, "tp", cluster)
         reduces = work.shape.tp_all_reduces  # the model's all-reduces a layer (TensorPlan.all_reduces_per_layer)

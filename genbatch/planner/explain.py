@@ -49,7 +49,7 @@ def parameters(cost: Estimate, cluster: Cluster, profile: Profile | None) -> dic
         "attention_tflops": (given.attention_tflops if given.attention_tflops is not None
                              else peak * ATTENTION_EFFICIENCY, _source(profile, given.attention_tflops)),
         "layer_overhead_s": (layer_overhead(profile), _source(profile, given.layer_overhead_s)),
-        "core_slowdown": (core_slowdown(given.core_sharing, cluster.gpus_per_node), _source(profile, given.core_sharing)),
+        "core_slowdown": (core_slowdown(given.core_sharing, cluster.gpus_per_node, given.cpu_cores), _source(profile, given.core_sharing)),
     }
     out = {name: {"value": round_figures(value), "source": source} for name, (value, source) in values.items()}
     links = _links(cluster)

@@ -50,6 +50,8 @@ class StepSample:
     """Wall seconds of the step, averaged over the ranks."""
     bytes_sent: dict[str, float] = field(default_factory=dict)
     """Bytes this rank sent in the step by collective kind (averaged over the ranks)."""
+    cpu_cores: int | None = None
+    """The CPU cores the run had (run.json's `cpu_cores`; None from runs that did not record it)."""
 
 
 def run_folders(directory: str) -> list[str]:
@@ -111,5 +113,6 @@ def read_steps(run: str, *, skip_first: bool = True) -> list[StepSample]:
             seconds=sum(row["seconds"] for row in rows) / len(rows),
             bytes_sent={kind: sum(row.get(f"bytes_{kind}") or 0 for row in rows) / len(rows)
                         for kind in sorted(kinds) if kind not in IGNORED_KINDS},
+            cpu_cores=info.get("cpu_cores"),
         ))
     return samples

@@ -4,7 +4,7 @@ Denoising and decoding do not overlap, so the peak is the resident weights plus 
 activations (stale K/V included) and the VAE decode. Seed 000 gives the rules: weights are replicated under
 sequence, CFG and DistriFusion parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by
 layer); activations split 1/p under sequence parallel and DistriFusion (each rank holds [N/p, d]). Stale K/V, per
-CFG branch a rank runs: PipeFusion 2 x N x d x L/p (a stage's layers), DistriFusion 2 x N x d x L (`stale_fit`).
+CFG branch a rank runs: PipeFusion 2 x N x d x L/p (a stage's layers) over its sequence ranks, DistriFusion 2 x N x d x L (`stale_fit`).
 The VAE decode peak is the decoder's own (`vae_memory`: frame-causal, framewise or tiled as diffusers decodes),
 split 1/p with patch parallel over the job's group (§7.1).
 
@@ -88,9 +88,11 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
     stale_kv = stale_kv_bytes(shape, work.width, work.height, work.frames, layout, BYTES_PER_VALUE)  # DistriFusion
     if layout.pp > 1:
         # seed 000 §6.3: a stage keeps the K and V of all N tokens for its L/p layers (2 N d per layer) for each
-        # CFG branch it runs, whole in every sequence rank (seed 001 §5.4), split by TP heads.
+        # CFG branch it runs; a sequence rank keeps its Ulysses heads of them and, under Ring, its 1/R of the
+        # tokens (`parallel.pipeline.state`), split by TP heads as well
         branches = branches_per_rank(shape, layout)
-        stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / layout.tp * branches
+        split = layout.tp * layout.ulysses * layout.ring
+        stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / split * branches
     parts = {
         "weights": weights / GIB,
         # the runner's FSDP shards the text encoders over the job group too

@@ -4,9 +4,12 @@ The cost model (`genbatch.planner.cost`) prices a step from published figures: t
 assumed efficiency, a fixed cost per layer, each link's bandwidth. A profile replaces the figures it
 measured and leaves the rest. With a profile, one step of a layout costs
 
-    (1 + core_sharing (ranks - 1)) x [linear_flops / (gemm_tflops x rows / (rows + gemm_half_rows))
+    slowdown x [linear_flops / (gemm_tflops x rows / (rows + gemm_half_rows))
                                       + attention_flops / attention_tflops]
     + layer_forwards x layer_overhead_s + sum over collective kinds of (bytes / bandwidth + messages x latency)
+
+where on a CPU `slowdown = max(1, ranks / cpu_cores) x (1 + core_sharing (min(ranks, cpu_cores) - 1))` (ranks
+beyond the cores time-slice them; 1 on GPUs).
 
 GEMM efficiency against rows per rank is the saturating form `rows / (rows + gemm_half_rows)`: linear layers
 reach `gemm_tflops` on large GEMMs and half of it at `gemm_half_rows` rows per rank. Every term is linear in
@@ -60,8 +63,11 @@ class Profile:
     latency_s: dict[str, float] = field(default_factory=dict)
     """Seconds per collective by `LINK/KIND`, fitted beside its bandwidth (a kind without one keeps the link's)."""
     core_sharing: float | None = None
-    """On a CPU, the ranks-per-core factor: each rank's compute takes (1 + core_sharing x (ranks - 1)) times as
-    long, 0 when every rank has cores of its own, 1 when all ranks share one core's time. None on GPUs."""
+    """On a CPU, how much ranks with cores of their own still slow each other (memory bandwidth, caches): each
+    rank's compute takes (1 + core_sharing x (ranks - 1)) times as long, for up to `cpu_cores` ranks. None on GPUs."""
+    cpu_cores: int | None = None
+    """On a CPU, the cores its runs had: more ranks than these time-slice them (`ranks / cpu_cores` slower
+    again). None: the `core_sharing` term alone over every rank (profiles made before it was recorded)."""
     fit: dict = field(default_factory=dict)
     """How it was fitted: the runs, steps used, residuals, and which parameters kept their prior."""
 

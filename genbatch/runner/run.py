@@ -163,6 +163,7 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},
         "host": socket.gethostname(),
+        "cpu_cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "started": started,
         "ended": None,
     }

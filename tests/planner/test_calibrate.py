@@ -14,7 +14,7 @@ import pytest
 
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.calibrate import Observation, fit
-from genbatch.planner.cost import estimate, step_terms
+from genbatch.planner.cost import core_slowdown, estimate, step_terms
 from genbatch.planner.hardware import cpu_cluster, make_cluster
 from genbatch.planner.layouts import structural_problems
 from genbatch.planner.profile import COLLECTIVE_OF_AXIS, Profile
@@ -103,6 +103,22 @@ def test_cpu_ranks_sharing_cores_are_found():
     result = fit(observations, name="cpu", device="cpu", published=PUBLISHED)
     assert result.profile.core_sharing == pytest.approx(0.35, abs=0.0051)  # the grid's step is 0.005
     assert result.profile.gemm_tflops == pytest.approx(0.2, rel=0.01)
+
+
+def test_cpu_ranks_beyond_the_cores_time_slice_them_and_the_sharing_is_found():
+    truth = Profile(name="cpu", device="cpu", gemm_tflops=0.2, gemm_half_rows=64.0, attention_tflops=0.08,
+                    layer_overhead_s=300e-6, bandwidth_gbs={"gloo/all_to_all": 0.5, "gloo/sp_gather": 0.4,
+                                                            "gloo/p2p": 0.6, "gloo/cfg_exchange": 0.3},
+                    latency_s={"gloo/all_to_all": 400e-6, "gloo/sp_gather": 300e-6, "gloo/p2p": 200e-6,
+                               "gloo/cfg_exchange": 250e-6}, core_sharing=0.1, cpu_cores=2)
+    observations = _observe(truth, cpu_cluster)  # 1 to 8 ranks on 2 cores
+    result = fit(observations, name="cpu", device="cpu", published=PUBLISHED, cpu_cores=2)
+    assert result.profile.cpu_cores == 2
+    assert result.profile.core_sharing == pytest.approx(0.1, abs=0.0051)
+    assert result.profile.gemm_tflops == pytest.approx(0.2, rel=0.01)
+    # up to the cores, ranks slow each other by the sharing; beyond them they time-slice the cores
+    assert [core_slowdown(0.1, ranks, 2) for ranks in (1, 2, 4, 8)] == pytest.approx([1.0, 1.1, 2.2, 4.4])
+    assert core_slowdown(0.1, 4) == pytest.approx(1.3)  # a profile without cores: the sharing term alone
 
 
 def test_no_steps_is_an_error():

@@ -31,8 +31,9 @@ def test_flux_nvlink_ulysses_4_or_8_rest_dp():
         assert layout.ring == layout.cfg == layout.pp == layout.tp == 1
     ranked = [candidate.layout for candidate in plan("flux.1-dev", 8, objective="latency").ranked]
     tp8 = next(i for i, layout in enumerate(ranked) if layout.tp == 8)
-    # USP over the whole node (PipeFusion x ring does not run: a stage's stale K/V follow Ulysses' layout)
-    usp = next(i for i, layout in enumerate(ranked) if layout.ulysses >= 2 and layout.ring == 2 and layout.tp == 1)
+    # USP over the whole node
+    usp = next(i for i, layout in enumerate(ranked)
+               if layout.ulysses >= 2 and layout.ring == 2 and layout.tp == 1 and layout.pp == 1)
     assert ranked.index(ParallelDims(ulysses=8)) < usp < tp8  # "备选 Ulysses 2 × Ring 2", "不推荐 TP 8"
 
 

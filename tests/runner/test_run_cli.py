@@ -66,6 +66,7 @@ def test_run_info(finished_run):
     _, out, _, _ = finished_run
     info = json.loads((out / "run.json").read_text())
     assert info["versions"]["torch"] and info["host"] and info["ended"] >= info["started"]
+    assert info["cpu_cores"] >= 1  # what a CPU calibration divides its ranks by
     assert info["summary"] == {"done": 2, "failed": 0, "rejected": 2}
     assert info["layout"] == "single" and ParallelDims.parse(info["layout"]) == ParallelDims()
     assert info["mesh"] == ParallelDims().describe() and info["options"]["pp"] == info["options"]["tp"] == 1
