@@ -168,12 +168,14 @@ def link_stages(stages: list[tuple[torch.nn.Module, object, list]], ctx: Paralle
 
 
 def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileConfig) -> None:
-    """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph (the
-    stale-K/V attention of distrifusion and pp is one opaque node, no break; a stage's P2P is outside its blocks)."""
+    """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph, except
+    under pp > 1, whose stale-K/V attention (its ring passes included) is one opaque node, as DistriFusion's is; a
+    stage's P2P sends are hooks outside its blocks."""
     plans = family(spec.family)
     for _, model in _components(pipe, denoisers(spec)):
         units = plans.transformer_plan(type(model).__name__).compile_units
-        compile_units(model, units, config, fullgraph=ctx.dims.ring == 1 and not config.breaks)
+        opaque_ring = ctx.dims.ring == 1 or ctx.dims.pp > 1
+        compile_units(model, units, config, fullgraph=opaque_ring and not config.breaks)
 
 
 def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
@@ -224,4 +226,4 @@ def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext, compil
     for name, module in _components(skeleton, sharded(spec, text_encoders)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
         state = fsdp.full_state(getattr(full, name)) if leader else None
-        fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device, ctx.tp_comm)
+        fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device, ctx.tp_comm, staged=ctx.dims.pp > 1)

@@ -180,11 +180,6 @@ class ParallelDims:
         """ValueError when DistriFusion is combined with an axis it does not compose with (it runs beside cfg
         and dp only, as in xDiT): every rank holds every layer and one patch, and the other axes would split
         the layers, heads or patch again."""
-        if self.pp > 1 and (self.fsdp or self.ring > 1):
-            other = "--fsdp" if self.fsdp else f"--ring {self.ring}"
-            raise ValueError(f"--pipefusion {self.pp} with {other}: not combined in this version (the stages hold "
-                             f"1/{self.pp} of the layers each already, and a stage's stale K/V follow Ulysses' "
-                             "layout); drop it, or give those ranks to --ulysses, --tp, --cfg or --dp")
         if self.distrifusion == 1:
             return
         others = [f"--{axis} {getattr(self, axis)}" for axis in ("pp", "ring", "ulysses", "tp") if getattr(self, axis) > 1]

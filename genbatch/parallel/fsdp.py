@@ -111,13 +111,17 @@ def _fsdp_part(tensor: torch.Tensor, mesh) -> torch.Tensor:
 
 @torch.no_grad()
 def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device,
-                tp: Comm | None = None) -> None:
+                tp: Comm | None = None, staged: bool = False) -> None:
     """Fill a sharded, meta-built module: the leader (full_state given) sends every tensor, each rank keeps
     its slice. Buffers (persistent or not) are sent whole: every rank needs all of them. Under tensor
     parallelism (`tp` of more than one rank) the FSDP sub-meshes of the other tp ranks do not hold the leader,
-    so the leader broadcasts each tensor to the whole group and every rank keeps its FSDP shard of its tp part."""
+    so the leader broadcasts each tensor to the whole group and every rank keeps its FSDP shard of its tp part.
+    `staged` (PipeFusion, pp > 1): the ranks' modules differ (each stage holds its own blocks), so the tensors go
+    by the whole model's names, as `_load_stage_shards` says."""
     module.to_empty(device=device)
     leader = group.rank == 0
+    if staged:
+        return _load_stage_shards(module, full_state, group, mesh, device, tp)
     for name, param in module.named_parameters():
         source = full_state[name].to(device=device, dtype=param.dtype) if leader else None
         if tp is not None and tp.size > 1:
@@ -143,6 +147,40 @@ def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, m
         # gloo sends no complex tensors: (..., ) complex -> (..., 2) real view of the same memory
         group.broadcast(torch.view_as_real(value) if value.is_complex() else value, src_group_rank=0)
         setattr(module.get_submodule(owner), attribute, value)
+
+
+def _load_stage_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device,
+                       tp: Comm | None) -> None:
+    """`load_shards` when each PipeFusion stage holds its own blocks (a cut model, or a component every stage
+    holds whole), sharded over its stage's FSDP mesh, which holds the leader on stage 0 only. The leader says
+    which tensors the whole model has (name, shape, dtype), then broadcasts each to the whole group; every rank
+    keeps what its stage's module holds under that name (`pipeline.stages.stage_name`): its FSDP shard (of its
+    tp part) of a parameter, a buffer or plain tensor whole."""
+    import torch.distributed as dist
+
+    from genbatch.parallel.pipeline.stages import stage_name
+
+    listing = [[(name, tuple(value.shape), value.dtype) for name, value in full_state.items()]
+               if group.rank == 0 else None]
+    dist.broadcast_object_list(listing, src=group.global_rank(0), group=group.group)
+    params, buffers = dict(module.named_parameters()), dict(module.named_buffers())
+    plain = {f"{owner}.{attribute}" if owner else attribute: (owner, attribute)
+             for owner, attribute, _ in _plain_tensors(module)}
+    split = tp is not None and tp.size > 1
+    for name, shape, dtype in listing[0]:
+        value = (full_state[name].to(device=device) if group.rank == 0
+                 else torch.empty(shape, dtype=dtype, device=device))
+        # gloo sends no complex tensors: (..., ) complex -> (..., 2) real view of the same memory
+        group.broadcast(torch.view_as_real(value) if value.is_complex() else value, src_group_rank=0)
+        local = stage_name(module, name)
+        if local in params:
+            part = tp_part(module, local, value, tp.rank, tp.size) if split else value
+            params[local].to_local().copy_(_fsdp_part(part, mesh))
+        elif local in buffers:
+            buffers[local].copy_(value)
+        elif local in plain:
+            owner, attribute = plain[local]
+            setattr(module.get_submodule(owner), attribute, value.clone())
 
 
 def _plain_tensors(module: torch.nn.Module) -> list[tuple[str, str, torch.Tensor]]:

@@ -1,7 +1,9 @@
 """PipeFusion (gloo, tiny random models): the layers cut into stages over the pp axis.
 
 With the warm-up covering every step (pure layer pipelining: the whole latent goes stage to stage) the output
-equals one process within 1e-5 on fp32 latents: pipefusion 2, pipefusion 2 x ulysses 2, cfg 2 x pipefusion 2.
+equals one process within 1e-5 on fp32 latents: pipefusion 2, pipefusion 2 x ulysses 2, pipefusion 2 x ring 2,
+cfg 2 x pipefusion 2, and with --fsdp (each stage's weights sharded over its stage's ranks, filled from the leader
+by the whole model's names).
 """
 
 from __future__ import annotations
@@ -27,7 +29,12 @@ STEPS = 3
     pytest.param("tiny-wan", {"cfg": 2, "pp": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-flux", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-sd3", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
-], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2", "sd3-pp2-ulysses2"])
+    ("tiny-wan", {"pp": 2, "ring": 2}),
+    pytest.param("tiny-flux", {"pp": 2, "ring": 2}, marks=pytest.mark.slow),
+    ("tiny-flux", {"pp": 2, "fsdp": True}),
+    pytest.param("tiny-wan", {"cfg": 2, "pp": 2, "fsdp": True}, marks=pytest.mark.slow),
+], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2", "sd3-pp2-ulysses2",
+        "wan-pp2-ring2", "flux-pp2-ring2", "flux-pp2-fsdp", "wan-cfg2-pp2-fsdp"])
 def test_pure_layer_pipelining_equals_one_process(preset, layout, tmp_path):
     reference = denoised(str(tmp_path / "single"), {}, preset, None, (7,), STEPS)["latents"][7]
     stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=STEPS)
@@ -78,12 +85,14 @@ def test_a_resumed_job_rewarms_and_equals_the_run_synchronous_at_those_steps(tmp
         assert (result["resumed"] - result["plain"]).abs().max() > 1e-6  # the re-warm step did differ
 
 
-@pytest.mark.parametrize("layout", [{"pp": 2}, pytest.param({"pp": 2, "ulysses": 2}, marks=pytest.mark.slow)],
-                         ids=["pp2", "pp2-ulysses2"])
+@pytest.mark.parametrize("layout", [{"pp": 2}, pytest.param({"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
+                                    pytest.param({"pp": 2, "ring": 2}, marks=pytest.mark.slow)],
+                         ids=["pp2", "pp2-ulysses2", "pp2-ring2"])
 def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(layout, tmp_path):
     from genbatch.models import resolve_model
 
-    preset, steps, u = "tiny-wan", 3, layout.get("ulysses", 1)
+    preset, steps = "tiny-wan", 3
+    u = layout.get("ulysses", 1) * layout.get("ring", 1)  # each sequence rank of a stage holds 1/u of it
     stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=1)
     spec, sized = resolve_model(preset), job(preset)
     tokens, width, layers = spec.tokens(sized.width, sized.height, sized.num_frames), spec.hidden_size, spec.num_layers
@@ -102,8 +111,9 @@ def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(layout, tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [{"cfg": 2, "pp": 2}, {"pp": 2, "ulysses": 2}], ids=["cfg2-pp2", "pp2-ulysses2"])
-def test_the_patch_pipeline_composes_with_cfg_and_ulysses(layout, tmp_path):
+@pytest.mark.parametrize("layout", [{"cfg": 2, "pp": 2}, {"pp": 2, "ulysses": 2}, {"pp": 2, "ring": 2}],
+                         ids=["cfg2-pp2", "pp2-ulysses2", "pp2-ring2"])
+def test_the_patch_pipeline_composes_with_cfg_ulysses_and_ring(layout, tmp_path):
     exact = denoised(str(tmp_path / "single"), {}, "tiny-wan", None, (1,), 6)["latents"][1]
     stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=1)
     ranks = on_ranks(tmp_path, "tiny-wan", layout, stale, (1,), 6)

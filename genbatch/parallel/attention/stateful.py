@@ -15,7 +15,8 @@ reads from its state at run time.
     handle = hold(strategy)      a handle the op finds the strategy by (weakly held: a closed run drops it)
     stateful_attention(q, k, v, key_mask, handle, site, lengths, scale, streams)
 
-The output is a new contiguous tensor of q's shape (b, s_rank, h, d), as the op's fake says.
+The output is a new contiguous tensor of q's shape (b, s_rank, h, d), as the op's fake says. `pack_kv` and
+`unpack_kv` are the strategies' one message of K and V for a gather along the tokens.
 """
 
 from __future__ import annotations
@@ -62,3 +63,15 @@ def _(q, k, v, key_mask, handle, site, lengths, scale, streams):
 def attend_through_op(handle: int, q, k, v, *, site, layout, key_mask, scale, streams=()) -> torch.Tensor:
     """A strategy's `attend`, as the op: the same arguments (`streams`: the names of the streams the keys come from)."""
     return stateful_attention(q, k, v, key_mask, handle, site, list(layout.lengths), scale, _SEPARATOR.join(streams))
+
+
+def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """K and V as one tensor a gather along the tokens sends: 2 x (b, s, h, d) -> (2, b, s, h, d) -> (s, 2, b, h, d)."""
+    return torch.stack((k, v)).movedim(2, 0).contiguous()
+
+
+def unpack_kv(pieces: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gathered `pack_kv` pieces, in rank order, back to K and V: p x (s_r, 2, b, h, d) -> (S, 2, b, h, d) ->
+    2 x (b, S, h, d)."""
+    packed = torch.cat(pieces, dim=0).movedim(0, 2)
+    return packed[0], packed[1]

@@ -17,25 +17,13 @@ call is one opaque node (`genbatch.parallel.attention.stateful`) and the block c
 
 from __future__ import annotations
 
-import torch
 
 from genbatch.parallel.attention.group import SequenceGroup
 from genbatch.parallel.attention.local import local_attention
-from genbatch.parallel.attention.stateful import attend_through_op, hold
+from genbatch.parallel.attention.stateful import attend_through_op, hold, pack_kv, unpack_kv
 from genbatch.parallel.attention.strategy import register_strategy
 from genbatch.parallel.patch.config import DISTRIFUSION, NAIVE_PATCH
 from genbatch.parallel.patch.state import StaleState
-
-
-def _packed(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    # 2 x (b, s_rank, h, d) -> (2, b, s_rank, h, d) -> (s_rank, 2, b, h, d): gathered along the tokens
-    return torch.stack((k, v)).movedim(2, 0).contiguous()
-
-
-def _unpacked(pieces: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    # p x (s_r, 2, b, h, d) -> (S, 2, b, h, d) -> (2, b, S, h, d): keys and values in patch-rank order
-    packed = torch.cat(pieces, dim=0).movedim(0, 2)
-    return packed[0], packed[1]
 
 
 @register_strategy(DISTRIFUSION)
@@ -62,10 +50,10 @@ class StalePatchAttention:
         lengths = list(layout.lengths)
         key, sync = state.call() if state is not None else (None, True)
         if sync:
-            gather = comm.start_all_gather_uneven(_packed(k, v), lengths, kind="stale_kv")
+            gather = comm.start_all_gather_uneven(pack_kv(k, v), lengths, kind="stale_kv")
             if state is not None:
                 state.keep(key, gather)
-            keys, values = _unpacked(gather.wait())
+            keys, values = unpack_kv(gather.wait())
             return self._attend(q, keys, values, key_mask, scale)
         if state.method == NAIVE_PATCH:
             if key_mask is not None:  # (b, S) in patch-rank order -> this rank's keys
@@ -73,8 +61,8 @@ class StalePatchAttention:
                 key_mask = key_mask[:, start : start + lengths[comm.rank]]
             return self._attend(q, k, v, key_mask, scale)
         pieces = state.buffers[key].wait()  # the step before's K/V of every patch
-        fresh = _packed(k, v)
+        fresh = pack_kv(k, v)
         pieces[comm.rank] = fresh
         state.keep(key, comm.start_all_gather_uneven(fresh, lengths, kind="stale_kv"))
-        keys, values = _unpacked(pieces)
+        keys, values = unpack_kv(pieces)
         return self._attend(q, keys, values, key_mask, scale)

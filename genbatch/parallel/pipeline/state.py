@@ -6,6 +6,10 @@ asynchronous step runs one forward per patch: the image streams keep only the pa
 patches of `SequenceLayout.split(rows, patches)` rows), the text streams stay whole, and each self- or
 joint-attention call writes its fresh K/V into its buffer (every token of the sequence, natural order) and
 attends to the whole buffer: the patches before this one are this step's, those after it the step before's.
+
+With Ring inside a stage each ring rank's buffer keeps the keys its Ulysses row holds in the patch forwards (its
+part of every patch), and the patch's queries attend to every ring rank's buffer around the ring
+(`BufferSlots`); a whole forward gathers its keys over the ring once, attends exactly and keeps its own.
 """
 
 from __future__ import annotations
@@ -15,6 +19,21 @@ from dataclasses import dataclass, field
 import torch
 
 from genbatch.parallel.attention.layout import SequenceLayout
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class BufferSlots:
+    """Where one attention call's keys go in a ring rank's K/V buffer (with Ulysses alone, one rank of the ring:
+    the buffer is the whole sequence in natural order, and a slot is a key's position in it)."""
+
+    fresh: torch.Tensor
+    """The slot of each key this rank's Ulysses row gathered in the running forward (patch forwards: all kept)."""
+    kept: torch.Tensor
+    """Of a whole forward's keys gathered over the ring as well (SP-rank order), the ones this buffer keeps..."""
+    kept_slots: torch.Tensor
+    """...and their slots."""
+    lengths: tuple[int, ...]
+    """Every ring rank's buffer length (what the ring passes around)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -90,11 +109,15 @@ class PipeState:
                                "its attention calls attend over")
         return tuple((name, self.lengths[name]) for name in streams)
 
-    def positions(self, streams: tuple[tuple[str, int], ...], ranks: int, device) -> tuple[torch.Tensor, int]:
-        """(the buffer position of each key the attention gathered, the buffer's length): the keys come in
-        Ulysses rank order (rank 0's piece of each stream, in the call's stream order, then rank 1's...); the
-        buffer holds each stream at full length, one after the other."""
-        key = (streams, ranks, tuple(sorted(self.windows.items())), device)
+    def positions(self, streams: tuple[tuple[str, int], ...], ranks: int, device,
+                  sp_ranks: range | None = None) -> tuple[torch.Tensor, int]:
+        """(the whole-sequence position of each key the attention gathered, the sequence's length): the keys come
+        in SP-rank order (rank 0's piece of each stream, in the call's stream order, then rank 1's...) over the
+        `ranks` sequence ranks of the stage, of those in `sp_ranks` (default: all of them: Ulysses alone, or a
+        whole forward gathered over the ring too); the whole sequence holds each stream at full length, one
+        after the other."""
+        sp_ranks = range(ranks) if sp_ranks is None else sp_ranks
+        key = (streams, ranks, sp_ranks, tuple(sorted(self.windows.items())), device)
         cached = self._positions.get(key)
         if cached is not None:
             return cached
@@ -103,11 +126,49 @@ class PipeState:
             full, start = self.windows.get(name, (count, 0))
             bases.append((base + start, SequenceLayout.split(count, ranks)))
             base += full
-        for rank in range(ranks):
+        for rank in sp_ranks:
             for first, layout in bases:
                 at = first + layout.offsets[rank]
                 pieces.append(torch.arange(at, at + layout.lengths[rank]))
         found = self._positions[key] = (torch.cat(pieces).to(device), base)
+        return found
+
+    def owned(self, streams: tuple[tuple[str, int], ...], ulysses: int, ring: int, ring_rank: int) -> torch.Tensor:
+        """The whole-sequence positions whose K/V ring rank `ring_rank`'s buffer keeps, ascending: the keys its
+        Ulysses row holds in the patch forwards (its part of every patch of each image stream, and of each text
+        stream), the same in every forward of the job (a whole forward keeps these of its gathered keys)."""
+        ranks, row = ulysses * ring, range(ring_rank * ulysses, (ring_rank + 1) * ulysses)
+        pieces, base = [], 0
+        for name, count in streams:
+            full = self.windows.get(name, (count, 0))[0]
+            cut = name not in self.text_streams
+            windows = [self.patch_range(full, patch) for patch in range(self.patches)] if cut else [(0, full)]
+            for start, length in windows:
+                layout = SequenceLayout.split(length, ranks)
+                for rank in row:
+                    at = base + start + layout.offsets[rank]
+                    pieces.append(torch.arange(at, at + layout.lengths[rank]))
+            base += full
+        return torch.cat(pieces).sort().values
+
+    def slots(self, streams: tuple[tuple[str, int], ...], ulysses: int, ring: int, ring_rank: int,
+              device) -> BufferSlots:
+        """Where the keys of the running forward go in ring rank `ring_rank`'s buffer (`BufferSlots`)."""
+        key = ("slots", streams, ulysses, ring, ring_rank, tuple(sorted(self.windows.items())), device)
+        cached = self._positions.get(key)
+        if cached is not None:
+            return cached
+        owned = [self.owned(streams, ulysses, ring, rank) for rank in range(ring)]
+        whole = self.positions(streams, ulysses * ring, "cpu")[1]
+        local = torch.full((whole,), -1, dtype=torch.long)  # whole-sequence position -> slot in this buffer
+        local[owned[ring_rank]] = torch.arange(len(owned[ring_rank]))
+        row = range(ring_rank * ulysses, (ring_rank + 1) * ulysses)
+        fresh = local[self.positions(streams, ulysses * ring, "cpu", row)[0]]
+        gathered = local[self.positions(streams, ulysses * ring, "cpu")[0]]  # every rank's keys, SP-rank order
+        kept = (gathered >= 0).nonzero().view(-1)
+        found = self._positions[key] = BufferSlots(
+            fresh=fresh.to(device), kept=kept.to(device), kept_slots=gathered[kept].to(device),
+            lengths=tuple(len(positions) for positions in owned))
         return found
 
     def held_bytes(self) -> int:
