@@ -29,7 +29,7 @@ STEPS = 3
     pytest.param("tiny-wan", {"cfg": 2, "pp": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-flux", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-sd3", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
-    ("tiny-wan", {"pp": 2, "ring": 2}),
+    pytest.param("tiny-wan", {"pp": 2, "ring": 2}, marks=pytest.mark.slow),
     pytest.param("tiny-flux", {"pp": 2, "ring": 2}, marks=pytest.mark.slow),
     ("tiny-flux", {"pp": 2, "fsdp": True}),
     pytest.param("tiny-wan", {"cfg": 2, "pp": 2, "fsdp": True}, marks=pytest.mark.slow),
