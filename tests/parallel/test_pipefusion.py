@@ -169,6 +169,7 @@ def _expert_switch_rank(rank, world_size, out, path, steps, switch):
     return runs
 
 
+@pytest.mark.slow  # the switch rule itself is checked in make test (test_wan_2_2_rewarms_where_...)
 def test_wan_2_2_rewarms_at_the_expert_switch_end_to_end(tmp_path):
     """Both experts hold the same weights, so the two-expert run must equal the one-expert run made synchronous
     at the switch step (and differ from the one that is not): the second expert's first W steps re-warm."""

@@ -49,6 +49,7 @@ def _compiled_and_eager(rank: int, world_size: int, out: str) -> dict:
     return results
 
 
+@pytest.mark.slow  # 30 s; the compiled path also runs in every --compile test of exact layouts
 def test_stale_attention_compiles_without_graph_breaks_and_equals_eager(tmp_path):
     for rank, results in enumerate(run_on_ranks(_compiled_and_eager, 2, args=(str(tmp_path),), timeout_s=240)):
         for name, result in results.items():
