@@ -54,7 +54,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
 
-    from genbatch.planner.calibrate import calibrate_runs, format_fit, measured_cluster
+    from genbatch.planner.calibrate import calibrate_runs, format_fit, job_medians, measured_cluster
     from genbatch.planner.cost import estimate
     from genbatch.planner.measurements import read_steps
     from genbatch.planner.shapes import resolve_shape
@@ -99,10 +99,7 @@ def main() -> None:
                 work = make_workload(shape, width=size, height=size, frames=args.frames, steps=args.steps)
                 cluster = measured_cluster("cpu", sample.ranks)
                 predicted = estimate(sample.layout, work, cluster, fitted.profile).seconds_per_step
-                by_job: dict[tuple, list[float]] = {}
-                for step in mine:
-                    by_job.setdefault((step.run, step.job_id), []).append(step.seconds)
-                medians = [statistics.median_low(seconds) for seconds in by_job.values()]
+                medians = [median.seconds for median in job_medians(mine)]
                 measured = min(medians)
                 spread = max(medians) / measured - 1  # the same job, pass to pass (and a dp group's equal jobs)
                 spreads.append(spread)

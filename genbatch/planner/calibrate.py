@@ -321,11 +321,7 @@ def calibrate_runs(directories: list[str], *, name: str | None = None, gpu: str 
     if len(devices) > 1:
         raise ValueError(f"the runs mix devices ({', '.join(devices)}); calibrate each machine on its own")
     device = "cpu" if devices == ["cpu"] else gpu.lower()
-    by_job: dict[tuple[str, str], list[StepSample]] = {}
-    for sample in samples:
-        by_job.setdefault((sample.run, sample.job_id), []).append(sample)
-    # each job's median step: one slow step (a page fault, a neighbour's burst) does not pull the fit
-    medians = [sorted(steps, key=lambda sample: sample.seconds)[(len(steps) - 1) // 2] for steps in by_job.values()]
+    medians = job_medians(samples)
     typical = fastest_of_each(medians)
     observations = [observation(sample, gpu=gpu, interconnect=interconnect) for sample in typical]
     published = {}
@@ -340,8 +336,17 @@ def calibrate_runs(directories: list[str], *, name: str | None = None, gpu: str 
     cpu_cores = cores[0] if cores else (os.cpu_count() if device == "cpu" else None)
     result = fit(observations, name=name or default_profile_name(samples), device=device, published=published,
                  cpu_cores=cpu_cores)
-    result.profile.fit.update(steps=len(samples), jobs=len(by_job), measurements=len(typical), runs=sorted({sample.run for sample in samples}))
+    result.profile.fit.update(steps=len(samples), jobs=len(medians), measurements=len(typical), runs=sorted({sample.run for sample in samples}))
     return result
+
+
+def job_medians(samples: list[StepSample]) -> list[StepSample]:
+    """Each job's median step (the lower middle one), one per (run, job): one slow step (a page fault, a
+    neighbour's burst) does not pull the fit."""
+    by_job: dict[tuple[str, str], list[StepSample]] = {}
+    for sample in samples:
+        by_job.setdefault((sample.run, sample.job_id), []).append(sample)
+    return [sorted(steps, key=lambda sample: sample.seconds)[(len(steps) - 1) // 2] for steps in by_job.values()]
 
 
 def fastest_of_each(samples: list[StepSample]) -> list[StepSample]:
