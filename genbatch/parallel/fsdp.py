@@ -113,25 +113,18 @@ def _fsdp_part(tensor: torch.Tensor, mesh) -> torch.Tensor:
 def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device,
                 tp: Comm | None = None, staged: bool = False) -> None:
     """Fill a sharded, meta-built module: the leader (full_state given) sends every tensor, each rank keeps
-    its slice. Buffers (persistent or not) are sent whole: every rank needs all of them. Under tensor
-    parallelism (`tp` of more than one rank) the FSDP sub-meshes of the other tp ranks do not hold the leader,
-    so the leader broadcasts each tensor to the whole group and every rank keeps its FSDP shard of its tp part.
-    `staged` (PipeFusion, pp > 1): the ranks' modules differ (each stage holds its own blocks), so the tensors go
-    by the whole model's names, as `_load_stage_shards` says."""
+    its slice. Buffers (persistent or not) and plain tensors are sent whole: every rank needs all of them.
+
+    When the FSDP mesh is the whole group, each parameter goes out over it (`distribute_tensor`). Under tensor
+    parallelism (`tp` of more than one rank) or PipeFusion (`staged`, pp > 1), the FSDP meshes of the other
+    tp ranks or stages do not hold the leader, so `_load_by_listing` sends each tensor to the whole group."""
     module.to_empty(device=device)
+    if staged or (tp is not None and tp.size > 1):
+        return _load_by_listing(module, full_state, group, mesh, device, tp)
     leader = group.rank == 0
-    if staged:
-        return _load_stage_shards(module, full_state, group, mesh, device, tp)
     for name, param in module.named_parameters():
-        source = full_state[name].to(device=device, dtype=param.dtype) if leader else None
-        if tp is not None and tp.size > 1:
-            if source is None:
-                source = torch.empty(param.shape, dtype=param.dtype, device=device)
-            group.broadcast(source, src_group_rank=0)
-            param.to_local().copy_(_fsdp_part(tp_part(module, name, source, tp.rank, tp.size), mesh))
-            continue
-        if source is None:
-            source = torch.empty(param.shape, dtype=param.dtype, device=device)
+        source = (full_state[name].to(device=device, dtype=param.dtype) if leader
+                  else torch.empty(param.shape, dtype=param.dtype, device=device))
         # distribute_tensor sends mesh rank 0's tensor; each rank keeps its Shard(0) slice
         group.ledger.add("broadcast", source.numel() * source.element_size() * (group.size - 1) if leader else 0)
         sharded = distribute_tensor(source, mesh, [Shard(0)])
@@ -144,18 +137,18 @@ def load_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, m
         value = torch.empty_like(meta_tensor, device=device)
         if leader:
             value.copy_(full_state[f"{owner}.{attribute}" if owner else attribute])
-        # gloo sends no complex tensors: (..., ) complex -> (..., 2) real view of the same memory
-        group.broadcast(torch.view_as_real(value) if value.is_complex() else value, src_group_rank=0)
+        group.broadcast(_sendable(value), src_group_rank=0)
         setattr(module.get_submodule(owner), attribute, value)
 
 
-def _load_stage_shards(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device,
-                       tp: Comm | None) -> None:
-    """`load_shards` when each PipeFusion stage holds its own blocks (a cut model, or a component every stage
-    holds whole), sharded over its stage's FSDP mesh, which holds the leader on stage 0 only. The leader says
-    which tensors the whole model has (name, shape, dtype), then broadcasts each to the whole group; every rank
-    keeps what its stage's module holds under that name (`pipeline.stages.stage_name`): its FSDP shard (of its
-    tp part) of a parameter, a buffer or plain tensor whole."""
+def _load_by_listing(module: torch.nn.Module, full_state: dict | None, group: Comm, mesh, device: torch.device,
+                     tp: Comm | None) -> None:
+    """`load_shards` when the ranks' FSDP meshes do not all hold the leader: ranks of other tp parts, or
+    PipeFusion stages that each hold their own blocks (a cut model, or a component every stage holds whole).
+    The leader says which tensors the whole model has (name, shape, dtype), then broadcasts each to the whole
+    group; every rank keeps what its module holds under that name (`pipeline.stages.stage_name`, the name
+    itself for a model that is not cut): its FSDP shard (of its tp part) of a parameter, a buffer or plain
+    tensor whole."""
     import torch.distributed as dist
 
     from genbatch.parallel.pipeline.stages import stage_name
@@ -170,8 +163,7 @@ def _load_stage_shards(module: torch.nn.Module, full_state: dict | None, group: 
     for name, shape, dtype in listing[0]:
         value = (full_state[name].to(device=device) if group.rank == 0
                  else torch.empty(shape, dtype=dtype, device=device))
-        # gloo sends no complex tensors: (..., ) complex -> (..., 2) real view of the same memory
-        group.broadcast(torch.view_as_real(value) if value.is_complex() else value, src_group_rank=0)
+        group.broadcast(_sendable(value), src_group_rank=0)
         local = stage_name(module, name)
         if local in params:
             part = tp_part(module, local, value, tp.rank, tp.size) if split else value
@@ -181,6 +173,11 @@ def _load_stage_shards(module: torch.nn.Module, full_state: dict | None, group: 
         elif local in plain:
             owner, attribute = plain[local]
             setattr(module.get_submodule(owner), attribute, value.clone())
+
+
+def _sendable(value: torch.Tensor) -> torch.Tensor:
+    """gloo sends no complex tensors: (...,) complex -> (..., 2) real view of the same memory."""
+    return torch.view_as_real(value) if value.is_complex() else value
 
 
 def _plain_tensors(module: torch.nn.Module) -> list[tuple[str, str, torch.Tensor]]:
