@@ -8,10 +8,12 @@ on a machine others share, slow a rank several times over); ranks beyond this ma
 and the profile's ranks-per-core term (core_sharing) carries that, fitted from the FIT half's 1, 2 and 4 ranks.
 
 The whole list of layouts runs `--repeats` times, one pass after another, so that a burst of other work on a
-shared machine slows different layouts in different passes; a job measured more than once counts at its fastest
-(median step), in the fit (`calibrate.fastest_of_each`) and in the measured column alike. The spread column is
-how much slower the same job's median step was in its slowest pass than in its fastest: the noise the machine
-itself puts on a measurement, which bounds how closely any model can predict it.
+shared machine slows different layouts in different passes; a measurement made in more than one pass counts at
+its fastest pass, in the fit (`calibrate.fastest_of_each`) and in the measured column alike. Within a pass, a
+job counts at its median step, and a dp layout at the mean of its groups' equal jobs, which ran at once and
+shared the cores (`calibrate.run_means`). The spread column is how much slower the same measurement was in its
+slowest pass than in its fastest: the noise the machine itself puts on a measurement, which bounds how closely
+any model can predict it.
 
     python bench/calibration.py [--frames 17] [--sizes 192,160,128] [--steps 5] [--repeats 3] [--runs DIR]
 
@@ -54,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
 
-    from genbatch.planner.calibrate import calibrate_runs, format_fit, job_medians, measured_cluster
+    from genbatch.planner.calibrate import calibrate_runs, format_fit, job_medians, measured_cluster, run_means
     from genbatch.planner.cost import estimate
     from genbatch.planner.measurements import read_steps
     from genbatch.planner.shapes import resolve_shape
@@ -99,9 +101,9 @@ def main() -> None:
                 work = make_workload(shape, width=size, height=size, frames=args.frames, steps=args.steps)
                 cluster = measured_cluster("cpu", sample.ranks)
                 predicted = estimate(sample.layout, work, cluster, fitted.profile).seconds_per_step
-                medians = [median.seconds for median in job_medians(mine)]
-                measured = min(medians)
-                spread = max(medians) / measured - 1  # the same job, pass to pass (and a dp group's equal jobs)
+                passes = [mean.seconds for mean in run_means(job_medians(mine))]  # one per pass: its dp groups' mean
+                measured = min(passes)
+                spread = max(passes) / measured - 1  # the same measurement, pass to pass
                 spreads.append(spread)
                 error = predicted / measured - 1
                 half = "fit" if name in FIT else "predict"

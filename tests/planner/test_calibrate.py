@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 from genbatch.parallel.dims import ParallelDims
-from genbatch.planner.calibrate import Observation, fit
+from genbatch.planner.calibrate import Observation, fastest_of_each, fit, run_means
 from genbatch.planner.cost import core_slowdown, estimate, step_terms
 from genbatch.planner.hardware import cpu_cluster, make_cluster
 from genbatch.planner.layouts import structural_problems
+from genbatch.planner.measurements import StepSample
 from genbatch.planner.profile import COLLECTIVE_OF_AXIS, Profile
 from genbatch.planner.shapes import resolve_shape
 from genbatch.planner.workload import make_workload
@@ -124,3 +125,18 @@ def test_cpu_ranks_beyond_the_cores_time_slice_them_and_the_sharing_is_found():
 def test_no_steps_is_an_error():
     with pytest.raises(ValueError, match="no measured steps"):
         fit([], name="x", device="h100", published=PUBLISHED)
+
+
+def _step(run: str, job: str, seconds: float, width: int = 128) -> StepSample:
+    return StepSample(run=run, job_id=job, step=1, model="m", layout=ParallelDims.parse("dp2-ulysses2"), ranks=4,
+                      device="cpu", width=width, height=width, frames=17, steps=5, seconds=seconds)
+
+
+def test_a_dp_layout_counts_at_its_groups_mean_in_its_fastest_run():
+    # run a: the two dp groups' equal jobs ran at once, one given more of the cores (mean 0.3); run b: 0.35 each
+    samples = [_step("a", "clip-0", 0.2), _step("a", "clip-1", 0.4), _step("b", "clip-0", 0.35),
+               _step("b", "clip-1", 0.35), _step("a", "big-0", 0.9, width=192)]
+    means = {(s.run, s.width): s.seconds for s in run_means(samples)}
+    assert means == pytest.approx({("a", 128): 0.3, ("b", 128): 0.35, ("a", 192): 0.9})
+    fastest = {s.width: (s.run, s.seconds) for s in fastest_of_each(samples)}
+    assert fastest[128] == ("a", pytest.approx(0.3)) and fastest[192] == ("a", pytest.approx(0.9))
