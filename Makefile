@@ -24,10 +24,10 @@ demo: setup
 	$(BIN)/gen run examples/manifest.parquet --out runs/example --model tiny-wan
 
 test: setup-test
-	$(BIN)/python -m pytest -q -m "not slow"
+	$(BIN)/python -m pytest -q -m "not slow" --durations=40
 
 test-slow: setup-test
-	$(BIN)/python -m pytest -q -m slow
+	$(BIN)/python -m pytest -q -m slow --durations=20
 
 clean:
 	rm -rf $(VENV) runs
