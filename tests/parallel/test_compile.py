@@ -83,6 +83,7 @@ def _ulysses_two(rank: int, world_size: int, out: str) -> dict:
     return {preset: _compare(f"{out}/{rank}/{preset}", preset, ulysses=2) for preset in PRESETS}
 
 
+@pytest.mark.slow  # test_sequence_op's compiled Ulysses block covers the graph in make test
 def test_compiled_equals_eager_under_ulysses_2_with_the_all_to_alls_in_the_graph(tmp_path):
     for rank, results in enumerate(run_on_ranks(_ulysses_two, world_size=2, args=(str(tmp_path),), timeout_s=240)):
         for preset, result in results.items():
@@ -185,6 +186,7 @@ def test_gen_submit_and_gen_bench_pass_compile_to_gen_run(tmp_path):
     assert "--compile-backend" in run_cli("bench", "--help").stdout
 
 
+@pytest.mark.slow  # inductor's own compile (aot_eager covers the graph in make test); make test-slow runs it
 def test_inductor_compiled_wan_equals_eager_within_1e_4_and_its_artifacts_reload(tmp_path, monkeypatch):
     """The suite's one inductor compile (generated C++ kernels: reassociated sums, so not bitwise); its
     artifacts, saved, then unpacked into another empty inductor cache after dynamo forgets everything,

@@ -51,6 +51,7 @@ def _check_finished(s3_run, reference) -> RunStore:
     return store
 
 
+@pytest.mark.slow  # make test-slow runs it on moto, .ci/ceph.sh on Ceph; test_kill_resume covers kill -9 in make test
 def test_kill_9_then_rerun_against_s3(s3_run, s3_manifest, reference):
     """Endpoint and credentials from the environment only, as on a cluster."""
     command = ("run", s3_manifest, "--out", s3_run.url, "-q", "--checkpoint-every", "3")
