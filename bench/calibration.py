@@ -7,15 +7,14 @@ the other half, printed beside its measurement. Every rank runs one OpenMP threa
 on a machine others share, slow a rank several times over); ranks beyond this machine's cores share them,
 and the profile's ranks-per-core term (core_sharing) carries that, fitted from the FIT half's 1, 2 and 4 ranks.
 
-The whole list of layouts runs `--repeats` times, one pass after another, so that a burst of other work on a
-shared machine slows different layouts in different passes; a measurement made in more than one pass counts at
-its fastest pass, in the fit (`calibrate.fastest_of_each`) and in the measured column alike. Within a pass, a
-job counts at its median step, and a dp layout at the mean of its groups' equal jobs, which ran at once and
-shared the cores (`calibrate.run_means`). The spread column is how much slower the same measurement was in its
-slowest pass than in its fastest: the noise the machine itself puts on a measurement, which bounds how closely
-any model can predict it.
-
-    python bench/calibration.py [--frames 17] [--sizes 192,160,128] [--steps 5] [--repeats 3] [--runs DIR]
+The whole list of layouts runs `--repeats` times, one pass after another, so that the machine's changes of speed
+(a shared machine's moves both ways, minute to minute) fall on different layouts in different passes; a
+measurement made in more than one pass counts at its middle pass (the lower median), in the fit
+(`calibrate.typical_of_each`) and in the measured column alike. Within a pass, a job counts at its median step,
+and a dp layout at the mean of its groups' equal jobs, which ran at once and shared the cores
+(`calibrate.run_means`). The spread column is how much slower the same measurement was in its slowest pass than
+in its fastest: the noise the machine itself puts on a measurement, which bounds how closely any model can
+predict it.
 
 With --runs DIR the layouts' run folders are kept there, and a later call with the same DIR fits and predicts
 from them again without running anything.
@@ -51,7 +50,7 @@ def main() -> None:
     parser.add_argument("--frames", type=int, default=17)
     parser.add_argument("--sizes", default="192,160,128", help="square sizes, comma separated (one job each)")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--repeats", type=int, default=3, help="passes over the layouts (a job counts at its fastest)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over the layouts (a measurement counts at its middle pass)")
     parser.add_argument("--runs", default=None, help="keep the run folders here (and reuse those already there)")
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
@@ -84,7 +83,7 @@ def main() -> None:
         fitted = calibrate_runs([out for name in outs if name in FIT for out in outs[name]], name="bench-cpu")
         print(f"model: the Wan benchmark model of bench/overhead.py, sizes {sizes}, {args.frames} frames, "
               f"{args.steps} steps (the first of each job not used), bf16, {os.cpu_count()} cores, "
-              f"{args.repeats} passes (each job at its fastest)")
+              f"{args.repeats} passes (each measurement at its middle pass)")
         print(format_fit(fitted).replace(root + "/", ""))
         print()
         header = (f"{'layout':28s} {'half':>7s} {'ranks':>5s} {'size':>5s} {'measured':>9s} {'predicted':>9s} "
@@ -102,8 +101,8 @@ def main() -> None:
                 cluster = measured_cluster("cpu", sample.ranks)
                 predicted = estimate(sample.layout, work, cluster, fitted.profile).seconds_per_step
                 passes = [mean.seconds for mean in run_means(job_medians(mine))]  # one per pass: its dp groups' mean
-                measured = min(passes)
-                spread = max(passes) / measured - 1  # the same measurement, pass to pass
+                measured = sorted(passes)[(len(passes) - 1) // 2]  # the middle pass, as calibrate.typical_of_each
+                spread = max(passes) / min(passes) - 1  # the same measurement, slowest pass against fastest
                 spreads.append(spread)
                 error = predicted / measured - 1
                 half = "fit" if name in FIT else "predict"

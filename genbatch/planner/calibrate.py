@@ -10,7 +10,8 @@ b = gemm_half_rows x a, c = 1/attention rate, o the fixed seconds per layer forw
 lambda_k the latency. Each step is weighted by 1/t (relative residuals), so fast
 and slow layouts count alike. `slowdown = core_slowdown(core_sharing, ranks, cpu_cores)` (ranks beyond the
 run's cores time-slice them; `cpu_cores` from run.json, else this machine's) is found by a grid search around the
-linear fit, on CPUs whose runs differ in rank count.
+linear fit, on CPUs whose runs differ in rank count; there the bytes of `cost.COPY_BOUND_KINDS` are time-sliced
+too (B_k x max(1, ranks / cpu_cores)).
 
 What the runs cannot tell apart is not guessed: while the columns are linearly dependent or a fitted value
 is not positive, that parameter, or else the next of these, holds, in order: gemm_half_rows at the published
@@ -31,6 +32,7 @@ import numpy as np
 
 from genbatch.planner.cost import (
     ATTENTION_EFFICIENCY,
+    COPY_BOUND_KINDS,
     GEMM_EFFICIENCY,
     GEMM_HALF_ROWS,
     LAYER_OVERHEAD_S,
@@ -38,6 +40,7 @@ from genbatch.planner.cost import (
     core_slowdown,
     estimate,
     step_terms,
+    time_slicing,
 )
 from genbatch.planner.hardware import Cluster, cpu_cluster, make_cluster
 from genbatch.planner.measurements import StepSample, read_steps, run_folders
@@ -120,6 +123,7 @@ class _Design:
 def _design(observations: list[Observation], sharing: float, published: dict[str, tuple[float, float]],
             cores: int | None = None) -> _Design:
     slow = np.array([core_slowdown(sharing, o.terms.ranks, cores) for o in observations])
+    slicing = np.array([time_slicing(o.terms.ranks, cores) for o in observations])  # of COPY_BOUND_KINDS' bytes
     linear = np.array([o.terms.linear_flops for o in observations])
     rows = np.array([o.terms.rows for o in observations])
     columns = {
@@ -132,6 +136,8 @@ def _design(observations: list[Observation], sharing: float, published: dict[str
     keys = sorted({key for o in observations for key in o.bytes_sent})
     for key in keys:  # kinds of one link with proportional bytes share a bandwidth and a latency
         column = np.array([o.bytes_sent.get(key, 0.0) for o in observations])
+        if key.split("/")[-1] in COPY_BOUND_KINDS:
+            column = slicing * column
         count = np.array([o.messages.get(key, 0.0) for o in observations])
         for name, members in design.merged.items():
             other = columns[name]
@@ -239,7 +245,8 @@ def fit(observations: list[Observation], *, name: str, device: str, published: d
     best, error = None, None
     for sharing in grid:
         try:
-            values, design, residuals = _fit_at(observations, sharing or 0.0, published, cpu_cores)
+            values, design, residuals = _fit_at(observations, sharing or 0.0, published,
+                                                cpu_cores if fit_core_sharing else None)
         except ValueError as problem:
             error = problem
             continue
@@ -278,7 +285,7 @@ def format_fit(result: Fit, path: str | None = None) -> str:
     profile = result.profile
     jobs = f" (the median step of each of {profile.fit['jobs']} jobs)" if "jobs" in profile.fit else ""
     if profile.fit.get("measurements", profile.fit.get("jobs")) != profile.fit.get("jobs"):
-        jobs = jobs[:-1] + f"; the fastest of each job measured more than once: {profile.fit['measurements']})"
+        jobs = jobs[:-1] + f"; the middle run of each measured in more than one: {profile.fit['measurements']})"
     lines = [f"calibrated profile {profile.name!r} on {profile.device} from {profile.fit['steps']} steps{jobs}"
              + (f" -> {path}" if path else "")]
     rows = [("gemm_tflops", profile.gemm_tflops), ("gemm_half_rows", profile.gemm_half_rows),
@@ -324,7 +331,7 @@ def calibrate_runs(directories: list[str], *, name: str | None = None, gpu: str 
         raise ValueError(f"the runs mix devices ({', '.join(devices)}); calibrate each machine on its own")
     device = "cpu" if devices == ["cpu"] else gpu.lower()
     medians = job_medians(samples)
-    typical = fastest_of_each(medians)
+    typical = typical_of_each(medians)
     observations = [observation(sample, gpu=gpu, interconnect=interconnect) for sample in typical]
     published = {}
     for sample in samples:
@@ -367,15 +374,14 @@ def run_means(medians: list[StepSample]) -> list[StepSample]:
             for group in by_run.values()]
 
 
-def fastest_of_each(samples: list[StepSample]) -> list[StepSample]:
-    """One sample per distinct measurement (model, layout, ranks, size, steps), its fastest run: the same
-    measurement made in more than one run counts once, and other work on a shared machine only ever adds time, so
-    the fastest is the closest to the machine's own speed. Each run counts at `run_means` (its dp groups' equal
-    jobs averaged)."""
-    fastest: dict[tuple, StepSample] = {}
+def typical_of_each(samples: list[StepSample]) -> list[StepSample]:
+    """One sample per distinct measurement (model, layout, ranks, size, steps), its middle run (the lower median
+    over the runs, each at `run_means`): the same measurement made in more than one run counts once. A shared
+    machine's speed moves both ways from minute to minute, a neighbour's burst slows it and a quiet host speeds
+    it up (`bench/calibration.py` saw one layout run 1.6x faster in one pass than in the next two), so neither
+    the fastest run nor the slowest is the machine's typical speed."""
+    runs: dict[tuple, list[StepSample]] = {}
     for sample in run_means(samples):
-        key = _measurement(sample)
-        if key not in fastest or sample.seconds < fastest[key].seconds:
-            fastest[key] = sample
-    return list(fastest.values())
+        runs.setdefault(_measurement(sample), []).append(sample)
+    return [sorted(group, key=lambda sample: sample.seconds)[(len(group) - 1) // 2] for group in runs.values()]
 

@@ -9,7 +9,8 @@ measured and leaves the rest. With a profile, one step of a layout costs
     + layer_forwards x layer_overhead_s + sum over collective kinds of (bytes / bandwidth + messages x latency)
 
 where on a CPU `slowdown = max(1, ranks / cpu_cores) x (1 + core_sharing (min(ranks, cpu_cores) - 1))` (ranks
-beyond the cores time-slice them; 1 on GPUs).
+beyond the cores time-slice them; 1 on GPUs), and the bytes of the bulk-copy kinds (FSDP's all-gathers, the
+ring's passes: `cost.COPY_BOUND_KINDS`) take `max(1, ranks / cpu_cores)` longer too.
 
 GEMM efficiency against rows per rank is the saturating form `rows / (rows + gemm_half_rows)`: linear layers
 reach `gemm_tflops` on large GEMMs and half of it at `gemm_half_rows` rows per rank. Every term is linear in

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from genbatch.parallel.dims import ParallelDims
-from genbatch.planner.calibrate import Observation, fastest_of_each, fit, run_means
+from genbatch.planner.calibrate import Observation, fit, run_means, typical_of_each
 from genbatch.planner.cost import core_slowdown, estimate, step_terms
 from genbatch.planner.hardware import cpu_cluster, make_cluster
 from genbatch.planner.layouts import structural_problems
@@ -132,11 +132,15 @@ def _step(run: str, job: str, seconds: float, width: int = 128) -> StepSample:
                       device="cpu", width=width, height=width, frames=17, steps=5, seconds=seconds)
 
 
-def test_a_dp_layout_counts_at_its_groups_mean_in_its_fastest_run():
-    # run a: the two dp groups' equal jobs ran at once, one given more of the cores (mean 0.3); run b: 0.35 each
-    samples = [_step("a", "clip-0", 0.2), _step("a", "clip-1", 0.4), _step("b", "clip-0", 0.35),
-               _step("b", "clip-1", 0.35), _step("a", "big-0", 0.9, width=192)]
+def test_a_dp_layout_counts_at_its_groups_mean_and_a_measurement_at_its_middle_run():
+    # run a: the two dp groups' equal jobs ran at once, one given more of the cores (mean 0.3); runs b and c: a
+    # machine running faster (0.25) and slower (0.35) than in run a
+    samples = [_step("a", "clip-0", 0.2), _step("a", "clip-1", 0.4), _step("b", "clip-0", 0.25),
+               _step("b", "clip-1", 0.25), _step("c", "clip-0", 0.35), _step("c", "clip-1", 0.35),
+               _step("a", "big-0", 0.9, width=192), _step("b", "big-0", 0.7, width=192)]
     means = {(s.run, s.width): s.seconds for s in run_means(samples)}
-    assert means == pytest.approx({("a", 128): 0.3, ("b", 128): 0.35, ("a", 192): 0.9})
-    fastest = {s.width: (s.run, s.seconds) for s in fastest_of_each(samples)}
-    assert fastest[128] == ("a", pytest.approx(0.3)) and fastest[192] == ("a", pytest.approx(0.9))
+    assert means == pytest.approx({("a", 128): 0.3, ("b", 128): 0.25, ("c", 128): 0.35, ("a", 192): 0.9,
+                                   ("b", 192): 0.7})
+    typical = {s.width: (s.run, s.seconds) for s in typical_of_each(samples)}
+    # three runs: the middle one; two: the faster (the lower median)
+    assert typical[128] == ("a", pytest.approx(0.3)) and typical[192] == ("b", pytest.approx(0.7))

@@ -10,7 +10,7 @@ import pytest
 
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.cost import estimate
-from genbatch.planner.hardware import make_cluster
+from genbatch.planner.hardware import cpu_cluster, make_cluster
 from genbatch.planner.profile import SCHEMA, Profile, load_profile, profile_path, save_profile
 from genbatch.planner.shapes import resolve_shape
 from genbatch.planner.workload import make_workload
@@ -89,3 +89,19 @@ def test_core_sharing_slows_compute_by_the_ranks_that_share_cores():
     alone = estimate(layout, FLUX, H100x4, _profile(core_sharing=0.0))
     shared = estimate(layout, FLUX, H100x4, _profile(core_sharing=0.5))
     assert shared.compute_s == pytest.approx(alone.compute_s * (1 + 0.5 * 3))
+
+
+def test_ranks_beyond_a_cpus_cores_time_slice_its_bulk_copies_but_not_its_activation_exchanges():
+    layout = ParallelDims.parse("ring2-ulysses2-fsdp")
+    work = make_workload(resolve_shape("wan2.1-1.3b"), width=416, height=240)
+    cpu = cpu_cluster(4)
+    gloo = {f"gloo/{kind}": 0.5 for kind in ("p2p", "all_to_all", "fsdp_all_gather", "sp_gather")}
+    on_cores = {cores: estimate(layout, work, cpu, Profile(name="cpu", device="cpu", gemm_tflops=0.3,
+                                                           core_sharing=0.0, cpu_cores=cores,
+                                                           bandwidth_gbs=gloo, latency_s={}))
+                for cores in (4, 2)}
+    bulk = sum(on_cores[4].comm_bytes[axis] for axis in ("ring", "fsdp")) / 0.5e9
+    # 4 ranks on 2 cores: the ring's K/V passes and FSDP's all-gathers take twice as long, Ulysses' all-to-alls
+    # and the output gather do not (their time is waiting for peers), and compute doubles
+    assert on_cores[2].comm_s - on_cores[4].comm_s == pytest.approx(bulk, rel=1e-9)
+    assert on_cores[2].compute_s == pytest.approx(2 * on_cores[4].compute_s)
