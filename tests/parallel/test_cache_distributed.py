@@ -52,6 +52,7 @@ def test_the_agreed_indicator_equals_one_process(layout, tmp_path):
     assert results[0]["indicators"] == results[1]["indicators"]  # one reduced value, read on every rank
 
 
+@pytest.mark.slow  # four ranks deciding together: the cfg2 x ulysses2 +fsdp case covers it in make test
 def test_four_ulysses_ranks_skip_together_and_never_hang(tmp_path):
     results = run_on_ranks(_on_rank, 4, args=(str(tmp_path), {"ulysses": 4}, "fbc:0.5", STEPS, "tiny-wan"),
                            timeout_s=20)

@@ -72,7 +72,8 @@ def _held_jobs(proxy: FaultyProxy) -> set[str]:
 @pytest.mark.parametrize(("layout", "signum", "where"), [  # each layout, each signal, each kind of store once
     pytest.param("one-process", signal.SIGTERM, "s3", marks=pytest.mark.slow),
     pytest.param("dp2", signal.SIGTERM, "s3-held", marks=pytest.mark.slow),
-    ("ulysses2", signal.SIGUSR1, "local"),
+    # make test: tests/slurm's preempted job (USR1, checkpoint, exit 75, requeue, same outputs) covers this path
+    pytest.param("ulysses2", signal.SIGUSR1, "local", marks=pytest.mark.slow),
 ], ids=["one-process-TERM-s3", "dp2-TERM", "ulysses2-USR1"])
 def test_signal_checkpoints_exits_75_and_the_rerun_continues(layout, signum, where, uninterrupted, request, tmp_path):
     manifest, reference = uninterrupted

@@ -44,7 +44,8 @@ def _mid_job(out) -> bool:
     return bool(checkpoints - done)
 
 
-@pytest.mark.parametrize("fault", ["dies", pytest.param("hangs", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("fault", ["dies", pytest.param("dies-then-rerun", marks=pytest.mark.slow),
+                                   pytest.param("hangs", marks=pytest.mark.slow)])
 def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS)
     out = tmp_path / "out"
@@ -56,7 +57,7 @@ def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
     assert process.poll() is None, process.communicate()
     victim = _worker(process.pid, 1)
     started = time.monotonic()
-    os.kill(victim, signal.SIGKILL if fault == "dies" else signal.SIGSTOP)
+    os.kill(victim, signal.SIGSTOP if fault == "hangs" else signal.SIGKILL)
     while not (out / "failed").exists() and time.monotonic() - started < 60:
         time.sleep(0.1)
     assert (out / "failed").exists(), "the surviving rank did not give up within the timeout"
@@ -73,7 +74,7 @@ def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
     job_id = [row["id"] for row in ROWS if row["id"] in error][0]
     assert f"job {job_id}" in error and "rank" in error and "1" in error
     assert not (out / "done" / f"{job_id}.json").exists()
-    if fault == "dies":  # and the rerun does continue: every job done, the failed one included
+    if fault == "dies-then-rerun":  # and the rerun does continue: every job done, the failed one included
         rerun = gen("run", manifest, "--out", str(out), "--nproc", "2", "--ulysses", "2", "-q", timeout=300)
         assert rerun.returncode == 0, rerun.stderr[-3000:]
         assert sorted(os.listdir(out / "done")) == sorted(f"{row['id']}.json" for row in ROWS)

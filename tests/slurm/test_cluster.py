@@ -40,7 +40,6 @@ def jobs(slurm_cluster, tmp_path_factory):
     return root, {
         "allreduce": _submit(slurm_cluster, root, "allreduce", nodes=2, procs_per_node=2, gpus_per_node=2),
         "array": _submit(slurm_cluster, root, "array", nodes=1, procs_per_node=1, array=3),
-        "requeue": _submit(slurm_cluster, root, "requeue", "--wait-signal", nodes=2, procs_per_node=2),
     }
 
 
@@ -73,9 +72,10 @@ def test_array_tasks_get_one_share_each(slurm_cluster, jobs):
     assert sorted(tuple(r["share"]) for r in _records(out)) == [(0, 3), (1, 3), (2, 3)]
 
 
+@pytest.mark.slow  # test_cluster_genbatch's preempted job covers USR1, exit 75 and the requeue in make test
 def test_usr1_reaches_the_workers_and_exit_75_requeues(slurm_cluster, jobs):
-    root, submitted = jobs
-    job_id, out = submitted["requeue"]
+    root, _ = jobs
+    job_id, out = _submit(slurm_cluster, root, "requeue", "--wait-signal", nodes=2, procs_per_node=2)
     deadline = time.monotonic() + 180
     while len(list(out.glob("*.ready"))) < 4:  # every rank is up and waiting
         assert time.monotonic() < deadline, _log(root, "requeue")

@@ -135,11 +135,9 @@ def short_runs(slurm_cluster, tmp_path_factory):
     root = tmp_path_factory.mktemp("slurm-genbatch-short")
     manifest = _manifest(root / "short.parquet", 3, "fox")
     reference = _reference(root, manifest, SHORT)
-    layout = _submit(slurm_cluster, root, "dp2-ulysses2", manifest, "--nodes", "2", "--procs-per-node", "2",
-                     "--dp", "2", "--ulysses", "2", *SHORT)
     array = _submit(slurm_cluster, root, "array3", manifest, "--nodes", "1", "--procs-per-node", "1", "--array", "3",
                     *SHORT)
-    return root, reference, {"layout": layout, "array": array, "srun": _submit_srun_tasks(slurm_cluster, root, manifest)}
+    return root, manifest, reference, {"array": array, "srun": _submit_srun_tasks(slurm_cluster, root, manifest)}
 
 
 def _submit_srun_tasks(cluster, root: Path, manifest: Path) -> tuple[int, Path]:
@@ -158,15 +156,17 @@ def _submit_srun_tasks(cluster, root: Path, manifest: Path) -> tuple[int, Path]:
     return job_id, out
 
 
+@pytest.mark.slow  # four ranks on two nodes; test_e and test_cluster's two-node job cover the launch in make test
 def test_a_two_nodes_dp2_ulysses2_equal_one_process(slurm_cluster, short_runs):
-    root, reference, jobs = short_runs
-    job_id, out = jobs["layout"]
+    root, manifest, reference, _ = short_runs
+    job_id, out = _submit(slurm_cluster, root, "dp2-ulysses2", manifest, "--nodes", "2", "--procs-per-node", "2",
+                          "--dp", "2", "--ulysses", "2", *SHORT)
     _completed(slurm_cluster, root, "dp2-ulysses2", job_id)
     _assert_same_outputs(out, reference.wait(), exact=False)
 
 
 def test_b_array_of_three_completes_the_manifest(slurm_cluster, short_runs):
-    root, reference, jobs = short_runs
+    root, _, reference, jobs = short_runs
     job_id, out = jobs["array"]
     _completed(slurm_cluster, root, "array3", job_id, count=3)
     _assert_same_outputs(out, reference.wait())  # one process per task: the same bytes
@@ -178,7 +178,7 @@ def test_b_array_of_three_completes_the_manifest(slurm_cluster, short_runs):
 
 
 def test_e_srun_tasks_without_torchrun_form_one_run(slurm_cluster, short_runs):
-    root, reference, jobs = short_runs
+    root, _, reference, jobs = short_runs
     job_id, out = jobs["srun"]
     _completed(slurm_cluster, root, "srun-tasks", job_id)
     _assert_same_outputs(out, reference.wait())  # dp only: each job in one process, the same bytes
