@@ -41,7 +41,9 @@ def _close(ours, reference) -> None:
             assert abs(value - expected) <= 1e-5 * abs(expected), (value, expected)
 
 
-@pytest.mark.parametrize("layout", [{"ulysses": 2}, {"tp": 2}, {"ring": 2}], ids=["ulysses2", "tp2", "ring2"])
+@pytest.mark.parametrize("layout", [  # ring shards the tokens as Ulysses does: the same sums (slow)
+    {"ulysses": 2}, {"tp": 2}, pytest.param({"ring": 2}, marks=pytest.mark.slow),
+], ids=["ulysses2", "tp2", "ring2"])
 def test_the_agreed_indicator_equals_one_process(layout, tmp_path):
     reference = _denoise(str(tmp_path / "single"), {}, "fbc:0", STEPS, "tiny-wan")
     results = run_on_ranks(_on_rank, 2, args=(str(tmp_path), layout, "fbc:0", STEPS, "tiny-wan"), timeout_s=30)
