@@ -131,11 +131,13 @@ class _Tally:
             messages: float = 0.0) -> None:
         kind = COLLECTIVE_OF_AXIS[axis]
         measured = self.profile.bandwidth(link.name, kind) if self.profile and link else None
+        copying = self.slicing if kind in COPY_BOUND_KINDS else 1.0
         if measured is not None:  # effective bandwidth and latency: what these bytes added to a measured step
             latency = self.profile.latency(link.name, kind)
-            copying = self.slicing if kind in COPY_BOUND_KINDS else 1.0
             raw_s = exposed_s = (copying * nbytes / (measured * 1e9)
                                  + messages * (link.latency_s if latency is None else latency))
+        else:  # the link's figure (a bandwidth the fit held): its copying is time-sliced alike
+            raw_s, exposed_s = copying * raw_s, copying * exposed_s
         self.nbytes[axis] = self.nbytes.get(axis, 0.0) + nbytes
         self.messages[axis] = self.messages.get(axis, 0.0) + messages
         self.raw_s += raw_s
