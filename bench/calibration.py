@@ -55,7 +55,8 @@ def main() -> None:
     args = parser.parse_args()
     sizes = [int(size) for size in args.sizes.split(",")]
 
-    from genbatch.planner.calibrate import calibrate_runs, format_fit, job_medians, measured_cluster, run_means
+    from genbatch.planner.calibrate import (calibrate_runs, format_fit, job_medians, measured_cluster, run_means,
+                                            typical_of_each)
     from genbatch.planner.cost import estimate
     from genbatch.planner.measurements import read_steps
     from genbatch.planner.shapes import resolve_shape
@@ -100,8 +101,10 @@ def main() -> None:
                 work = make_workload(shape, width=size, height=size, frames=args.frames, steps=args.steps)
                 cluster = measured_cluster("cpu", sample.ranks)
                 predicted = estimate(sample.layout, work, cluster, fitted.profile).seconds_per_step
-                passes = [mean.seconds for mean in run_means(job_medians(mine))]  # one per pass: its dp groups' mean
-                measured = sorted(passes)[(len(passes) - 1) // 2]  # the middle pass, as calibrate.typical_of_each
+                medians = job_medians(mine)
+                (typical,) = typical_of_each(medians)  # the middle pass, as the fit counts it
+                measured = typical.seconds
+                passes = [mean.seconds for mean in run_means(medians)]  # one per pass: its dp groups' mean
                 spread = max(passes) / min(passes) - 1  # the same measurement, slowest pass against fastest
                 spreads.append(spread)
                 error = predicted / measured - 1

@@ -355,7 +355,7 @@ def job_medians(samples: list[StepSample]) -> list[StepSample]:
     by_job: dict[tuple[str, str], list[StepSample]] = {}
     for sample in samples:
         by_job.setdefault((sample.run, sample.job_id), []).append(sample)
-    return [sorted(steps, key=lambda sample: sample.seconds)[(len(steps) - 1) // 2] for steps in by_job.values()]
+    return [_lower_median(steps) for steps in by_job.values()]
 
 
 def _measurement(sample: StepSample) -> tuple:
@@ -383,5 +383,10 @@ def typical_of_each(samples: list[StepSample]) -> list[StepSample]:
     runs: dict[tuple, list[StepSample]] = {}
     for sample in run_means(samples):
         runs.setdefault(_measurement(sample), []).append(sample)
-    return [sorted(group, key=lambda sample: sample.seconds)[(len(group) - 1) // 2] for group in runs.values()]
+    return [_lower_median(group) for group in runs.values()]
+
+
+def _lower_median(samples: list[StepSample]) -> StepSample:
+    """The sample of the lower middle seconds (`statistics.median_low`, keeping the sample)."""
+    return sorted(samples, key=lambda sample: sample.seconds)[(len(samples) - 1) // 2]
 

@@ -213,7 +213,8 @@ passes. On a CPU gloo copies them with the CPU, so ranks beyond its cores time-s
 compute (`time_slicing`). The kinds that move a step's activations in pieces (Ulysses' all-to-alls, the output
 gather, the cfg exchange) spend their time waiting for peers, which other ranks' work fills; they are not
 sliced. On `bench/calibration.py`'s runs (2 cores, 1 to 8 ranks), slicing these two kinds and no others is what
-brings FSDP at 4 ranks from 20-30% under its measurement to within 15%, and ring 2 within 20%."""
+brought the 4-rank FSDP layouts from 9-31% under their measurements to -10%..+21%
+(`bench/results/cpu/calibration-20261202.txt`); slicing every kind made the 8-rank layout 27-51% too slow."""
 
 
 def time_slicing(ranks: int, cores: int | None) -> float:
