@@ -86,6 +86,16 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
               a job group failed, storage down past --storage-timeout): rerun to continue.
     Under torchrun or srun every process runs this same command; --nproc starts them here.
     """
+    from genbatch.runner.streams import dropped_when_dead
+
+    with dropped_when_dead():  # a launcher, terminal or log runner that is gone takes no message's exception along
+        _run_or_launch(manifest, out, nproc, storage_option, share, hand_out, checkpoint_every, checkpoint_seconds,
+                       options)
+
+
+def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: tuple[str, ...], share: str | None,
+                   hand_out: str, checkpoint_every: int, checkpoint_seconds: float, options: dict) -> None:
+    """`gen run`'s body: start `nproc` workers here, or run this process's rank; ends the process."""
     if nproc is not None and nproc > 1:
         from genbatch.runner.launch import launch_local
 

@@ -21,6 +21,12 @@ Launcher death: a torchrun worker lives in a session of its own, so a `kill -9` 
 group leaves it running. `watch` sets a parent-death signal (SIGTERM, Linux `prctl`) and the watcher also
 polls the parent pid: the death is a stop request like SIGTERM, and a rank inside a job that has not
 stopped within `LAUNCHER_GRACE_S` exits 75 anyway.
+
+A stop cannot fail once begun: `end` says why, runs the cleanups and flushes on a thread of its own and
+exits within `END_BOUND_S` whatever they do (raise, hang, write to a pipe whose reader died with the
+launcher), and no lock is ever waited on for good (a second `end`, from a thread or a later signal, exits
+by itself after that bound). Its messages, like the watcher's, drop silently on a dead stream; `gen run`
+makes its standard streams do the same (`runner/streams.py`).
 """
 
 from __future__ import annotations
@@ -34,6 +40,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NoReturn
+
+from genbatch.runner.streams import say
 
 STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 EXIT_STATUS = {signal.SIGUSR1: 75, signal.SIGTERM: 75, signal.SIGINT: 130}
@@ -44,6 +53,8 @@ LAUNCHER_GRACE_S = 8.0
 """Seconds a rank inside a job has, after its launcher died, to stop at a step boundary and checkpoint."""
 CLEANUP_S = 5.0
 """Seconds the cleanups (`on_exit`) get when a signal ends a waiting rank."""
+END_BOUND_S = CLEANUP_S + 2.0
+"""The most seconds `end()` takes to exit, whatever its message, cleanups or streams do meanwhile."""
 POLL_S = 0.25
 """How often the watcher looks at the parent pid."""
 _PR_SET_PDEATHSIG = 1
@@ -123,13 +134,27 @@ class StopRequest:
         """The outermost waiting region (the most specific name: `gen run` names the broadcasts it makes)."""
         return self._waiting[0] if self._waiting else None
 
-    def end(self, status: int, reason: str, cleanup: bool = True) -> None:
-        """End the process now with `status` (from any thread): cleanups first (at most CLEANUP_S), output
-        flushed, no interpreter finalization (see parallel/teardown.py)."""
-        _END_LOCK.acquire()  # the first caller ends the process; a second one waits for that
-        print(f"genbatch: {reason}; exiting with status {status}"
-              + (": rerun the same command to continue" if status == EXIT_STATUS[signal.SIGTERM] else ""),
-              file=sys.stderr)
+    def end(self, status: int, reason: str, cleanup: bool = True) -> NoReturn:
+        """End the process now with `status` (from any thread): the message, the cleanups (at most CLEANUP_S)
+        and the flush of the streams run on a thread of their own, so nothing they raise or wait for can keep
+        this call from `os._exit` (no interpreter finalization: see parallel/teardown.py). The first caller
+        ends the process; a later one (another thread, a second signal) waits at most END_BOUND_S for it and
+        then exits itself."""
+        try:
+            if _ENDING.acquire(blocking=False):  # never released: the process ends
+                closing = threading.Thread(target=self._close, args=(status, reason, cleanup),
+                                           name="genbatch-stop", daemon=True)
+                closing.start()
+                closing.join(END_BOUND_S)
+            else:
+                time.sleep(END_BOUND_S)
+        finally:
+            os._exit(status)
+
+    def _close(self, status: int, reason: str, cleanup: bool) -> None:
+        """What a stop does before the exit: say why, run the cleanups, flush what was written."""
+        say(f"genbatch: {reason}; exiting with status {status}"
+            + (": rerun the same command to continue" if status == EXIT_STATUS[signal.SIGTERM] else ""))
         if cleanup and self._cleanups:
             worker = threading.Thread(target=self._run_cleanups, name="genbatch-stop-cleanup", daemon=True)
             worker.start()
@@ -139,14 +164,13 @@ class StopRequest:
                 stream.flush()
             except (OSError, ValueError):
                 pass
-        os._exit(status)
 
     def _run_cleanups(self) -> None:
         for cleanup in self._cleanups:
             try:
                 cleanup()
             except Exception as error:  # noqa: BLE001 - the exit goes on; say what was lost
-                print(f"genbatch: while stopping: {error}", file=sys.stderr)
+                say(f"genbatch: while stopping: {error}")
 
     def agreed(self, group, device) -> bool:
         """True on every rank of `group` (a `Comm`) when any of them was signalled: one blocking all-reduce
@@ -161,7 +185,8 @@ class StopRequest:
         return bool(flag.item())
 
 
-_END_LOCK = threading.Lock()
+_ENDING = threading.Lock()
+"""Taken by the first `end()`, never released: whoever holds it is bound to exit (see `end`)."""
 
 
 def set_parent_death_signal(signum: int = signal.SIGTERM) -> bool:
@@ -219,9 +244,12 @@ class _Watcher:
                 return  # closed
             if self._closed.is_set():
                 return
-            for signum in data:
-                self._on_signal(signum)
-            self._check_parent()
+            try:
+                for signum in data:
+                    self._on_signal(signum)
+                self._check_parent()
+            except Exception as error:  # noqa: BLE001 - the watcher must outlive anything it meets
+                say(f"genbatch: the stop watcher went on after an error: {error!r}")
 
     def _on_signal(self, signum: int) -> None:
         if signum not in EXIT_STATUS:
@@ -242,8 +270,8 @@ class _Watcher:
             where = self.request.waiting_for
             if where is not None:
                 self.request.end(75, f"the launcher (pid {self.parent_pid}) died during {where}")
-            print(f"genbatch: the launcher (pid {self.parent_pid}) died; stopping at the next step boundary "
-                  f"(at most {self.grace_s:g} s)", file=sys.stderr)
+            say(f"genbatch: the launcher (pid {self.parent_pid}) died; stopping at the next step boundary "
+                f"(at most {self.grace_s:g} s)")
         elif self.deadline is not None:
             where = self.request.waiting_for
             if where is not None:
