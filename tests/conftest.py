@@ -63,3 +63,12 @@ def fresh_s3_run(endpoint: S3Endpoint):
 @pytest.fixture
 def s3_run(s3_server: S3Endpoint):
     yield from fresh_s3_run(s3_server)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def rank_pools():
+    """The session's pools of gloo ranks (tests/support/pool.py), spawned on first use and closed at the end."""
+    from tests.support.pool import close_pools
+
+    yield
+    close_pools()

@@ -190,7 +190,9 @@ class _Output:
                 self._handle.write(chunk)
 
     def close(self, at_once: bool) -> None:
-        """Stop reading (`at_once`: now, else once the run has closed its end) and close everything."""
+        """Stop reading (`at_once`: now, else once the run has closed its end) and close everything (once)."""
+        if self._handle.closed:
+            return
         if self.pipe:
             if at_once:
                 self._stopped.set()

@@ -1,15 +1,13 @@
-"""Dynamic hand-out in `gen run --nproc 2` (two dp groups): the manifest is split by work, not by count. One
+"""Dynamic hand-out in `gen run` on two ranks (two dp groups): the manifest is split by work, not by count. One
 long job and several short ones: the group that takes the long job (largest first) does fewer jobs while the
 other works through the short ones; every job is done once, by one group."""
 
 from __future__ import annotations
 
-import pytest
-
 from collections import Counter
 
 from genbatch.io import RunStore
-from tests.support.runs import gen, write_manifest
+from tests.support.runs import run_cli_on_ranks, write_manifest
 
 SHORT = 6
 ROWS = [
@@ -19,11 +17,10 @@ ROWS = [
        "num_frames": 33, "width": 160, "height": 96}]  # ~9x the tokens per step, 50x the steps
 
 
-@pytest.mark.slow  # two groups over a whole manifest
 def test_two_groups_split_a_skewed_manifest_by_work(tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS)
     out = tmp_path / "out"
-    finished = gen("run", manifest, "--out", str(out), "-q", "--nproc", "2", "--model", "tiny-wan")
+    finished = run_cli_on_ranks(2, "run", manifest, "--out", str(out), "-q", "--model", "tiny-wan")
     assert finished.returncode == 0, finished.stderr
 
     store = RunStore(str(out))

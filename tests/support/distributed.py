@@ -1,11 +1,16 @@
 """Run a function on N gloo processes on this machine, with short timeouts, and collect what each returns.
 
-    results = run_on_ranks(my_check, world_size=4, args=(...,))   # results[rank] is my_check's return value
+    results = run_on_ranks(my_check, world_size=4, args=(...,))        # results[rank] is my_check's return value
+    results = run_on_fresh_ranks(my_check, world_size=2, args=(...,))  # in new processes (tests of processes)
 
 `fn(rank, world_size, *args)` runs after `init_process_group("gloo")`; it must be a module-level function
 (it is pickled by name). A rank that raises fails the call with that rank's traceback; a rank that hangs is
-cut off by the gloo timeout (seconds, not the 30-minute default) and the call fails. Each rank ends through
-`genbatch.parallel.teardown.exit_process`, like `gen run`, so a finished rank never dies on its way out.
+cut off by the gloo timeout (seconds, not the 30-minute default) and the call fails.
+
+`run_on_ranks` runs on the session's pool of that world size (tests/support/pool.py: spawned once, put back
+after each call). `run_on_fresh_ranks` spawns the ranks for the call, for a test about processes (a rank
+that dies, signals, exit statuses); each ends through `genbatch.parallel.teardown.exit_process`, like
+`gen run`, so a finished rank never dies on its way out.
 """
 
 from __future__ import annotations
@@ -59,7 +64,15 @@ def _worker(rank, world_size, port, timeout_s, result_dir, fn, args):
 
 
 def run_on_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 30.0) -> list:
-    """Run `fn(rank, world_size, *args)` on `world_size` gloo processes; return their results by rank."""
+    """Run `fn(rank, world_size, *args)` on the session's pool of `world_size` gloo ranks; their results by
+    rank."""
+    from tests.support.pool import rank_pool
+
+    return rank_pool(world_size).run(fn, args, timeout_s)
+
+
+def run_on_fresh_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 30.0) -> list:
+    """Run `fn(rank, world_size, *args)` on `world_size` new gloo processes; return their results by rank."""
     with tempfile.TemporaryDirectory() as result_dir:
         context = mp.start_processes(
             _worker,

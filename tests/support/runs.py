@@ -75,6 +75,30 @@ def run_cli(*args: str) -> CliResult:
     return CliResult(result.exit_code, result.stdout, result.stderr)
 
 
+def _run_cli_rank(rank: int, world_size: int, args: tuple[str, ...]) -> CliResult:
+    """The `gen` command on one rank of a pool (tests/support/pool.py), whose process group the run joins; the
+    status it would end the process with is returned instead (the pool's rank lives on)."""
+    from unittest import mock
+
+    import genbatch.parallel.teardown as teardown
+
+    with mock.patch.object(teardown, "exit_process", sys.exit):
+        return run_cli(*args)
+
+
+def run_cli_on_ranks(world_size: int, *args: str, timeout_s: float = 120.0) -> CliResult:
+    """`gen ARGS` as `gen ARGS --nproc WORLD_SIZE` runs it, each rank in-process on the session's pool of that
+    size: one result, with the most severe rank status (as the launcher reports it: 75 and 2 before 1) and
+    every rank's output."""
+    from tests.support.distributed import run_on_ranks
+
+    results = run_on_ranks(_run_cli_rank, world_size, (args,), timeout_s=timeout_s)
+    codes = {result.returncode for result in results}
+    status = next((code for code in (2, 75, 1) if code in codes), max(codes))
+    return CliResult(status, "".join(result.stdout for result in results),
+                     "".join(result.stderr for result in results))
+
+
 @contextlib.contextmanager
 def job_executor(out: str, store=None, **layout):
     """(world, JobExecutor) for this process's world (one process, or the gloo group already started), laid

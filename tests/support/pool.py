@@ -1,0 +1,255 @@
+"""Pools of gloo ranks kept for the whole test session: one pool per world size, spawned on first use.
+
+    pool = rank_pool(2)
+    results = pool.run(my_check, args=(...,), timeout_s=30)     # results[rank] = my_check(rank, 2, *args)
+
+A pool spawns its ranks once: each imports torch (and, through the tests' functions, genbatch and diffusers),
+joins one process group and then serves calls. A call goes by reference: the function is pickled by its
+qualified name (it must be a module-level function), its arguments and results by value. After each call
+every rank puts itself back as it was, and says what it could not (that fails the call that left it):
+
+    a barrier                 every rank has finished the call
+    process groups            every group the call made (a mesh's, `new_group`'s) is destroyed
+    compilation               `torch._dynamo.reset()`: no compiled graph or guard outlives its test
+    signals                   every handler as it was, no wakeup fd
+    environment, cwd          as they were at spawn
+    torch's global state      threads (1), default dtype, grad mode, the default generator's seed
+
+A call whose rank raises, hangs past `4 x timeout_s`, dies or leaves something it cannot undo (its
+default process group destroyed) fails with every rank's traceback (a hung rank's stacks, dumped by
+faulthandler), and the pool is respawned on its next use. The gloo timeout of the default group and of the
+groups a call makes is the call's `timeout_s`, so a hang fails in seconds.
+
+Tests of processes themselves (signals, kills, exit statuses, a launcher's death, teardown) do not use
+a pool: `tests.support.distributed.run_on_fresh_ranks` starts new processes for them.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import pickle
+import signal
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SPAWN_TIMEOUT_S = 180.0
+"""Seconds a pool's ranks get to start and join their process group (imports on a loaded 2-core machine)."""
+
+
+def _catchable_signals() -> list[int]:
+    return [signum for signum in signal.valid_signals() if signum not in (signal.SIGKILL, signal.SIGSTOP)]
+
+
+class _RankState:
+    """What a rank restores after each call (see the top)."""
+
+    def __init__(self):
+        import torch.distributed.distributed_c10d as c10d
+
+        self.c10d = c10d
+        self.groups = set(c10d._world.pg_map)
+        self.environ = dict(os.environ)
+        self.cwd = os.getcwd()
+        self.handlers = {signum: signal.getsignal(signum) for signum in _catchable_signals()}
+        self.seed = torch.initial_seed()
+
+    def restore(self) -> str | None:
+        """Put the rank back; the message of what could not be undone, or None."""
+        if not dist.is_initialized():
+            return "the call destroyed the default process group"
+        dist.barrier()
+        for group in [group for group in self.c10d._world.pg_map if group not in self.groups]:
+            dist.destroy_process_group(group)
+        torch._dynamo.reset()
+        signal.set_wakeup_fd(-1)
+        for signum, handler in self.handlers.items():
+            if handler is not None and signal.getsignal(signum) is not handler:
+                signal.signal(signum, handler)
+        os.environ.clear()
+        os.environ.update(self.environ)
+        os.chdir(self.cwd)
+        torch.set_num_threads(1)
+        torch.set_default_dtype(torch.float32)
+        torch.set_grad_enabled(True)
+        torch.manual_seed(self.seed)  # a fresh process's generator: tests may count on every rank having it
+        return None
+
+
+def _set_timeout(c10d, seconds: float) -> None:
+    """`seconds` for the default group and every group made from now on (gloo's default would be 30 min)."""
+    timeout = timedelta(seconds=seconds)
+    c10d._set_pg_timeout(timeout)
+    c10d._get_default_timeout = lambda backend: timeout
+
+
+def _send(conn, reply: tuple) -> None:
+    try:
+        data = pickle.dumps(reply)
+    except Exception:  # noqa: BLE001 - an unpicklable result is the call's error
+        data = pickle.dumps(("error", "the result could not be pickled:\n" + traceback.format_exc()))
+    conn.send_bytes(data)
+
+
+def _serve(rank: int, world_size: int, port: int, conn, dump_path: str) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    state = _RankState()
+    dump = open(dump_path, "w")
+    _send(conn, ("ready", None))
+    while True:
+        try:
+            task = pickle.loads(conn.recv_bytes())
+        except EOFError:
+            break
+        if task is None:
+            break
+        fn, args, timeout_s = task
+        _set_timeout(state.c10d, timeout_s)
+        faulthandler.dump_traceback_later(3 * timeout_s, file=dump)
+        try:
+            reply = ("ok", fn(rank, world_size, *args))
+        except BaseException:  # noqa: BLE001 - every failure must reach the parent
+            reply = ("error", traceback.format_exc())
+        faulthandler.cancel_dump_traceback_later()
+        _send(conn, reply)
+        if reply[0] != "ok":
+            break  # the pool is respawned: what the failed call left here cannot be trusted
+        try:
+            problem = state.restore()
+        except BaseException:  # noqa: BLE001
+            problem = "putting the rank back failed:\n" + traceback.format_exc()
+        _send(conn, ("ready", problem))
+        if problem is not None:
+            break
+    from genbatch.parallel.teardown import exit_process
+
+    exit_process(0)
+
+
+class RankPool:
+    """`world_size` gloo ranks serving calls (see the top)."""
+
+    def __init__(self, world_size: int):
+        self.world_size = world_size
+        self._processes, self._conns, self._dumps = [], [], []
+        self._folder = None
+
+    def _spawn(self) -> None:
+        from tests.support.distributed import free_port
+
+        context = mp.get_context("spawn")
+        self._folder = tempfile.TemporaryDirectory(prefix=f"pool{self.world_size}-")
+        port = free_port()
+        for rank in range(self.world_size):
+            ours, theirs = context.Pipe()
+            dump = os.path.join(self._folder.name, f"rank{rank}.stacks")
+            process = context.Process(target=_serve, args=(rank, self.world_size, port, theirs, dump), daemon=True,
+                                      name=f"pool{self.world_size}-rank{rank}")
+            process.start()
+            theirs.close()
+            self._processes.append(process)
+            self._conns.append(ours)
+            self._dumps.append(dump)
+        replies = self._replies(time.monotonic() + SPAWN_TIMEOUT_S)
+        if any(reply is None or reply[0] != "ready" for reply in replies):
+            self.close()
+            raise AssertionError(f"a pool of {self.world_size} gloo ranks did not start: {replies}")
+
+    def _replies(self, deadline: float) -> list:
+        """One reply per rank, None for a rank that died or did not answer by `deadline`."""
+        from multiprocessing.connection import wait
+
+        replies = [None] * self.world_size
+        waiting = dict(zip(self._conns, range(self.world_size)))
+        while waiting and time.monotonic() < deadline:
+            for conn in wait(list(waiting), timeout=max(0.0, deadline - time.monotonic())):
+                rank = waiting.pop(conn)
+                try:
+                    replies[rank] = pickle.loads(conn.recv_bytes())
+                except (EOFError, OSError):
+                    pass
+        return replies
+
+    def run(self, fn, args: tuple = (), timeout_s: float = 30.0) -> list:
+        """`fn(rank, world_size, *args)` on every rank; the results by rank."""
+        if not self._processes or not all(process.is_alive() for process in self._processes):
+            self.close()
+            self._spawn()
+        try:
+            payload = pickle.dumps((fn, args, timeout_s))
+            for conn in self._conns:
+                conn.send_bytes(payload)
+            deadline = time.monotonic() + 4 * timeout_s + 5
+            replies = self._replies(deadline)
+            if all(reply is not None and reply[0] == "ok" for reply in replies):
+                cleaned = self._replies(deadline + 60)
+                problems = [f"--- rank {rank} ---\n{reply[1] if reply else 'no answer'}"
+                            for rank, reply in enumerate(cleaned) if reply is None or reply[1] is not None]
+                if problems:
+                    raise AssertionError(f"{getattr(fn, '__qualname__', fn)} left its ranks in a state the pool "
+                                         "cannot undo:\n" + "\n".join(problems))
+                return [reply[1] for reply in replies]
+            raise AssertionError("distributed run failed:\n" + "\n".join(self._errors(replies)))
+        except BaseException:
+            self.close()  # respawned by the next call
+            raise
+
+    def _errors(self, replies: list) -> list[str]:
+        errors = []
+        for rank, reply in enumerate(replies):
+            if reply is not None and reply[0] == "error":
+                errors.append(f"--- rank {rank} ---\n{reply[1]}")
+            elif reply is None:
+                stacks = ""
+                if os.path.exists(self._dumps[rank]):
+                    with open(self._dumps[rank]) as handle:
+                        stacks = handle.read()
+                errors.append(f"--- rank {rank}: no answer (hung or died) ---\n{stacks or '(no stacks dumped)'}")
+        return errors
+
+    def close(self) -> None:
+        for conn in self._conns:
+            try:
+                conn.send_bytes(pickle.dumps(None))
+            except (OSError, ValueError):
+                pass
+        for process in self._processes:
+            process.join(timeout=2)
+            if process.is_alive():
+                process.kill()
+                process.join()
+        for conn in self._conns:
+            conn.close()
+        self._processes, self._conns, self._dumps = [], [], []
+        if self._folder is not None:
+            self._folder.cleanup()
+            self._folder = None
+
+
+_POOLS: dict[int, RankPool] = {}
+
+
+def rank_pool(world_size: int) -> RankPool:
+    """The session's pool of `world_size` ranks (spawned on its first call)."""
+    return _POOLS.setdefault(world_size, RankPool(world_size))
+
+
+def close_pools() -> None:
+    for pool in _POOLS.values():
+        pool.close()
+    _POOLS.clear()
+
+
+def pool_processes() -> list[int]:
+    """Pids of every pool rank alive now (for tests of the pools)."""
+    return [process.pid for pool in _POOLS.values() for process in pool._processes if process.is_alive()]
+
