@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from genbatch.jobs.exit_codes import USAGE
-from tests.support.runs import REPO, gen, run_cli, write_manifest
+from tests.support.runs import REPO, run_cli, run_cli_on_ranks, write_manifest
 
 STEPS = 4
 ROWS = [
@@ -23,12 +23,12 @@ ROWS = [
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> tuple[str, str]:
-    """OUT folders of a one-process run and a two-process Ulysses run of the same two jobs."""
+    """OUT folders of a one-process run and a two-rank Ulysses run of the same two jobs."""
     root = tmp_path_factory.mktemp("calibrate")
     manifest = write_manifest(str(root / "m.parquet"), ROWS)
     single, ulysses = str(root / "single"), str(root / "ulysses2")
     first = run_cli("run", manifest, "--out", single)
-    second = gen("run", manifest, "--out", ulysses, "--nproc", "2", "--ulysses", "2")
+    second = run_cli_on_ranks(2, "run", manifest, "--out", ulysses, "--ulysses", "2")
     assert first.returncode == 0 and second.returncode == 0, first.stderr + second.stderr
     return single, ulysses
 
@@ -104,8 +104,8 @@ def test_run_layout_auto_plans_with_the_profile_and_submit_carries_its_path(runs
     expected = plan("tiny-wan", 2, profile=load_profile(path)).best.layout
     manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS[:1])
     out = tmp_path / "auto"
-    done = gen("run", manifest, "--out", str(out), "--model", "tiny-wan", "--nproc", "2", "--layout", "auto",
-               "--profile", path)
+    done = run_cli_on_ranks(2, "run", manifest, "--out", str(out), "--model", "tiny-wan", "--layout", "auto",
+                            "--profile", path)
     assert done.returncode == 0, done.stderr
     assert f"picked {expected.describe()} on 2 x cpu with profile lab" in done.stderr
     assert json.loads((out / "run.json").read_text())["layout"] == expected.name

@@ -1,4 +1,4 @@
-"""`gen run --distrifusion 2` and `gen run --pipefusion 2` end to end on two processes: the results row and the
+"""`gen run --distrifusion 2` and `gen run --pipefusion 2` end to end on two ranks: the results row and the
 done marker name the approximation each job ran under, the timing rows count the method's bytes, and flags that
 cannot go together exit 2 before any work, naming the fix."""
 
@@ -9,19 +9,18 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from tests.support.runs import gen, run_cli, write_manifest
+from tests.support.runs import run_cli, run_cli_on_ranks, write_manifest
 
 
 @pytest.mark.parametrize(("flags", "label", "kind"), [
-    pytest.param(("--distrifusion", "2", "--warmup-steps", "1"), "distrifusion(patches=2,warmup=1)", "bytes_stale_kv",
-                 marks=pytest.mark.slow),
+    (("--distrifusion", "2", "--warmup-steps", "1"), "distrifusion(patches=2,warmup=1)", "bytes_stale_kv"),
     (("--pipefusion", "2", "--patches", "3"), "pipefusion(patches=3,warmup=1)", "bytes_pp_activation"),
 ], ids=["distrifusion", "pipefusion"])
 def test_the_results_row_and_the_done_marker_name_the_approximation(flags, label, kind, tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), [
         {"id": "fox", "prompt": "a fox in snow", "num_inference_steps": 3}])
     out = tmp_path / "out"
-    result = gen("run", manifest, "--out", str(out), "--model", "tiny-wan", "--nproc", "2", *flags, "-q")
+    result = run_cli_on_ranks(2, "run", manifest, "--out", str(out), "--model", "tiny-wan", *flags, "-q")
     assert result.returncode == 0, result.stderr
     (row,) = pq.read_table(out / "results" / "results.parquet").to_pylist()
     assert row["status"] == "done" and row["attention_approximation"] == label

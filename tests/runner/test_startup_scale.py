@@ -14,7 +14,7 @@ from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import read_jobs
 from genbatch.models import resolve_model
 from tests.support.distributed import run_on_ranks
-from tests.support.runs import gen
+from tests.support.runs import run_cli_on_ranks
 
 ROWS = 20_000
 RUN = ["--model", "tiny-flux", "--width", "32", "--height", "32", "--steps", "1"]
@@ -47,7 +47,7 @@ def test_a_20k_row_run_does_only_its_shares_undone_jobs(tmp_path):
                                attempt="earlier")
             (out / "done" / f"{job.id}.json").write_bytes(body)
 
-    finished = gen("run", manifest, "--out", str(out), *RUN, "--share", "1/2", "--nproc", "2", "-q")
+    finished = run_cli_on_ranks(2, "run", manifest, "--out", str(out), *RUN, "--share", "1/2", "-q")
     assert finished.returncode == 0, finished.stderr
     outputs = sorted(name.removesuffix(".png") for name in store.objects.list_names(store.layout.join("outputs")))
     assert outputs == sorted(todo)  # each undone job once; none of the other share, none done before
