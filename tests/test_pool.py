@@ -1,6 +1,6 @@
 """The pool of gloo ranks (tests/support/pool.py) hands each call a clean rank: after a call that builds a mesh,
 compiles, installs step-cache hooks, changes signal handlers, the environment and torch's global state,
-the next call finds none of it; a failing or hanging call fails with every rank's traceback and the pool is
+the next call finds none of it (but the mesh's groups, kept on purpose, and working); a failing or hanging call fails with every rank's traceback and the pool is
 respawned; the ranks are spawned once for many calls."""
 
 from __future__ import annotations
@@ -39,6 +39,17 @@ def _wakeup_fd() -> int:
     return previous
 
 
+def _reduce_over_every_group(c10d) -> bool:
+    """Every group the rank holds still works (a kept mesh's groups included)."""
+    for group in list(c10d._world.pg_map):
+        if dist.get_rank() in dist.get_process_group_ranks(group):
+            total = torch.ones(1)
+            dist.all_reduce(total, group=group)
+            if total.item() != group.size():
+                return False
+    return True
+
+
 def _hooked(model) -> bool:
     return any(getattr(module, "_diffusers_hook", None) is not None for module in model.modules())
 
@@ -51,6 +62,7 @@ def _state(rank, world_size):
     return {
         "hooks": _hooked(build_preset("tiny-flux").transformer),
         "groups": len(c10d._world.pg_map),
+        "reduced": _reduce_over_every_group(c10d),
         "handlers": {signum: signal.getsignal(signum) is signal.SIG_DFL
                      for signum in (signal.SIGTERM, signal.SIGUSR1)},
         "sigint": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
@@ -106,8 +118,9 @@ def test_the_next_call_finds_nothing_a_call_left_behind():
     after = run_on_ranks(_state, world_size=2)
     for rank in range(2):
         assert after[rank]["pid"] == before[rank]["pid"]  # the same processes, put back
-        assert {key: value for key, value in after[rank].items() if key != "draw"} == {
-            key: value for key, value in before[rank].items() if key != "draw"}
+        assert after[rank]["groups"] == dirty[rank]["groups"] and after[rank]["reduced"]  # kept, and working
+        assert {key: value for key, value in after[rank].items() if key not in ("draw", "groups")} == {
+            key: value for key, value in before[rank].items() if key not in ("draw", "groups")}
         assert after[rank]["draw"] == before[rank]["draw"]  # the default generator as a fresh process has it
 
 

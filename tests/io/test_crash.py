@@ -20,6 +20,8 @@ from genbatch.io import RunStore
 from tests.conftest import fresh_s3_run
 from tests.io.crash_writer import job_ids, media_for
 
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
+
 REPO = Path(__file__).resolve().parents[2]
 JOBS, SIZE = 12, 2 * 2**20
 

@@ -16,6 +16,8 @@ import torch.distributed as dist
 from genbatch.parallel import teardown
 from tests.support.distributed import free_port
 
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
+
 PROGRAM = textwrap.dedent(
     """
     import atexit, os, sys

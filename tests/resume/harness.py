@@ -226,6 +226,7 @@ class _Trial:
         self.target, self.manifest, self.reference = target, manifest, reference
         self.report, self.rng, self.nproc, self.logs = report, rng, nproc, logs
         self.kills, self.pipe_share = kills, pipe_share
+        self.reported_failures: set[str] = set()
         self.store = RunStore(target.url, target.storage_options)
 
     def violation(self, text: str) -> None:
@@ -313,8 +314,10 @@ class _Trial:
             name = os.path.basename(self.store.read_done(job_id)["output_uri"])
             if found.get(name) != self.reference[name]:
                 self.violation(f"{job_id} is done but its output differs from the uninterrupted run's")
-        if self.store.failed_ids():
-            self.violation(f"jobs failed: {sorted(self.store.failed_ids())}")
+        for job_id in sorted(self.store.failed_ids() - self.reported_failures):
+            self.reported_failures.add(job_id)
+            record = self.store.objects.read(self.store.layout.failed(job_id)).decode(errors="replace")
+            self.violation(f"job {job_id} failed: {record[:1500]}")
 
     def check_final(self, done_before_last: set[str], attempts_before: set[str]) -> None:
         done = self.store.done_ids()

@@ -11,6 +11,8 @@ import pytest
 from tests.conftest import fresh_s3_run
 from tests.resume.harness import KILLS, Target, crash_trials, uninterrupted_outputs, write_crash_manifest
 
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
+
 
 @pytest.fixture(scope="module")
 def crash_manifest(tmp_path_factory):

@@ -24,6 +24,8 @@ from tests.resume.common import checkpoint_steps, manifest_and_reference, output
 from tests.support.faulty_proxy import FaultyProxy
 from tests.support.runs import gen, start_gen
 
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
+
 LONG = 60  # steps of the long jobs: the signal lands well inside one
 FOX = {"prompt": "a fox running through snow", "model": "tiny-wan", "num_inference_steps": LONG, "seed": 17}
 ROWS = [

@@ -7,9 +7,12 @@ import signal
 import time
 
 import pyarrow.parquet as pq
+import pytest
 
 from genbatch.io import decode_mp4
 from tests.support.runs import gen, start_gen, write_manifest
+
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
 
 ROWS = [
     {"id": f"job-{index}", "prompt": f"scene number {index}", "num_inference_steps": 12, "width": 96,

@@ -13,6 +13,8 @@ import pytest
 
 from tests.support.runs import gen, start_gen, write_manifest
 
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
+
 ROWS = [{"id": f"clip-{i}", "prompt": f"a boat on a lake {i}", "model": "tiny-wan", "num_inference_steps": 40,
          "num_frames": 33, "width": 160, "height": 96} for i in range(3)]  # seconds a job even on a fast, idle machine
 

@@ -24,6 +24,8 @@ from tests.resume.harness import _alive, _descendants
 from tests.support.distributed import free_port
 from tests.support.runs import REPO, start_gen, write_manifest
 
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
+
 LIMIT_S = 10.0
 """The most seconds a rank may take to end (issue 12)."""
 LONG = 1000

@@ -31,6 +31,8 @@ from tests.runner.test_signals import LONG, _listening
 from tests.support.distributed import free_port
 from tests.support.runs import REPO, write_manifest
 
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
+
 LIMIT_S = 10.0
 """The most seconds a rank may take to end after its launcher died or it was signalled (issue 24)."""
 SPAWNER = (f"import os, subprocess, sys; os.environ[{LAUNCHER_PID_ENV!r}] = str(os.getpid()); "

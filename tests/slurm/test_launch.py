@@ -19,6 +19,8 @@ from genbatch.jobs.exit_codes import OK, REQUEUE, USAGE
 from genbatch.slurm.launch import main as launch_main
 from genbatch.slurm.launch import worker_exit_status
 
+pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
+
 PROGRAM = str(Path(__file__).parent / "programs" / "allreduce.py")
 
 

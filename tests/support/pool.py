@@ -9,11 +9,15 @@ qualified name (it must be a module-level function), its arguments and results b
 every rank puts itself back as it was, and says what it could not (that fails the call that left it):
 
     a barrier                 every rank has finished the call
-    process groups            every group the call made (a mesh's, `new_group`'s) is destroyed
     compilation               `torch._dynamo.reset()`: no compiled graph or guard outlives its test
     signals                   every handler as it was, no wakeup fd
     environment, cwd          as they were at spawn
     torch's global state      threads (1), default dtype, grad mode, the default generator's seed
+
+The process groups a call made (a mesh's, `new_group`'s) are kept, not destroyed: DTensor caches output
+shardings by their inputs' specs, whose meshes compare by layout, so a later call's equal mesh can be handed
+a spec holding an earlier mesh, whose groups must then still work. A pool whose ranks hold more than
+MAX_GROUPS groups is respawned after the call that passed the bound, so their sockets stay bounded.
 
 A call whose rank raises, hangs past `4 x timeout_s`, dies or leaves something it cannot undo (its
 default process group destroyed) fails with every rank's traceback (a hung rank's stacks, dumped by
@@ -27,6 +31,7 @@ a pool: `tests.support.distributed.run_on_fresh_ranks` starts new processes for 
 from __future__ import annotations
 
 import faulthandler
+import gc
 import os
 import pickle
 import signal
@@ -39,6 +44,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+MAX_GROUPS = 400
+"""Process groups a rank may hold before its pool is respawned (each holds a socket per peer in it)."""
 SPAWN_TIMEOUT_S = 180.0
 """Seconds a pool's ranks get to start and join their process group (imports on a loaded 2-core machine)."""
 
@@ -54,7 +61,6 @@ class _RankState:
         import torch.distributed.distributed_c10d as c10d
 
         self.c10d = c10d
-        self.groups = set(c10d._world.pg_map)
         self.environ = dict(os.environ)
         self.cwd = os.getcwd()
         self.handlers = {signum: signal.getsignal(signum) for signum in _catchable_signals()}
@@ -64,9 +70,8 @@ class _RankState:
         """Put the rank back; the message of what could not be undone, or None."""
         if not dist.is_initialized():
             return "the call destroyed the default process group"
+        gc.collect()
         dist.barrier()
-        for group in [group for group in self.c10d._world.pg_map if group not in self.groups]:
-            dist.destroy_process_group(group)
         torch._dynamo.reset()
         signal.set_wakeup_fd(-1)
         for signum, handler in self.handlers.items():
@@ -80,6 +85,9 @@ class _RankState:
         torch.set_grad_enabled(True)
         torch.manual_seed(self.seed)  # a fresh process's generator: tests may count on every rank having it
         return None
+
+    def groups(self) -> int:
+        return len(self.c10d._world.pg_map)
 
 
 def _set_timeout(c10d, seconds: float) -> None:
@@ -123,11 +131,12 @@ def _serve(rank: int, world_size: int, port: int, conn, dump_path: str) -> None:
         _send(conn, reply)
         if reply[0] != "ok":
             break  # the pool is respawned: what the failed call left here cannot be trusted
+        del task, fn, args, reply  # nothing of the call outlives it here (its tensors hold its meshes)
         try:
             problem = state.restore()
         except BaseException:  # noqa: BLE001
             problem = "putting the rank back failed:\n" + traceback.format_exc()
-        _send(conn, ("ready", problem))
+        _send(conn, ("ready", problem, state.groups() > MAX_GROUPS))
         if problem is not None:
             break
     from genbatch.parallel.teardown import exit_process
@@ -197,6 +206,8 @@ class RankPool:
                 if problems:
                     raise AssertionError(f"{getattr(fn, '__qualname__', fn)} left its ranks in a state the pool "
                                          "cannot undo:\n" + "\n".join(problems))
+                if any(reply[2] for reply in cleaned):
+                    self.close()  # past MAX_GROUPS: a fresh pool for the next call
                 return [reply[1] for reply in replies]
             raise AssertionError("distributed run failed:\n" + "\n".join(self._errors(replies)))
         except BaseException:
