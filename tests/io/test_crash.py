@@ -88,7 +88,6 @@ def test_sigkill_local(tmp_path):
     assert kills >= 3, f"{runs} runs, {kills} killed: the timing no longer exercises crashes"
 
 
-@pytest.mark.slow
 def test_sigkill_s3(request):
     for run in fresh_s3_run(request.getfixturevalue("moto_endpoint")):
         runs, kills, _ = _crash_until_done(run.url, run.storage_options, seed=2, max_kills=4)

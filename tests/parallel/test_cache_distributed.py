@@ -42,7 +42,7 @@ def _close(ours, reference) -> None:
 
 
 @pytest.mark.parametrize("layout", [  # ring shards the tokens as Ulysses does: the same sums (slow)
-    {"ulysses": 2}, {"tp": 2}, pytest.param({"ring": 2}, marks=pytest.mark.slow),
+    {"ulysses": 2}, {"tp": 2}, pytest.param({"ring": 2}),
 ], ids=["ulysses2", "tp2", "ring2"])
 def test_the_agreed_indicator_equals_one_process(layout, tmp_path):
     reference = _denoise(str(tmp_path / "single"), {}, "fbc:0", STEPS, "tiny-wan")
@@ -54,7 +54,6 @@ def test_the_agreed_indicator_equals_one_process(layout, tmp_path):
     assert results[0]["indicators"] == results[1]["indicators"]  # one reduced value, read on every rank
 
 
-@pytest.mark.slow  # four ranks deciding together: the cfg2 x ulysses2 +fsdp case covers it in make test
 def test_four_ulysses_ranks_skip_together_and_never_hang(tmp_path):
     results = run_on_ranks(_on_rank, 4, args=(str(tmp_path), {"ulysses": 4}, "fbc:0.5", STEPS, "tiny-wan"),
                            timeout_s=20)
@@ -64,7 +63,7 @@ def test_four_ulysses_ranks_skip_together_and_never_hang(tmp_path):
     assert all(torch.equal(result["latents"], results[0]["latents"]) for result in results)
 
 
-@pytest.mark.parametrize("fsdp", [pytest.param(False, marks=pytest.mark.slow), True],
+@pytest.mark.parametrize("fsdp", [pytest.param(False), True],
                          ids=["cfg2-ulysses2", "cfg2-ulysses2-fsdp"])
 def test_cfg_branches_count_together_and_decide_jointly_under_fsdp(fsdp, tmp_path):
     layout = {"cfg": 2, "ulysses": 2, "fsdp": fsdp}

@@ -106,7 +106,6 @@ def test_under_ulysses_2_the_indicator_equals_one_process(tmp_path):
     assert results[0]["indicators"] == results[1]["indicators"]  # one reduced value, read on every rank
 
 
-@pytest.mark.slow  # four ranks; FBC runs the same check in make test
 def test_four_ulysses_ranks_skip_together_and_never_hang(tmp_path):
     results = run_on_ranks(_on_rank, 4, args=(str(tmp_path), {"ulysses": 4}, "teacache:2", STEPS, "tiny-wan"),
                            timeout_s=30)

@@ -83,7 +83,6 @@ def _ulysses_two(rank: int, world_size: int, out: str) -> dict:
     return {preset: _compare(f"{out}/{rank}/{preset}", preset, ulysses=2) for preset in PRESETS}
 
 
-@pytest.mark.slow  # test_sequence_op's compiled Ulysses block covers the graph in make test
 def test_compiled_equals_eager_under_ulysses_2_with_the_all_to_alls_in_the_graph(tmp_path):
     for rank, results in enumerate(run_on_ranks(_ulysses_two, world_size=2, args=(str(tmp_path),), timeout_s=240)):
         for preset, result in results.items():
@@ -106,7 +105,6 @@ def _cfg_ulysses_fsdp(rank: int, world_size: int, out: str) -> dict:
     return _compare(f"{out}/{rank}", "tiny-wan", cfg=2, ulysses=2, fsdp=True)
 
 
-@pytest.mark.slow
 def test_compiled_equals_eager_under_cfg_2_ulysses_2_with_fsdp(tmp_path):
     for rank, result in enumerate(run_on_ranks(_cfg_ulysses_fsdp, world_size=4, args=(str(tmp_path),),
                                                timeout_s=280)):
@@ -136,7 +134,6 @@ def _mixed_sizes_ulysses_two(rank: int, world_size: int, out: str) -> dict:
     return {key: result[key] for key in ("graph_breaks", "compiles")}
 
 
-@pytest.mark.slow
 def test_mixed_sizes_under_ulysses_compile_at_most_twice_per_block_class(tmp_path):
     for rank, result in enumerate(run_on_ranks(_mixed_sizes_ulysses_two, world_size=2, args=(str(tmp_path),),
                                                timeout_s=280)):

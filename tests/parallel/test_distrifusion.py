@@ -29,7 +29,6 @@ def test_a_warm_up_over_every_step_equals_one_process(preset, tmp_path):
         torch.testing.assert_close(result["latents"][7], reference, rtol=0, atol=1e-5)
 
 
-@pytest.mark.slow  # 2 two-rank runs a model; the stale path also runs in the resume and accounting tests
 @pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux", "tiny-sd3"])
 def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
     seeds, steps = (1, 2), 6

@@ -90,13 +90,11 @@ def test_four_rank_layouts_equal_one_process(references, tmp_path):
     _check(FOUR_RANKS, per_rank, references)
 
 
-@pytest.mark.slow
 def test_the_rest_of_the_four_rank_layouts_equal_one_process(references, tmp_path):
     per_rank = run_on_ranks(_all_layouts, 4, args=(FOUR_RANKS_MORE, str(tmp_path)), timeout_s=60)
     _check(FOUR_RANKS_MORE, per_rank, references)
 
 
-@pytest.mark.slow
 def test_eight_rank_layout_equals_one_process(references, tmp_path):
     per_rank = run_on_ranks(_all_layouts, 8, args=(EIGHT_RANKS, str(tmp_path)), timeout_s=90)
     _check(EIGHT_RANKS, per_rank, references)

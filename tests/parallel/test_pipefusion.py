@@ -24,15 +24,15 @@ STEPS = 3
 
 
 @pytest.mark.parametrize(("preset", "layout"), [
-    ("tiny-wan", {"pp": 2}), ("tiny-flux", {"pp": 2}), pytest.param("tiny-sd3", {"pp": 2}, marks=pytest.mark.slow),
-    pytest.param("tiny-wan", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
-    pytest.param("tiny-wan", {"cfg": 2, "pp": 2}, marks=pytest.mark.slow),
-    pytest.param("tiny-flux", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
-    pytest.param("tiny-sd3", {"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
-    pytest.param("tiny-wan", {"pp": 2, "ring": 2}, marks=pytest.mark.slow),
-    pytest.param("tiny-flux", {"pp": 2, "ring": 2}, marks=pytest.mark.slow),
+    ("tiny-wan", {"pp": 2}), ("tiny-flux", {"pp": 2}), pytest.param("tiny-sd3", {"pp": 2}),
+    pytest.param("tiny-wan", {"pp": 2, "ulysses": 2}),
+    pytest.param("tiny-wan", {"cfg": 2, "pp": 2}),
+    pytest.param("tiny-flux", {"pp": 2, "ulysses": 2}),
+    pytest.param("tiny-sd3", {"pp": 2, "ulysses": 2}),
+    pytest.param("tiny-wan", {"pp": 2, "ring": 2}),
+    pytest.param("tiny-flux", {"pp": 2, "ring": 2}),
     ("tiny-flux", {"pp": 2, "fsdp": True}),
-    pytest.param("tiny-wan", {"cfg": 2, "pp": 2, "fsdp": True}, marks=pytest.mark.slow),
+    pytest.param("tiny-wan", {"cfg": 2, "pp": 2, "fsdp": True}),
 ], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2", "sd3-pp2-ulysses2",
         "wan-pp2-ring2", "flux-pp2-ring2", "flux-pp2-fsdp", "wan-cfg2-pp2-fsdp"])
 def test_pure_layer_pipelining_equals_one_process(preset, layout, tmp_path):
@@ -42,7 +42,6 @@ def test_pure_layer_pipelining_equals_one_process(preset, layout, tmp_path):
         torch.testing.assert_close(result["latents"][7], reference, rtol=0, atol=1e-5)
 
 
-@pytest.mark.slow  # 4 two-rank runs a model; the patch path also runs in the resume and accounting tests
 @pytest.mark.parametrize("preset", ["tiny-wan", "tiny-flux", "tiny-sd3"])
 def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
     seeds, steps = (1, 2), 6
@@ -85,8 +84,8 @@ def test_a_resumed_job_rewarms_and_equals_the_run_synchronous_at_those_steps(tmp
         assert (result["resumed"] - result["plain"]).abs().max() > 1e-6  # the re-warm step did differ
 
 
-@pytest.mark.parametrize("layout", [{"pp": 2}, pytest.param({"pp": 2, "ulysses": 2}, marks=pytest.mark.slow),
-                                    pytest.param({"pp": 2, "ring": 2}, marks=pytest.mark.slow)],
+@pytest.mark.parametrize("layout", [{"pp": 2}, pytest.param({"pp": 2, "ulysses": 2}),
+                                    pytest.param({"pp": 2, "ring": 2})],
                          ids=["pp2", "pp2-ulysses2", "pp2-ring2"])
 def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(layout, tmp_path):
     from genbatch.models import resolve_model
@@ -110,7 +109,6 @@ def test_bytes_and_stale_kv_memory_per_rank_follow_the_formulas(layout, tmp_path
         assert result["stale_bytes"] == kept, (result["stale_bytes"], kept)
 
 
-@pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"cfg": 2, "pp": 2}, {"pp": 2, "ulysses": 2}, {"pp": 2, "ring": 2}],
                          ids=["cfg2-pp2", "pp2-ulysses2", "pp2-ring2"])
 def test_the_patch_pipeline_composes_with_cfg_ulysses_and_ring(layout, tmp_path):
@@ -169,7 +167,6 @@ def _expert_switch_rank(rank, world_size, out, path, steps, switch):
     return runs
 
 
-@pytest.mark.slow  # the switch rule itself is checked in make test (test_wan_2_2_rewarms_where_...)
 def test_wan_2_2_rewarms_at_the_expert_switch_end_to_end(tmp_path):
     """Both experts hold the same weights, so the two-expert run must equal the one-expert run made synchronous
     at the switch step (and differ from the one that is not): the second expert's first W steps re-warm."""
@@ -197,7 +194,7 @@ def _directory_rank(rank, world_size, out, path, layout, stale, steps):
                                 JobTimer(world.ctx.device))
 
 
-@pytest.mark.parametrize("directory", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["directory", "preset"])
+@pytest.mark.parametrize("directory", [True, pytest.param(False)], ids=["directory", "preset"])
 def test_stages_compose_with_tensor_parallel(directory, tmp_path):
     from genbatch.models import resolve_model
     from genbatch.runner.loading import load_pipeline

@@ -184,7 +184,7 @@ def test_an_encoder_saved_without_safetensors_loads_whole_saying_so(qwen_image, 
     assert _split_encoders(qwen_image, ctx, torch.float32, "tp").keys() == {"text_encoder"}  # read in parts
 
 
-@pytest.mark.parametrize("layout", [{"ulysses": 2}, pytest.param({"ulysses": 2, "fsdp": True}, marks=pytest.mark.slow)],
+@pytest.mark.parametrize("layout", [{"ulysses": 2}, pytest.param({"ulysses": 2, "fsdp": True})],
                          ids=["ulysses2", "ulysses2-fsdp"])
 def test_without_tp_an_encoder_split_over_the_group_is_read_in_parts_too(layout, tmp_path):
     path = str(tmp_path / "tiny-wan")

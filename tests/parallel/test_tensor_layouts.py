@@ -40,7 +40,6 @@ def test_tp2_equals_one_process_for_every_family(references, tmp_path):
     _equal_to_one_process(TWO_RANKS, 2, references, tmp_path)
 
 
-@pytest.mark.slow  # the composed tp matrix on four ranks
 def test_tp_composed_with_cfg_and_with_ulysses_and_fsdp_equals_one_process(references, tmp_path):
     _equal_to_one_process(FOUR_RANKS, 4, references, tmp_path)
 

@@ -200,7 +200,6 @@ def test_tp2_jobs_from_a_directory_equal_one_process(directories, tmp_path):
     _equal_to_one_process(directories, tmp_path, 2, [(1, 1, 1, 1, False, 2)])
 
 
-@pytest.mark.slow  # make test loads by listing through PipeFusion x FSDP (test_pipefusion's flux-pp2-fsdp)
 def test_tp2_with_fsdp_from_a_directory_reads_its_shards_and_equals_one_process(directories, tmp_path):
     # ulysses 2 x tp 2 +fsdp: each rank reads its tp part, FSDP then shards it over the 2 ulysses ranks
     _equal_to_one_process(directories, tmp_path, 4, [(1, 1, 1, 2, True, 2)])

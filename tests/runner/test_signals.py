@@ -119,7 +119,6 @@ def test_ranks_checkpoint_and_end_when_their_launcher_is_killed_mid_job(args, gr
         assert len(ranks) == 2 // groups and all(steps == list(range(step)) for steps in ranks.values()), ranks
 
 
-@pytest.mark.slow
 def test_sigint_inside_a_job_exits_130(tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), [
         {"id": "long", "prompt": "a fox in the snow", "model": "tiny-wan", "num_inference_steps": LONG}])
