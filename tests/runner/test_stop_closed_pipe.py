@@ -82,22 +82,26 @@ class Launched:
         os.killpg(self.launcher, signal.SIGKILL)
         return time.monotonic()
 
+    def _end(self, since: float) -> tuple[int, int, float]:
+        """(pid, status, seconds after `since`) of the next process to end, waiting at most 2 x LIMIT_S."""
+        pid, status, at = self._line(2 * LIMIT_S).split()
+        return int(pid), int(status), float(at) - since
+
     def ends(self, since: float, ranks: int = 1) -> list[tuple[int, float]]:
-        """(status, seconds after `since`) of each of `ranks` ranks whose launcher was killed, waiting at most
-        2 x LIMIT_S for them."""
+        """(status, seconds after `since`) of each of `ranks` ranks whose launcher was killed."""
         ends = []
         while len(ends) < ranks:
-            pid, status, at = self._line(2 * LIMIT_S).split()
-            if int(pid) != self.launcher:
-                ends.append((int(status), float(at) - since))
+            pid, status, seconds = self._end(since)
+            if pid != self.launcher:
+                ends.append((status, seconds))
         return ends
 
     def launcher_end(self, since: float) -> tuple[int, float]:
         """(status, seconds after `since`) of a SPAWNER launcher that was not killed: its rank's."""
         while True:
-            pid, status, at = self._line(2 * LIMIT_S).split()
-            if int(pid) == self.launcher:
-                return int(status), float(at) - since
+            pid, status, seconds = self._end(since)
+            if pid == self.launcher:
+                return status, seconds
 
     def close(self) -> None:
         for pid in [self.launcher, *_descendants(self.reaper.pid)]:

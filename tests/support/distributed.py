@@ -35,7 +35,9 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _worker(rank, world_size, port, timeout_s, result_dir, fn, args):
+def join_world(rank: int, world_size: int, port: int, timeout_s: float) -> None:
+    """Make this process rank `rank` of a gloo world on loopback `port`, as torchrun's environment would, with
+    one thread (the ranks share the machine's cores)."""
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
@@ -45,12 +47,14 @@ def _worker(rank, world_size, port, timeout_s, result_dir, fn, args):
         LOCAL_WORLD_SIZE=str(world_size),
     )
     torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def _worker(rank, world_size, port, timeout_s, result_dir, fn, args):
     path = os.path.join(result_dir, f"rank{rank}.pkl")
     status = 0
     try:
-        dist.init_process_group(
-            "gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s)
-        )
+        join_world(rank, world_size, port, timeout_s)
         result = fn(rank, world_size, *args)
         with open(path, "wb") as handle:
             pickle.dump(("ok", result), handle)

@@ -106,10 +106,9 @@ def _send(conn, reply: tuple) -> None:
 
 
 def _serve(rank: int, world_size: int, port: int, conn, dump_path: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world_size),
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world_size))
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=60))
+    from tests.support.distributed import join_world
+
+    join_world(rank, world_size, port, timeout_s=60)
     state = _RankState()
     dump = open(dump_path, "w")
     _send(conn, ("ready", None))
