@@ -74,7 +74,7 @@ def quality(opts) -> None:
 def _timed_rank(rank, world_size, out, layout, patches, steps, delay, warmup):
     import torch
 
-    from genbatch.parallel.patch.config import PIPEFUSION, StaleConfig
+    from genbatch.parallel.stale import PIPEFUSION, StaleConfig
     from genbatch.runner.timing import JobTimer
     from tests.support.runs import job, job_executor
 

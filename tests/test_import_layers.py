@@ -1,7 +1,7 @@
 """Imports run one way: the import contracts in pyproject.toml hold, and they catch an import that breaks them.
 
 `lint-imports` (import-linter, in the `test` extras) reads the contracts from pyproject.toml: the layers of
-DESIGN.md principle 3b, lazy imports included, every subpackage placed in a layer, no import cycle between
+docs/design.md section 1, lazy imports included, every subpackage placed in a layer, no import cycle between
 subpackages (siblings of one layer included), and a package module that imports none of its subpackages.
 """
 
@@ -31,7 +31,7 @@ def _lint_imports(package_parent: Path) -> subprocess.CompletedProcess:
 
 def test_the_import_contracts_hold():
     result = _lint_imports(ROOT)
-    assert result.returncode == 0, f"an import runs against the layers of DESIGN.md 3b:\n{result.stdout}{result.stderr}"
+    assert result.returncode == 0, f"an import runs against the layers of docs/design.md section 1:\n{result.stdout}{result.stderr}"
     assert "0 broken" in result.stdout, result.stdout
 
 

@@ -26,7 +26,7 @@ from genbatch.models.base import (
     TransformerPlan,
     transformer_spec,
 )
-from genbatch.models.hooks import COND, Conditioning, Trajectory
+from genbatch.models.hooks import COND, Conditioning, Family, Trajectory
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
 from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
@@ -53,7 +53,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
     )
 
 
-class FluxHooks:
+class FluxHooks(Family):
     """FLUX.1 [dev]/[schnell]: one branch per step; the guidance scale is an input of the transformer."""
 
     name = "flux"

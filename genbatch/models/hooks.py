@@ -48,6 +48,8 @@ class Trajectory:
 
 
 class Family(Protocol):
+    """A family's denoise hooks; each family's hooks class derives from it (and so inherits its defaults)."""
+
     name: str
 
     def encode(self, pipe, job: JobSpec, device: torch.device) -> Conditioning:
@@ -59,8 +61,10 @@ class Family(Protocol):
     def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch: dict[str, Any]) -> torch.Tensor:
         """One transformer forward for one branch at timestep `t` (step index `step`)."""
 
-    # optional: `denoiser_at(pipe, trajectory, t)`, the denoiser module that runs at timestep `t`, for families
-    # with more than one (Wan 2.2's two experts); stale-K/V methods re-warm where it changes
+    def denoiser_at(self, pipe, trajectory: Trajectory, t):
+        """The denoiser module that runs at timestep `t`, for families with more than one (Wan 2.2's two
+        experts): stale-K/V methods re-warm where it changes. None (the default): one denoiser throughout."""
+        return None
 
     def combine(self, predictions: dict[str, torch.Tensor], guidance_scale: float, t) -> torch.Tensor:
         """The guided noise prediction from the branch predictions."""

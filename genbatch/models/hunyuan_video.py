@@ -40,7 +40,7 @@ from genbatch.models.base import (
     dual_stream_styles,
     single_stream_styles,
 )
-from genbatch.models.hooks import COND, Conditioning, Trajectory
+from genbatch.models.hooks import COND, Conditioning, Family, Trajectory
 from genbatch.models.shapes import HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL, VIDEO_VAE_GIB_PER_MPX, ModelShape
 
 MAX_SEQUENCE_LENGTH = 256  # HunyuanVideoPipeline.__call__'s default: the text is padded to this length
@@ -90,7 +90,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
     )
 
 
-class HunyuanVideoHooks:
+class HunyuanVideoHooks(Family):
     name = "hunyuan-video"
 
     def encode(self, pipe, job: JobSpec, device) -> Conditioning:

@@ -41,7 +41,7 @@ from genbatch.models.base import (
     decoder_tensor_plan,
     mlp_and_out_channels,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory
+from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
 from genbatch.models.wan import WanHooks
 
@@ -110,7 +110,7 @@ def true_cfg(predictions, guidance_scale: float):
     return combined * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(combined, dim=-1, keepdim=True))
 
 
-class QwenImageHooks:
+class QwenImageHooks(Family):
     name = "qwen-image"
 
     def encode(self, pipe, job: JobSpec, device) -> Conditioning:

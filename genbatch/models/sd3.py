@@ -37,7 +37,7 @@ from genbatch.models.base import (
     dual_stream_styles,
     transformer_spec,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
+from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
 from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
@@ -63,7 +63,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
     )
 
 
-class SD3Hooks:
+class SD3Hooks(Family):
     name = "sd3"
 
     def encode(self, pipe, job: JobSpec, device) -> Conditioning:

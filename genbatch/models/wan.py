@@ -31,7 +31,7 @@ from genbatch.models.base import (
     TransformerPlan,
     transformer_spec,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory, classifier_free_guidance
+from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import VIDEO_VAE_GIB_PER_MPX, WAN_VAE_MFLOP_PER_PIXEL, ModelShape
 from genbatch.models.tiny import character_tokenizer, seeded, t5_config
 
@@ -53,7 +53,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
     )
 
 
-class WanHooks:
+class WanHooks(Family):
     name = "wan"
 
     @staticmethod

@@ -129,14 +129,13 @@ def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, attenti
 
         group, strategy = patch_group(ctx, attention), strategies.StalePatchAttention.name
     elif ctx.dims.pp > 1:  # the stale-K/V buffers of patch forwards, over each stage's sequence ranks
-        from genbatch.parallel.pipeline.patches import PatchHooks
-        from genbatch.parallel.pipeline.session import PATCHES
+        from genbatch.parallel.pipeline.patches import PATCHES, PatchHooks
         from genbatch.parallel.pipeline.strategy import PIPEFUSION
 
         group = sequence_group(ctx, attention)
         parallel = [SequenceParallel(model, group, PIPEFUSION) for _, model in _components(pipe, denoisers(spec))]
         for sequence in parallel:  # the patch cut runs before the split hooks, the placing after the gathers
-            setattr(sequence.model, PATCHES, PatchHooks(sequence.model))
+            PATCHES.put(sequence.model, PatchHooks(sequence.model))
         return parallel
     elif ctx.dims.sp > 1:
         group, strategy = sequence_group(ctx, attention), None

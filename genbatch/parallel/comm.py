@@ -13,6 +13,11 @@ for that kind, so a test (and the timings table) can compare what was sent with 
 | broadcast       | the tensor once to each other rank, on the source only  |
 | p2p             | the tensor                                              |
 
+The kind a call counts under may be named for what the bytes are for (`pp_latent`, `cfg_exchange`); the
+algorithm's rule stays the one above. Objects (`broadcast_object`: a checkpoint, a scheduler's state) are the
+control plane and are not counted. No module outside this one (and the mesh set-up) calls torch.distributed's
+collectives or point-to-point operations itself.
+
 Works the same on gloo (CPU tests) and NCCL (GPUs): only torch.distributed calls are used.
 """
 
@@ -161,10 +166,29 @@ class Comm:
         dist.all_reduce(tensor, op=op, group=self.group)
         return tensor
 
-    def broadcast(self, tensor: torch.Tensor, src_group_rank: int = 0) -> torch.Tensor:
+    def broadcast(self, tensor: torch.Tensor, src_group_rank: int = 0, kind: str = "broadcast") -> torch.Tensor:
+        """`tensor` from group rank `src_group_rank` to every rank, in place."""
         if self.rank == src_group_rank:
-            self.ledger.add("broadcast", _nbytes(tensor) * (self.size - 1))
+            self.ledger.add(kind, _nbytes(tensor) * (self.size - 1))
         dist.broadcast(tensor, src=self.global_rank(src_group_rank), group=self.group)
+        return tensor
+
+    def broadcast_object(self, value: object, src_group_rank: int = 0) -> object:
+        """A picklable object from group rank `src_group_rank` (what every other rank passes is ignored);
+        not counted (the control plane)."""
+        holder = [value]
+        dist.broadcast_object_list(holder, src=self.global_rank(src_group_rank), group=self.group)
+        return holder[0]
+
+    def send(self, tensor: torch.Tensor, to_group_rank: int, kind: str = "p2p"):
+        """Start sending `tensor` to group rank `to_group_rank`; returns the work to wait on (keep `tensor`
+        alive until then)."""
+        self.ledger.add(kind, _nbytes(tensor))
+        return dist.isend(tensor, dst=self.global_rank(to_group_rank), group=self.group)
+
+    def recv(self, tensor: torch.Tensor, from_group_rank: int) -> torch.Tensor:
+        """Receive into `tensor` from group rank `from_group_rank` (blocking)."""
+        dist.recv(tensor, src=self.global_rank(from_group_rank), group=self.group)
         return tensor
 
     def exchange(self, sends: Sequence[tuple[torch.Tensor, int]], recvs: Sequence[tuple[torch.Tensor, int]]):

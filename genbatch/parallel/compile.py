@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import torch
 
 from genbatch.parallel.flags import COMPILE_BACKENDS
+from genbatch.parallel.marks import ModuleMark
 
 
 
@@ -141,8 +142,8 @@ class CompileClock:
         return taken
 
 
-FULLGRAPH = "_genbatch_fullgraph"
-"""The attribute under which a compiled unit says whether it was compiled whole (no graph break allowed)."""
+COMPILED: ModuleMark[bool] = ModuleMark("compiled unit")
+"""Each compiled unit, and whether it was compiled whole (True: no graph break allowed)."""
 
 CLOCK = CompileClock()
 """The process's compile clock (dynamo's callbacks are process-wide); installed by the first `compile_units`."""
@@ -163,6 +164,6 @@ def compile_units(module: torch.nn.Module, patterns: tuple[str, ...], config: Co
     for name in names:
         unit = module.get_submodule(name)
         unit.forward = torch.compile(unit.forward, **options)
-        setattr(unit, FULLGRAPH, fullgraph)
+        COMPILED.put(unit, fullgraph)
         unit.register_forward_pre_hook(CLOCK.enter, with_kwargs=True)
     return names

@@ -149,18 +149,15 @@ def _load_by_listing(module: torch.nn.Module, full_state: dict | None, group: Co
     group; every rank keeps what its module holds under that name (`pipeline.stages.stage_name`, the name
     itself for a model that is not cut): its FSDP shard (of its tp part) of a parameter, a buffer or plain
     tensor whole."""
-    import torch.distributed as dist
-
     from genbatch.parallel.pipeline.stages import stage_name
 
-    listing = [[(name, tuple(value.shape), value.dtype) for name, value in full_state.items()]
-               if group.rank == 0 else None]
-    dist.broadcast_object_list(listing, src=group.global_rank(0), group=group.group)
+    listing = group.broadcast_object([(name, tuple(value.shape), value.dtype) for name, value in full_state.items()]
+                                     if group.rank == 0 else None)
     params, buffers = dict(module.named_parameters()), dict(module.named_buffers())
     plain = {f"{owner}.{attribute}" if owner else attribute: (owner, attribute)
              for owner, attribute, _ in _plain_tensors(module)}
     split = tp is not None and tp.size > 1
-    for name, shape, dtype in listing[0]:
+    for name, shape, dtype in listing:
         value = (full_state[name].to(device=device) if group.rank == 0
                  else torch.empty(shape, dtype=dtype, device=device))
         group.broadcast(_sendable(value), src_group_rank=0)

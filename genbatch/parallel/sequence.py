@@ -24,11 +24,12 @@ from genbatch.parallel.attention.group import SequenceGroup
 from genbatch.parallel.attention.layout import SequenceLayout
 from genbatch.parallel.attention.route import ProcessorRoutes, restore_processor
 from genbatch.parallel.attention.strategy import AttentionStrategy, make_strategy
+from genbatch.parallel.marks import ModuleMark
 from genbatch.parallel.plans import sequence_plan
 
-SEQUENCE_PARALLEL = "_genbatch_sequence_parallel"
-"""The attribute under which a sequence-parallel model carries its `SequenceParallel` (read by the job-level
-sessions that set state on its strategies: `genbatch.parallel.patch.session`)."""
+SEQUENCE_PARALLEL: ModuleMark[SequenceParallel] = ModuleMark("sequence parallel")
+"""A sequence-parallel model's `SequenceParallel` (read by the job hooks that set state on its strategies:
+`genbatch.parallel.patch.session`, `genbatch.parallel.pipeline.session`)."""
 
 __all__ = ["SequenceGroup", "SequenceParallel"]
 
@@ -104,10 +105,8 @@ class _Route:
             mask = masks.key_padding(attn_mask, query.shape[0], self.name)
             totals = [self.sp.state.stream_totals[stream] for stream in self.streams]
             key_mask = masks.rank_ordered(mask, totals, layout, self.sp.group.sp, self.name)
-        if getattr(self.strategy, "takes_streams", False):  # a stale strategy: which streams its keys come from
-            return self.strategy.attend(query, key, value, site=self.name, layout=layout, key_mask=key_mask,
-                                        scale=scale, streams=self.streams)
-        return self.strategy.attend(query, key, value, site=self.name, layout=layout, key_mask=key_mask, scale=scale)
+        return self.strategy.attend(query, key, value, site=self.name, layout=layout, key_mask=key_mask,
+                                    scale=scale, streams=self.streams)
 
 
 class SequenceParallel:
@@ -126,7 +125,7 @@ class SequenceParallel:
         self.strategies: dict[str, AttentionStrategy] = {}
         """The strategies the routed modules attend with, by name (a job's stale-K/V state is set on them)."""
         self.model = model
-        setattr(model, SEQUENCE_PARALLEL, self)
+        SEQUENCE_PARALLEL.put(model, self)
         named = list(model.named_modules())
         for key, spec in cp_plan.items():
             targets = [(name, module) for name, module in named if fnmatch.fnmatchcase(name, key)]
@@ -152,8 +151,8 @@ class SequenceParallel:
             self._route(name, module, key, routes[key])
 
     def remove(self) -> None:
-        if getattr(self.model, SEQUENCE_PARALLEL, None) is self:
-            delattr(self.model, SEQUENCE_PARALLEL)
+        if SEQUENCE_PARALLEL.get(self.model) is self:
+            SEQUENCE_PARALLEL.pop(self.model)
         for handle in self.handles:
             handle.remove()
         self.handles.clear()

@@ -13,7 +13,7 @@ asynchronous steps of each layout (`cost.estimate`); these functions put them to
 
 from __future__ import annotations
 
-from genbatch.parallel.patch.config import DEFAULT_WARMUP, DISTRIFUSION
+from genbatch.parallel.stale import DEFAULT_WARMUP, DISTRIFUSION
 
 PIPEFUSION_WARMUP_STEPS = 1
 """Synchronous steps before PipeFusion may use stale K/V: xDiT's default `--warmup_steps 1` (seed 003: 1-4)."""

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from genbatch.jobs.cache import parse_cache
 from genbatch.jobs.models import ModelSpec
@@ -24,16 +23,18 @@ from genbatch.jobs.spec import JobSpec
 from genbatch import models
 from genbatch.models import resolve_model
 from genbatch.models.hooks import Family, to_uint8
+from genbatch.models.scheduler_state import restore_scheduler, scheduler_state
 from genbatch.parallel.cache.agreement import decision_comm
-from genbatch.parallel.cache.session import SKIPPED, StepCache
+from genbatch.parallel.cache.session import SKIPPED
 from genbatch.parallel.cfg import BranchExchange
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.context import ParallelContext
-from genbatch.parallel.patch.config import DISTRIFUSION, EXACT, StaleConfig, label
-from genbatch.parallel.patch.session import StaleSession
-from genbatch.parallel.pipeline.session import PipeSession, switch_steps
+from genbatch.parallel.features import start_hooks
+from genbatch.parallel.job_hooks import JobStart, RunFeatures
+from genbatch.parallel.stale import EXACT, StaleConfig, label
+from genbatch.parallel.patch.session import STALE_BYTES
 from genbatch.runner.agreement import StopAgreement
-from genbatch.runner.checkpoint import DenoiseCheckpoint, restore_scheduler, scheduler_state
+from genbatch.runner.checkpoint import DenoiseCheckpoint
 from genbatch.runner.decode import Decoder
 from genbatch.runner.denoise import denoise
 from genbatch.runner.loading import PipelineCache
@@ -86,7 +87,7 @@ class JobResult:
 
 def fingerprint(job: JobSpec, approximation: str = EXACT) -> dict:
     """The settings a checkpoint must match to be resumed (a changed row, or a run under another attention
-    approximation, `genbatch.parallel.patch.config.label`, restarts the job)."""
+    approximation, `genbatch.parallel.stale.label`, restarts the job)."""
     return {
         "approximation": approximation,
         "model": job.model,
@@ -117,27 +118,34 @@ class JobExecutor:
     cache_group: Comm | None = None
     """The ranks that agree on each step-cache decision (None: `decision_comm(ctx)`, built here, on every rank
     at start-up, since it may create a process group)."""
-    last_cache: StepCache | None = None
-    """The step cache of the last job this rank denoised (its hooks removed; its indicators kept)."""
+    last_summary: dict = field(default_factory=dict)
+    """What the hooks of the last job this rank denoised measured (`JobHooks.summary`: the step cache's
+    `cache_indicators`, the stale K/V's `stale_peak_bytes`)."""
     stale: StaleConfig | None = None
     """The run's stale-K/V attention (`--distrifusion`; None: exact)."""
     resync_steps: frozenset[int] = frozenset()
     """Steps that run synchronously under `stale` besides each job's warm-up (the uninterrupted reference of a
     resumed job, whose resume re-warmed at these steps)."""
-    last_stale_bytes: int = 0
-    """The most stale K/V bytes this rank's buffers held at once in the last job it denoised."""
 
     def __post_init__(self) -> None:
         if self.cache_group is None:
             self.cache_group = decision_comm(self.ctx)
 
+    @property
+    def last_stale_bytes(self) -> int:
+        """The most stale K/V bytes this rank's buffers held at once in the last job it denoised."""
+        return self.last_summary.get(STALE_BYTES, 0)
+
+    @property
+    def features(self) -> RunFeatures:
+        """The run's settings of the per-job features."""
+        return RunFeatures(stale=self.stale, resync_steps=self.resync_steps, cache_group=self.cache_group)
+
     def _shared_checkpoint(self, job: JobSpec) -> DenoiseCheckpoint | None:
         """The leader reads the job's checkpoint; the group receives the same bytes (or None)."""
         payload = self.store.load_checkpoint(job.id) if self.ctx.is_leader else None
         if self.ctx.group.size > 1:
-            holder = [payload]
-            dist.broadcast_object_list(holder, src=self.ctx.group.global_rank(0), group=self.ctx.group.group)
-            payload = holder[0]
+            payload = self.ctx.group.broadcast_object(payload)
         if payload is None:
             return None
         checkpoint = DenoiseCheckpoint.from_bytes(payload)
@@ -162,18 +170,6 @@ class JobExecutor:
             rng={"torch_cpu": torch.get_rng_state(), "generator": generator.get_state()},
         )
         self.writer.submit(self.store.save_checkpoint, job.id, checkpoint.to_bytes())
-
-    def _stale_session(self, model: JobModel, trajectory, job: JobSpec, start_step: int):
-        """The job's stale-K/V session: PipeFusion's over the pp stages (re-warming where Wan 2.2's second
-        expert takes over), else DistriFusion's (each expert's buffers re-warm on their first use), or none."""
-        spec, pipe = model.spec, model.pipe
-        if self.stale is not None and self.stale.method != DISTRIFUSION and self.ctx.dims.pp > 1:
-            tokens = spec.tokens(job.width, job.height, job.num_frames)
-            rewarm = {index + offset for index in switch_steps(model.family, pipe, trajectory)
-                      for offset in range(self.stale.warmup_steps)}
-            return PipeSession.start(pipe, spec, self.stale, self.ctx.pp_comm, width=job.width, tokens=tokens,
-                                     start_step=start_step, extra_sync=self.resync_steps | rewarm)
-        return StaleSession.start(pipe, spec, self.stale, extra_sync=self.resync_steps)
 
     def generate(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> np.ndarray | None:
         """Encode, denoise (resuming from a checkpoint), decode: [0, 1] frames on the leader, None elsewhere.
@@ -220,23 +216,18 @@ class JobExecutor:
                     last_save.update(step=steps_done, time=time.monotonic())
                 return False
 
-            # a resumed job starts with an empty cache: its first step computes in full
-            cache = StepCache.start(pipe, model.spec, parse_cache(job.cache), self.cache_group,
-                                    steps=len(trajectory.timesteps))
-            # a resumed job's K/V buffers start empty too: it re-warms for the warm-up steps
-            stale = self._stale_session(model, trajectory, job, start_step)
-            try:
-                result = denoise(
-                    family, pipe, trajectory, conditioning,
-                    timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
-                    after_step=after_step, step_extra=self._step_extra, cache=cache, cfg=self.ctx.cfg,
-                    stale=stale,
-                )
-            finally:
-                cache.close()
-                self.last_cache = cache
-                self.last_stale_bytes = stale.peak_bytes()
-                stale.close()
+            # a resumed job's hooks start empty: its first step computes in full, its K/V buffers re-warm
+            start = JobStart(job=job, spec=model.spec, family=family, pipe=pipe, trajectory=trajectory,
+                             start_step=start_step, ctx=self.ctx, run=self.features)
+            with start_hooks(start) as hooks:
+                try:
+                    result = denoise(
+                        family, pipe, trajectory, conditioning,
+                        timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
+                        after_step=after_step, step_extra=self._step_extra, hooks=hooks,
+                    )
+                finally:
+                    self.last_summary = hooks.summary()
             if result.stopped:
                 raise JobInterrupted(f"job {job.id} stopped after step {result.steps_done}")
             if not torch.isfinite(result.latents).all():

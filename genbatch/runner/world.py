@@ -21,7 +21,7 @@ from genbatch.models import family, resolve_model
 from genbatch.parallel.attention.local import KERNELS, check_kernel
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.dims import ParallelDims
-from genbatch.parallel.patch.config import stale_config
+from genbatch.parallel.stale import stale_config
 from genbatch.parallel.apply import TEXT_ENCODERS
 from genbatch.parallel.tensor.encoders import check_splits
 from genbatch.parallel.teardown import leave_process_group
@@ -87,7 +87,7 @@ class World:
     """`--vae-decode`: how each job's VAE decodes (`genbatch.runner.decode`), checked against every model at
     start-up."""
     stale: object = None
-    """The run's `genbatch.parallel.patch.config.StaleConfig` (None: exact attention)."""
+    """The run's `genbatch.parallel.stale.StaleConfig` (None: exact attention)."""
 
     @property
     def attention(self) -> str:

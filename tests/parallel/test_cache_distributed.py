@@ -24,7 +24,7 @@ def _denoise(out: str, layout: dict, mode: str, steps: int, preset: str) -> dict
     with job_executor(out, **layout) as (world, executor):
         timer = JobTimer(world.ctx.device)
         latents = executor.denoise(job(preset, num_inference_steps=steps, cache=mode), timer)
-        return {"indicators": executor.last_cache.indicators, "latents": latents,
+        return {"indicators": executor.last_summary["cache_indicators"], "latents": latents,
                 "skipped": [row[SKIPPED] for row in timer.rows() if row["stage"] == "denoise_step"]}
 
 

@@ -9,6 +9,7 @@ another cache mode is not resumed."""
 from __future__ import annotations
 
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -26,11 +27,13 @@ STEPS = 6
 
 
 def _run(executor, spec, timer=None, model=None):
-    """(latents, per-step skipped counts, the job's StepCache)."""
+    """(latents, per-step skipped counts, what the job's step cache measured: its indicators, modules hooked)."""
     timer = timer or JobTimer(executor.ctx.device)
     latents = executor.denoise(spec, timer, model)
     skipped = [row.get(SKIPPED) for row in timer.rows() if row["stage"] == "denoise_step"]
-    return latents, skipped, executor.last_cache
+    summary = executor.last_summary
+    return latents, skipped, SimpleNamespace(indicators=summary.get("cache_indicators", []),
+                                             hooked=summary.get("cache_hooked", 0))
 
 
 @pytest.fixture(scope="module")

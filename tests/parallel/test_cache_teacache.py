@@ -44,7 +44,7 @@ def _denoise(out: str, layout: dict, mode: str, steps: int, preset: str) -> dict
             job_executor(out, **layout) as (world, executor):
         timer = JobTimer(world.ctx.device)
         latents = executor.denoise(job(preset, num_inference_steps=steps, cache=mode), timer)
-        return {"indicators": executor.last_cache.indicators if mode != "none" else [], "latents": latents,
+        return {"indicators": executor.last_summary.get("cache_indicators", []), "latents": latents,
                 "skipped": [row.get(SKIPPED) for row in timer.rows() if row["stage"] == "denoise_step"]}
 
 

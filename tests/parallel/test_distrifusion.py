@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from genbatch.parallel.patch.config import DISTRIFUSION, NAIVE_PATCH, StaleConfig
+from genbatch.parallel.stale import DISTRIFUSION, NAIVE_PATCH, StaleConfig
 from genbatch.runner.timing import JobTimer
 from tests.parallel.stale_runs import denoised, mse, on_ranks
 from tests.support.distributed import run_on_ranks

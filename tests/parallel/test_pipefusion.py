@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from genbatch.parallel.patch.config import NAIVE_PATCH, PIPEFUSION, StaleConfig
+from genbatch.parallel.stale import NAIVE_PATCH, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
 from tests.parallel.stale_runs import denoised, mse, on_ranks
 from tests.support.distributed import run_on_ranks

@@ -230,7 +230,7 @@ def test_a_registered_strategy_takes_over_every_routed_module():
 
     @register_strategy("counting-test")
     class Counting(ExactAttention):
-        def attend(self, q, k, v, *, site, layout, key_mask, scale):
+        def attend(self, q, k, v, *, site, layout, key_mask, scale, streams=()):
             seen.append(site)
             return super().attend(q, k, v, site=site, layout=layout, key_mask=key_mask, scale=scale)
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from genbatch.parallel.compile import CLOCK
-from genbatch.parallel.patch.config import DISTRIFUSION, PIPEFUSION, StaleConfig
+from genbatch.parallel.stale import DISTRIFUSION, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor

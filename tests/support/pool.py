@@ -44,8 +44,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-MAX_GROUPS = 400
-"""Process groups a rank may hold before its pool is respawned (each holds a socket per peer in it)."""
+MAX_GROUPS = 150
+"""Process groups a rank may hold before its pool is respawned: each holds a socket per peer and three gloo
+threads that wake on their own (two ranks holding 200 each spent a third of a core each, idle)."""
 SPAWN_TIMEOUT_S = 180.0
 """Seconds a pool's ranks get to start and join their process group (imports on a loaded 2-core machine)."""
 

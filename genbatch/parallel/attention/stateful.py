@@ -34,7 +34,21 @@ _SEPARATOR = ","
 """Between the stream names in the op's one string argument (a custom op takes no list of strings)."""
 
 
-def hold(strategy: object) -> int:
+class StatefulAttention:
+    """An attention strategy that keeps a job's state (`state`, set and cleared by the job's hook; None outside
+    a job, where every call is exact), reached from compiled graphs through its `handle`."""
+
+    def __init__(self, group):
+        self.group = group
+        self.state = None
+        """The running job's state (None: no job, every call exact)."""
+        self.handle = hold(self)
+
+    def attend_now(self, q, k, v, *, site, layout, key_mask, scale, streams=()) -> torch.Tensor:
+        raise NotImplementedError
+
+
+def hold(strategy: StatefulAttention) -> int:
     """A handle by which `stateful_attention` finds `strategy` (an object with `attend_now`)."""
     handle = next(_HANDLES)
     _STRATEGIES[handle] = strategy

@@ -40,8 +40,10 @@ class AttentionStrategy(Protocol):
         layout: SequenceLayout,
         key_mask: torch.Tensor | None,
         scale: float | None,
+        streams: tuple[str, ...] = (),
     ) -> torch.Tensor:
-        """This rank's shards (b, s_rank, h, d) -> its shard of the attention output (b, s_rank, h, d)."""
+        """This rank's shards (b, s_rank, h, d) -> its shard of the attention output (b, s_rank, h, d).
+        `streams`: the names of the streams the call's keys come from (read by stale-K/V strategies)."""
 
 
 StrategyFactory = Callable[[SequenceGroup], AttentionStrategy]
@@ -79,7 +81,7 @@ class ExactAttention:
     def __init__(self, group: SequenceGroup):
         self.group = group
 
-    def attend(self, q, k, v, *, site, layout, key_mask, scale):
+    def attend(self, q, k, v, *, site, layout, key_mask, scale, streams=()):
         group = self.group
         options = {"scale": scale, "key_mask": key_mask, "backend": group.kernel}
         if group.ring.size == 1:

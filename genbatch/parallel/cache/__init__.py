@@ -12,7 +12,8 @@ so the manifest can check a row's `cache` value; this package runs a parsed mode
                     modulated input, agreed like FBC's, skips every block; the covered models and their
                     published coefficients are data in `genbatch.jobs.teacache`
     session.py      `StepCache`: one job's hooks, installed when the job starts and removed when it ends (so
-                    state never crosses jobs), the per-branch cache contexts, the per-step skipped count
+                    state never crosses jobs), the per-branch cache contexts, the per-step skipped count;
+                    the feature's `JobHook` (`genbatch.parallel.job_hooks`)
 
 The hooks replace each block's `forward` (diffusers' HookRegistry), whatever that forward is: under
 `--compile` it is the compiled forward, so the hooks sit outside the compiled regions and add no graph

@@ -5,12 +5,13 @@
                                                        published coefficients (an uncovered model: ValueError)
     with cache.branch("cond", step):                   diffusers' cache context of that name on every
         prediction = transformer(...)                  denoiser: each guidance branch keeps its own state
-    cache.step_columns(split, cfg)                     {"cache_skipped": forwards of the step that reused
+    cache.step_columns(split)                          {"cache_skipped": forwards of the step that reused
                                                        cached work, over every branch}, the same on every
                                                        rank of the group
     cache.close()                                      hooks removed: the next job starts from empty state
 
-A resumed job starts a new `StepCache`: its state is empty, so its first step computes in full (the cached
+`start_job` is the feature's `JobHook` starter (`genbatch.parallel.job_hooks`): a job whose mode is none gets
+no hook. A resumed job starts a new `StepCache`: its state is empty, so its first step computes in full (the cached
 residuals are not checkpointed). `mode` none installs nothing and costs nothing.
 """
 
@@ -22,12 +23,13 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from genbatch.jobs.cache import FBC, TAYLORSEER, TEACACHE, CacheMode
+from genbatch.jobs.cache import FBC, TAYLORSEER, TEACACHE, CacheMode, parse_cache
 from genbatch.jobs.models import ModelSpec
 from genbatch.models import family
 from genbatch.jobs.teacache import covered_model, not_covered
 from genbatch.parallel.cache import fbc, taylorseer, teacache
 from genbatch.parallel.comm import Comm
+from genbatch.parallel.job_hooks import JobHook, JobStart
 
 SKIPPED = "cache_skipped"
 """The step timing column: how many branch forwards of the step reused cached work (0: all computed)."""
@@ -54,11 +56,15 @@ def _teacache_model(spec: ModelSpec, models: list[torch.nn.Module]):
 
 
 @dataclass(kw_only=True, slots=True)
-class StepCache:
+class StepCache(JobHook):
     """The step cache of one job on one rank."""
 
     mode: CacheMode
     """The job's mode."""
+    cfg: Comm | None = None
+    """The cfg group the per-step skipped count is summed over under CFG parallel (None: no sum)."""
+    device: torch.device = torch.device("cpu")
+    """Where that sum's tensor lives (the group's device)."""
     models: list[torch.nn.Module] = field(default_factory=list)
     """The hooked denoisers."""
     hooked: int = 0
@@ -72,14 +78,16 @@ class StepCache:
     _skipped: set[str] = field(default_factory=set)
 
     @classmethod
-    def start(cls, pipe, spec: ModelSpec, mode: CacheMode, comm: Comm, steps: int = 0) -> StepCache:
+    def start(cls, pipe, spec: ModelSpec, mode: CacheMode, comm: Comm, steps: int = 0, cfg: Comm | None = None,
+              device: torch.device = torch.device("cpu")) -> StepCache:
         """Install `mode`'s hooks on the pipeline's denoisers of a job of `steps` steps (TeaCache computes the
-        last one in full; 0: every step); FBC and TeaCache decide over `comm` (`decision_comm`)."""
+        last one in full; 0: every step); FBC and TeaCache decide over `comm` (`decision_comm`); the skipped
+        count of a step is summed over `cfg` when this rank ran only its own branch."""
         from diffusers.hooks.hooks import HookRegistry
 
         from genbatch.parallel.apply import denoisers
 
-        cache = cls(mode=mode)
+        cache = cls(mode=mode, cfg=cfg, device=device)
         if not mode.enabled:
             return cache
         models = [model for model in (getattr(pipe, name, None) for name in denoisers(spec)) if model is not None]
@@ -112,7 +120,7 @@ class StepCache:
         self._report(computed)
 
     @contextlib.contextmanager
-    def branch(self, name: str, step: int):
+    def branch(self, name: str, step: int, patch: int | None = None):
         """Run a denoiser call of branch `name` at step index `step` in that branch's cache context (diffusers'
         `cache_context`, set directly: SD3's transformer lacks the mixin that offers it)."""
         if not self.models:
@@ -130,15 +138,16 @@ class StepCache:
             for model in self.models:
                 _set_cache_context(model, None)
 
-    def step_columns(self, split: bool, cfg: Comm | None, device: torch.device) -> dict[str, int]:
+    def step_columns(self, split: bool) -> dict[str, int]:
         """The finished step's timing columns ({} without caching). `split`: this rank ran only its own cfg
-        branch (CFG parallel), so the count is summed over `cfg` (one small all-reduce)."""
+        branch (CFG parallel), so the count is summed over the cfg group (one small all-reduce)."""
         if not self.mode.enabled:
             return {}
         skipped = len(self._skipped)
         self._skipped.clear()
+        cfg = self.cfg
         if split and cfg is not None and cfg.size > 1:
-            total = torch.tensor([skipped], dtype=torch.int64, device=device)
+            total = torch.tensor([skipped], dtype=torch.int64, device=self.device)
             cfg.all_reduce(total, op=dist.ReduceOp.SUM, kind="control")
             skipped = int(total.item())
         return {SKIPPED: skipped}
@@ -156,3 +165,17 @@ class StepCache:
                 registry.remove_hook(name, recurse=True)
             registry.invalidate_child_registries_cache()
         self.models.clear()
+
+    def summary(self) -> dict:
+        """The job's decision indicators (`cache_indicators`) and how many modules carried a hook
+        (`cache_hooked`)."""
+        return {"cache_indicators": list(self.indicators), "cache_hooked": self.hooked}
+
+
+def start_job(start: JobStart) -> StepCache | None:
+    """The job's step cache (None: its mode is none). A resumed job starts empty: its first step computes."""
+    mode = parse_cache(start.job.cache)
+    if not mode.enabled:
+        return None
+    return StepCache.start(start.pipe, start.spec, mode, start.run.cache_group, steps=len(start.trajectory.timesteps),
+                           cfg=start.ctx.cfg, device=start.ctx.device)

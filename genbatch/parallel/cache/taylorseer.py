@@ -28,7 +28,8 @@ from diffusers.hooks.hooks import HookRegistry, StateManager
 from diffusers.hooks.taylorseer_cache import _TAYLORSEER_CACHE_HOOK, TaylorSeerCacheHook, TaylorSeerState
 from diffusers.models.attention import FeedForward
 
-from genbatch.parallel.compile import FULLGRAPH
+from genbatch.parallel.compile import COMPILED
+from genbatch.parallel.marks import ModuleMark
 
 HOOK_NAMES = (_TAYLORSEER_CACHE_HOOK,)
 """The registry name of the hooks `install` adds."""
@@ -83,8 +84,8 @@ class EagerReportingHook(ReportingHook):
         return super().new_forward(module, *args, **kwargs)
 
 
-KEPT = "_genbatch_taylorseer_hooks"
-"""The attribute under which a model with compiled blocks keeps its TaylorSeer hooks between jobs."""
+KEPT: ModuleMark[list] = ModuleMark("taylorseer hooks kept")
+"""A model with compiled blocks: its TaylorSeer hooks, kept between jobs as (module, hook) pairs."""
 
 
 def _blocks(model: torch.nn.Module, lists: tuple[str, ...]) -> list[torch.nn.Module]:
@@ -93,7 +94,7 @@ def _blocks(model: torch.nn.Module, lists: tuple[str, ...]) -> list[torch.nn.Mod
 
 def disarm(model: torch.nn.Module) -> bool:
     """Set a model's kept hooks passing through (the job ended); False when it keeps none (remove them)."""
-    hooks = getattr(model, KEPT, None)
+    hooks = KEPT.get(model)
     if not hooks:
         return False
     for module, hook in hooks:
@@ -107,12 +108,12 @@ def install(model: torch.nn.Module, attention: tuple[str, ...], lists: tuple[str
     """Hook the modules of `cached_modules` (inside compiled blocks: arm the hooks kept there, installing them
     the first time); the number hooked."""
     blocks = _blocks(model, lists)
-    if any(getattr(block, FULLGRAPH, False) for block in blocks):
+    if any(COMPILED.get(block, False) for block in blocks):
         raise ValueError(f"taylorseer hooks modules inside {type(model).__name__}'s blocks, compiled whole; give "
                          "the run --cache taylorseer:N (its blocks then compile around the hooks), run it without "
                          "--compile, or use fbc:THRESHOLD, whose hooks sit outside the compiled blocks")
-    compiled = any(hasattr(block.forward, "_torchdynamo_orig_callable") for block in blocks)
-    kept = getattr(model, KEPT, None)
+    compiled = any(COMPILED.get(block) is not None for block in blocks)
+    kept = KEPT.get(model)
     if kept:
         for module, hook in kept:
             hook.reset_state(module)
@@ -133,5 +134,5 @@ def install(model: torch.nn.Module, attention: tuple[str, ...], lists: tuple[str
         if compiled:
             hooks.append((module, hook))
     if compiled:
-        setattr(model, KEPT, hooks)
+        KEPT.put(model, hooks)
     return len(modules)

@@ -1,7 +1,8 @@
-"""One job's stale attention: a `StaleState` per denoiser, set when the job starts, dropped when it ends.
+"""One job's stale attention (DistriFusion): a `StaleState` per denoiser, set when the job starts, dropped when
+it ends; the feature's `JobHook`.
 
     session = StaleSession.start(pipe, spec, config)     a fresh state on each denoiser's patch strategies
-    with session.branch("cond", step):                    the forward's buffers and whether it is synchronous
+    with session.branch("cond", step, None):              the forward's buffers and whether it is synchronous
         prediction = transformer(...)
     session.held_bytes()                                  the K/V the buffers hold now (measured, per rank)
     session.close()                                       buffers dropped: the next job starts empty
@@ -19,37 +20,39 @@ import torch
 
 from genbatch.jobs.models import ModelSpec
 from genbatch.models import family
-from genbatch.parallel.patch.config import StaleConfig
+from genbatch.parallel.attention.stateful import StatefulAttention
+from genbatch.parallel.job_hooks import JobHook, JobStart
+from genbatch.parallel.stale import DISTRIFUSION, StaleConfig
 from genbatch.parallel.patch.state import StaleState
 from genbatch.parallel.sequence import SEQUENCE_PARALLEL
 
+STALE_BYTES = "stale_peak_bytes"
+"""The summary's entry: the most stale K/V bytes this rank's buffers held at once in the job."""
 
-def patch_strategies(model: torch.nn.Module) -> list:
-    """The stale-K/V strategies routing `model`'s attention (none when it is not patch parallel)."""
-    parallel = getattr(model, SEQUENCE_PARALLEL, None)
+
+def stateful_strategies(model: torch.nn.Module | None) -> list[StatefulAttention]:
+    """The stale-K/V strategies routing `model`'s attention (none when it is not sequence parallel)."""
+    parallel = SEQUENCE_PARALLEL.get(model)
     if parallel is None:
         return []
-    return [strategy for strategy in parallel.strategies.values() if hasattr(strategy, "state")]
+    return [strategy for strategy in parallel.strategies.values() if isinstance(strategy, StatefulAttention)]
 
 
 @dataclass(kw_only=True, slots=True)
-class StaleSession:
-    config: StaleConfig | None
-    """The run's approximation (None: exact, the session does nothing)."""
+class StaleSession(JobHook):
+    config: StaleConfig
+    """The run's approximation."""
     states: list[tuple[list, StaleState]] = field(default_factory=list)
     """Each denoiser's strategies and the state they share."""
 
     @classmethod
-    def start(cls, pipe, spec: ModelSpec, config: StaleConfig | None, extra_sync: frozenset[int] = frozenset()
+    def start(cls, pipe, spec: ModelSpec, config: StaleConfig, extra_sync: frozenset[int] = frozenset()
               ) -> StaleSession:
         """A fresh state on every denoiser of the pipeline; `extra_sync`: further synchronous steps (the
         reference of a resumed run: the steps its resume re-warmed)."""
         session = cls(config=config)
-        if config is None:
-            return session
         for name in family(spec.family).denoisers:
-            model = getattr(pipe, name, None)
-            strategies = patch_strategies(model) if model is not None else []
+            strategies = stateful_strategies(getattr(pipe, name, None))
             if not strategies:
                 continue
             state = StaleState(method=config.method, warmup_steps=config.warmup_steps, extra_sync=frozenset(extra_sync))
@@ -59,10 +62,10 @@ class StaleSession:
         return session
 
     @contextlib.contextmanager
-    def branch(self, name: str, step: int):
-        """Run a denoiser forward of branch `name` at step index `step`."""
+    def branch(self, name: str, index: int, patch: int | None = None):
+        """Run a denoiser forward of branch `name` at step index `index`."""
         for _, state in self.states:
-            state.arm(name, step)
+            state.arm(name, index)
         yield
 
     def held_bytes(self) -> int:
@@ -73,9 +76,21 @@ class StaleSession:
         """The most K/V bytes any denoiser's buffers held at once in this job."""
         return max((state.peak_bytes for _, state in self.states), default=0)
 
+    def summary(self) -> dict:
+        return {STALE_BYTES: self.peak_bytes()}
+
     def close(self) -> None:
         for strategies, state in self.states:
             state.clear()
             for strategy in strategies:
                 strategy.state = None
         self.states.clear()
+
+
+def start_job(start: JobStart) -> StaleSession | None:
+    """DistriFusion's (and the naive-patch baseline's, off the pp axis) session for the job; None under exact
+    attention or PipeFusion. Each expert's buffers re-warm on their first use."""
+    config = start.run.stale
+    if config is None or (config.method != DISTRIFUSION and start.ctx.dims.pp > 1):
+        return None
+    return StaleSession.start(start.pipe, start.spec, config, extra_sync=start.run.resync_steps)

@@ -20,26 +20,24 @@ from __future__ import annotations
 
 from genbatch.parallel.attention.group import SequenceGroup
 from genbatch.parallel.attention.local import local_attention
-from genbatch.parallel.attention.stateful import attend_through_op, hold, pack_kv, unpack_kv
+from genbatch.parallel.attention.stateful import StatefulAttention, attend_through_op, pack_kv, unpack_kv
 from genbatch.parallel.attention.strategy import register_strategy
-from genbatch.parallel.patch.config import DISTRIFUSION, NAIVE_PATCH
+from genbatch.parallel.stale import DISTRIFUSION, NAIVE_PATCH
 from genbatch.parallel.patch.state import StaleState
 
 
 @register_strategy(DISTRIFUSION)
-class StalePatchAttention:
+class StalePatchAttention(StatefulAttention):
     name = DISTRIFUSION
 
     def __init__(self, group: SequenceGroup):
-        self.group = group
+        super().__init__(group)
         self.state: StaleState | None = None
-        """The running job's state (None: no job, every call exact)."""
-        self.handle = hold(self)
 
     def _attend(self, q, k, v, key_mask, scale):
         return local_attention(q, k, v, scale=scale, backend=self.group.kernel, key_mask=key_mask)[0]
 
-    def attend(self, q, k, v, *, site, layout, key_mask, scale):
+    def attend(self, q, k, v, *, site, layout, key_mask, scale, streams=()):
         """This rank's patch q, k, v (b, s_rank, h, d) -> its patch of the output (b, s_rank, h, d); one opaque
         node under compile (`genbatch.parallel.attention.stateful`)."""
         return attend_through_op(self.handle, q, k, v, site=site, layout=layout, key_mask=key_mask, scale=scale)

@@ -12,9 +12,13 @@ import fnmatch
 
 import torch
 
+from genbatch.parallel.marks import ModuleMark
 from genbatch.parallel.pipeline.state import PipeState
 from genbatch.parallel.plans import sequence_plan
 from genbatch.parallel.sequence import hook_split_points
+
+PATCHES: ModuleMark[PatchHooks] = ModuleMark("pipefusion patch hooks")
+"""A PipeFusion denoiser's `PatchHooks`."""
 
 
 class PatchHooks:

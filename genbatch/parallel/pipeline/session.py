@@ -1,10 +1,11 @@
 """One job's PipeFusion: a `PipeState` per denoiser, shared by its attention strategy, patch hooks and stage
-link; which steps are synchronous; the per-patch schedulers of the asynchronous steps.
+link; which steps are synchronous; the per-patch schedulers of the asynchronous steps. It is the feature's
+`JobHook`: it runs the asynchronous steps itself (`genbatch.parallel.pipeline.steps`).
 
     session = PipeSession.start(pipe, spec, config, job, start_step)
     session.synchronous(index)                   the first `warmup_steps` steps of the job (and of a resumed
                                                  job, which starts a new session), and `extra_sync`
-    with session.forward("cond", patch):         one forward of a branch, on a patch (None: whole)
+    with session.branch("cond", index, patch):   one forward of a branch, on a patch (None: whole)
     session.schedulers(pipe.scheduler, latents)  the per-patch schedulers (made at the first asynchronous step)
     session.close()                              buffers dropped
 
@@ -20,13 +21,16 @@ import torch
 
 from genbatch.jobs.models import ModelSpec
 from genbatch.models import family
-from genbatch.parallel.patch.config import NAIVE_PATCH, StaleConfig
+from genbatch.parallel.comm import Comm
+from genbatch.parallel.job_hooks import DenoiseSteps, JobHook, JobStart
+from genbatch.parallel.stale import DISTRIFUSION, NAIVE_PATCH, StaleConfig
+from genbatch.parallel.patch.session import STALE_BYTES, stateful_strategies
+from genbatch.parallel.pipeline import steps as pipeline_steps
+from genbatch.parallel.pipeline.patches import PATCHES
 from genbatch.parallel.pipeline.regions import PatchSchedulers, region_masks
+from genbatch.parallel.pipeline.stages import PIPELINE, StageLink
 from genbatch.parallel.pipeline.state import PipeState
 from genbatch.parallel.sequence import SEQUENCE_PARALLEL
-
-PATCHES = "_genbatch_patches"
-"""The attribute under which a PipeFusion denoiser carries its `PatchHooks`."""
 
 
 def row_tokens(spec: ModelSpec, width: int) -> int:
@@ -37,10 +41,7 @@ def row_tokens(spec: ModelSpec, width: int) -> int:
 def switch_steps(family, pipe, trajectory) -> list[int]:
     """The step indices at which the family's denoiser changes (Wan 2.2's second expert takes over): the other
     expert's K/V buffers are empty there, so PipeFusion re-warms from each."""
-    denoiser_at = getattr(family, "denoiser_at", None)
-    if denoiser_at is None:
-        return []
-    models = [denoiser_at(pipe, trajectory, t) for t in trajectory.timesteps]
+    models = [family.denoiser_at(pipe, trajectory, t) for t in trajectory.timesteps]
     return [index for index in range(1, len(models)) if models[index] is not models[index - 1]]
 
 
@@ -54,7 +55,7 @@ def patch_problem(spec: ModelSpec, width: int, height: int, num_frames: int | No
 
 
 @dataclass(kw_only=True, slots=True)
-class PipeSession:
+class PipeSession(JobHook):
     config: StaleConfig
     """The run's PipeFusion settings (its patches and warm-up steps)."""
     first_step: int = 0
@@ -63,60 +64,74 @@ class PipeSession:
     """Further synchronous steps (the reference of a resumed run)."""
     parts: list[tuple[PipeState, list]] = field(default_factory=list)
     """Each denoiser's state and the objects that read it (its strategies, patch hooks, stage link)."""
+    links: list[StageLink] = field(default_factory=list)
+    """The denoisers' stage links (their sends in flight are waited for at the end)."""
     spec: ModelSpec | None = None
     """The job's model."""
     tokens: int = 0
     """The job's image tokens."""
-    comm: object = None
-    """The pp group (`genbatch.parallel.comm.Comm`): stage 0 is its rank 0."""
+    comm: Comm | None = None
+    """The pp group: stage 0 is its rank 0."""
     patch_schedulers: PatchSchedulers | None = None
     pending: bool = False
     """True when the last stage sent this step's patch latents to the first stage (it receives them next step)."""
     sends: dict[int, tuple] = field(default_factory=dict)
     """The last stage's sends of patch latents in flight: patch -> (work, tensor)."""
+    was_async: bool = False
+    """The step before ran one forward per patch (a synchronous step after it first resyncs every stage)."""
 
     @classmethod
     def start(cls, pipe, spec: ModelSpec, config: StaleConfig, comm, width: int, tokens: int, start_step: int = 0,
               extra_sync: frozenset[int] = frozenset()) -> PipeSession:
         """A fresh state on each denoiser for a job `width` pixels wide with `tokens` image tokens, resumed at
         `start_step`; `comm`: the pp group."""
-        from genbatch.parallel.pipeline.stages import PIPELINE
-
         session = cls(config=config, first_step=start_step, extra_sync=frozenset(extra_sync), spec=spec,
                       tokens=tokens, comm=comm)
         plans = family(spec.family)
         for name in plans.denoisers:
             model = getattr(pipe, name, None)
-            parallel = getattr(model, SEQUENCE_PARALLEL, None) if model is not None else None
+            parallel = SEQUENCE_PARALLEL.get(model)
             if parallel is None:
                 continue
             text = frozenset(parallel.plan.text_streams)
             state = PipeState(patches=config.patches, row_tokens=row_tokens(spec, width), text_streams=text,
                               naive=config.method == NAIVE_PATCH)
-            readers = [strategy for strategy in parallel.strategies.values() if hasattr(strategy, "state")]
-            readers += [reader for reader in (getattr(model, PATCHES, None), getattr(model, PIPELINE, None))
-                        if reader is not None]
+            link = PIPELINE.get(model)
+            readers = [*stateful_strategies(model), *filter(None, (PATCHES.get(model), link))]
             for reader in readers:
                 reader.state = state
             session.parts.append((state, readers))
+            if link is not None:
+                session.links.append(link)
         return session
 
     def synchronous(self, index: int) -> bool:
         """Whether step `index` runs whole forwards (exact) rather than one forward per patch."""
         return index < self.first_step + self.config.warmup_steps or index in self.extra_sync
 
-    def step(self, index: int) -> None:
+    def begin_step(self, steps: DenoiseSteps, latents: torch.Tensor, index: int) -> torch.Tensor:
+        synchronous = self.synchronous(index)
         for state, _ in self.parts:
-            state.sync = self.synchronous(index)
+            state.sync = synchronous
+        if synchronous and self.was_async:  # every stage takes the whole latent
+            self.was_async = False
+            return pipeline_steps.resync(self, steps.pipe, latents, latents.device)
+        return latents
 
-    def branch(self, name: str, step: int):
-        """A whole forward of branch `name` (a synchronous step)."""
-        return self.forward(name, None)
+    def run_step(self, steps: DenoiseSteps, latents: torch.Tensor, index: int) -> torch.Tensor | None:
+        if self.synchronous(index):
+            return None  # the loop's whole step: whole forwards on every stage
+        self.was_async = True
+        return pipeline_steps.patch_step(steps, self, latents, index)
+
+    def end(self, steps: DenoiseSteps, latents: torch.Tensor, stopped: bool) -> torch.Tensor:
+        return pipeline_steps.finish(self, latents, stopped=stopped)
 
     @contextlib.contextmanager
-    def forward(self, branch: str, patch: int | None):
+    def branch(self, name: str, index: int, patch: int | None = None):
+        """One forward of branch `name`, on `patch` (None: a whole forward, a synchronous step)."""
         for state, _ in self.parts:
-            state.begin(branch, patch)
+            state.begin(name, patch)
         try:
             yield
         finally:
@@ -134,6 +149,9 @@ class PipeSession:
     def peak_bytes(self) -> int:
         return self.held_bytes()
 
+    def summary(self) -> dict:
+        return {STALE_BYTES: self.peak_bytes()}
+
     def held_bytes(self) -> int:
         return sum(state.held_bytes() for state, _ in self.parts)
 
@@ -147,10 +165,8 @@ class PipeSession:
         """Wait for this rank's sends in flight: the patch latents, and each stage link's activations."""
         for patch in list(self.sends):
             self.wait_send(patch)
-        for _, readers in self.parts:
-            for reader in readers:
-                if hasattr(reader, "flush"):
-                    reader.flush()
+        for link in self.links:
+            link.flush()
 
     def close(self) -> None:
         self.flush()
@@ -159,4 +175,18 @@ class PipeSession:
             for reader in readers:
                 reader.state = None
         self.parts.clear()
+        self.links.clear()
         self.patch_schedulers = None
+
+
+def start_job(start: JobStart) -> PipeSession | None:
+    """PipeFusion's session for the job (its pp stages' states; re-warming where Wan 2.2's second expert takes
+    over); None off the pp axis or under DistriFusion."""
+    config, job = start.run.stale, start.job
+    if config is None or config.method == DISTRIFUSION or start.ctx.dims.pp == 1:
+        return None
+    tokens = start.spec.tokens(job.width, job.height, job.num_frames)
+    rewarm = {index + offset for index in switch_steps(start.family, start.pipe, start.trajectory)
+              for offset in range(config.warmup_steps)}
+    return PipeSession.start(start.pipe, start.spec, config, start.ctx.pp_comm, width=job.width, tokens=tokens,
+                             start_step=start.start_step, extra_sync=start.run.resync_steps | rewarm)

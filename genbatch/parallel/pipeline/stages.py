@@ -21,17 +21,17 @@ from __future__ import annotations
 import inspect
 
 import torch
-import torch.distributed as dist
 
 from genbatch.models.base import TransformerPlan
 from genbatch.parallel.attention.layout import SequenceLayout
 from genbatch.parallel.comm import Comm
+from genbatch.parallel.marks import ModuleMark
 
-PIPELINE = "_genbatch_pipeline"
-"""The attribute under which a cut model carries its `StageLink`."""
-STAGE_BLOCKS = "_genbatch_stage_blocks"
-"""The attribute under which a cut model keeps, per repeated list, the (start, stop) of its blocks in the whole
-model (its block `i` is the whole model's `start + i`: what a checkpoint calls it)."""
+PIPELINE: ModuleMark[StageLink] = ModuleMark("pipeline stage link")
+"""A cut model's `StageLink`."""
+STAGE_BLOCKS: ModuleMark[dict[str, tuple[int, int]]] = ModuleMark("stage blocks")
+"""A cut model's (start, stop) of its blocks in the whole model, per repeated list (its block `i` is the whole
+model's `start + i`: what a checkpoint calls it)."""
 TEXT = "encoder_hidden_states"
 """The carried text stream (diffusers' name in every MMDiT block): in a patch forward it travels with the first
 patch of a step only, and the stages reuse it for the others."""
@@ -63,7 +63,7 @@ def cut_stages(model: torch.nn.Module, plan: TransformerPlan, stage: int, stages
         raise ValueError(f"{type(model).__name__} has no pipeline plan; run it with --pipefusion 1")
     lists = _lists(model, plan)
     ranges = stage_ranges({name: len(blocks) for name, blocks in lists.items()}, stage, stages)
-    setattr(model, STAGE_BLOCKS, ranges)
+    STAGE_BLOCKS.put(model, ranges)
     kept = []
     for name, blocks in lists.items():
         start, stop = ranges[name]
@@ -77,7 +77,7 @@ def cut_stages(model: torch.nn.Module, plan: TransformerPlan, stage: int, stages
 def stage_name(model: torch.nn.Module, key: str) -> str | None:
     """A whole model's tensor name (a checkpoint key) as this stage's model names it, or None when the stage
     does not hold it (a block of another stage); unchanged for a model that is not cut."""
-    ranges = getattr(model, STAGE_BLOCKS, None)
+    ranges = STAGE_BLOCKS.get(model)
     if not ranges:
         return key
     for name, (start, stop) in ranges.items():
@@ -116,7 +116,7 @@ class StageLink:
         if self.stage < self.stages - 1:
             self.handles.append(last.register_forward_hook(self._send))
         self.handles.append(model.register_forward_hook(self._return_prediction))
-        setattr(model, PIPELINE, self)
+        PIPELINE.put(model, self)
 
     def _receiver(self, positions: dict[str, int]):
         def receive(block, args, kwargs):
@@ -129,7 +129,7 @@ class StageLink:
                     received = self.text[self.state.branch]
                 else:
                     received = torch.empty_like(like, memory_format=torch.contiguous_format)
-                    dist.recv(received, src=self.comm.global_rank(self.stage - 1), group=self.comm.group)
+                    self.comm.recv(received, self.stage - 1)
                     if name == TEXT and patch == 0:
                         self.text[self.state.branch] = received
                 if where is not None:
@@ -155,10 +155,8 @@ class StageLink:
             if name == TEXT and patch:
                 continue  # sent once a step, with the first patch
             value = value.contiguous()
-            self.comm.ledger.add("pp_text" if name == "encoder_hidden_states" else "pp_activation",
-                                 value.numel() * value.element_size())
-            self.pending.append((dist.isend(value, dst=self.comm.global_rank(self.stage + 1), group=self.comm.group),
-                                 value))
+            kind = "pp_text" if name == TEXT else "pp_activation"
+            self.pending.append((self.comm.send(value, self.stage + 1, kind=kind), value))
         return output
 
     def _return_prediction(self, model, args, output):
@@ -166,9 +164,7 @@ class StageLink:
             return output  # a patch's prediction stays on the last stage, which steps it
         items = list(output) if isinstance(output, tuple) else [output.sample]
         prediction = items[0].contiguous()
-        if self.stage == self.stages - 1:
-            self.comm.ledger.add("pp_latent", prediction.numel() * prediction.element_size() * (self.stages - 1))
-        dist.broadcast(prediction, src=self.comm.global_rank(self.stages - 1), group=self.comm.group)
+        self.comm.broadcast(prediction, self.stages - 1, kind="pp_latent")
         if isinstance(output, tuple):
             return (prediction, *items[1:])
         output.sample = prediction

@@ -24,7 +24,7 @@ from __future__ import annotations
 from genbatch.parallel.attention.group import SequenceGroup
 from genbatch.parallel.attention.local import local_attention
 from genbatch.parallel.attention.ring import ring_pass
-from genbatch.parallel.attention.stateful import attend_through_op, hold, pack_kv, unpack_kv
+from genbatch.parallel.attention.stateful import StatefulAttention, attend_through_op, pack_kv, unpack_kv
 from genbatch.parallel.attention.strategy import register_strategy
 from genbatch.parallel.attention.ulysses import ulysses_wrap
 from genbatch.parallel.attention.usp import usp_attention
@@ -34,14 +34,12 @@ PIPEFUSION = "pipefusion"
 
 
 @register_strategy(PIPEFUSION)
-class PipeFusionAttention:
+class PipeFusionAttention(StatefulAttention):
     name = PIPEFUSION
-    takes_streams = True
 
     def __init__(self, group: SequenceGroup):
-        self.group = group
+        super().__init__(group)
         self.state: PipeState | None = None
-        self.handle = hold(self)
 
     def _local(self, q, k, v, scale):
         return local_attention(q, k, v, scale=scale, backend=self.group.kernel)[0]

@@ -1,6 +1,6 @@
 """This rank's part of a full tensor for a parameter tensor parallelism split (filling a meta-built skeleton).
 
-A split module carries `SHARDS` (parameter name -> (dim, blocks), set when its style was applied), so the part
+A split module is recorded in `SHARDS` (parameter name -> (dim, blocks), set when its style was applied), so the part
 of a full checkpoint tensor a rank keeps is computed from data alone: `block_slice` of the full tensor along
 the split's dim, at this rank's tp index. Parameters no style split are returned whole.
 """
@@ -15,7 +15,7 @@ from genbatch.parallel.tensor.styles import SHARDS, block_slice
 def tp_split(module: torch.nn.Module, name: str) -> tuple[int, list[int]] | None:
     """(dim, blocks) of the tp split of `module`'s parameter `name` (dotted), None when it is kept whole."""
     owner, _, attribute = name.rpartition(".")
-    return getattr(module.get_submodule(owner), SHARDS, {}).get(attribute)
+    return SHARDS.get(module.get_submodule(owner), {}).get(attribute)
 
 
 def tp_part(module: torch.nn.Module, name: str, full: torch.Tensor, rank: int, size: int) -> torch.Tensor:

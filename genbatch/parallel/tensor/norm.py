@@ -33,7 +33,7 @@ class HeadShardedRMSNorm(torch.nn.Module):
             local = block_slice(norm.weight.detach(), 0, [self.width], comm.rank, comm.size)
             split = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
             self.weight = torch.nn.Parameter(split, requires_grad=False)
-        setattr(self, SHARDS, {"weight": (0, [self.width])} if norm.weight is not None else {})
+        SHARDS.put(self, {"weight": (0, [self.width])} if norm.weight is not None else {})
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # computed in fp32 as torch's rms_norm does for lower precisions, then cast back before the weight

@@ -21,9 +21,10 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, 
 
 from genbatch.models.base import COLWISE, GATHERED_COLWISE, PACKED_ROWWISE, ROWWISE
 from genbatch.parallel.comm import Comm
+from genbatch.parallel.marks import ModuleMark
 
-SHARDS = "_genbatch_tp_shards"
-"""The attribute a split module carries: parameter name -> (dim, block sizes) of its tp split, or None for a
+SHARDS: ModuleMark[dict] = ModuleMark("tp shards")
+"""What a split module records: parameter name -> (dim, block sizes) of its tp split, or None for a
 parameter every rank keeps whole (`genbatch.parallel.tensor.loading` reads it)."""
 
 
@@ -101,7 +102,7 @@ def apply_style(linear: torch.nn.Linear, style: str, mesh, comm: Comm) -> None:
     """Split `linear` over the tp `mesh` by `style`, its output collective through `comm`."""
     shards = split_sizes(style, linear)
     parallelize_module(linear, mesh, _torch_style(style))
-    setattr(linear, SHARDS, shards)
+    SHARDS.put(linear, shards)
     if style in (ROWWISE, PACKED_ROWWISE):
         linear.register_forward_hook(lambda module, args, output: comm.all_reduce(output, kind="tp_all_reduce"))
     elif style == GATHERED_COLWISE:

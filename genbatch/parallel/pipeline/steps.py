@@ -9,19 +9,24 @@ first patch right after its last patch of the step before, while the later stage
                    last stage: CFG exchange, combine, step patch i with its own scheduler, send its part to stage 0
 
 The step boundary (timing, the stop check, checkpoints) comes on each rank after its last patch of the step;
-the last stage holds the whole latent there and writes the checkpoints (`ParallelContext.latent_holder`). A
+the last stage holds the whole latent there and writes the checkpoints (`ParallelContext.holds_latents`). A
 job that ends or stops takes in what is still in flight, so no send is left unmatched.
+
+`PipeSession` (the feature's `JobHook`) calls these: `patch_step` from its `run_step`, `resync` from its
+`begin_step`, `finish` from its `end`. Every transfer goes through the pp group's `Comm`, counted as `pp_latent`.
 """
 
 from __future__ import annotations
 
-import torch
-import torch.distributed as dist
+from typing import TYPE_CHECKING
 
-from genbatch.models.hooks import Conditioning, Family, Trajectory
-from genbatch.parallel.cfg import BranchExchange
-from genbatch.parallel.pipeline.session import PipeSession
-from genbatch.runner.checkpoint import restore_scheduler, scheduler_state
+import torch
+
+from genbatch.parallel.job_hooks import DenoiseSteps
+from genbatch.models.scheduler_state import restore_scheduler, scheduler_state
+
+if TYPE_CHECKING:
+    from genbatch.parallel.pipeline.session import PipeSession
 
 
 def _latent_part(latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -30,42 +35,33 @@ def _latent_part(latents: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _receive_part(session: PipeSession, latents: torch.Tensor, patch: int) -> torch.Tensor:
     comm, mask = session.comm, session.patch_schedulers.masks[patch].expand_as(latents)
-    part = latents.new_empty(int(mask.sum()))
-    dist.recv(part, src=comm.global_rank(comm.size - 1), group=comm.group)
+    part = comm.recv(latents.new_empty(int(mask.sum())), comm.size - 1)
     latents = latents.clone()
     latents[mask] = part
     return latents
 
 
-def patch_step(family: Family, pipe, trajectory: Trajectory, conditioning: Conditioning, exchange: BranchExchange,
-               session: PipeSession, latents: torch.Tensor, index: int) -> torch.Tensor:
+def patch_step(steps: DenoiseSteps, session: PipeSession, latents: torch.Tensor, index: int) -> torch.Tensor:
     """One asynchronous step on this rank; returns its latent (whole on the last stage)."""
     comm = session.comm
     first, last = comm.rank == 0, comm.rank == comm.size - 1
-    final = index == len(trajectory.timesteps) - 1
-    t = trajectory.timesteps[index]
-    names = list(conditioning.branches)
-    local = exchange.local_branches(names)
-    schedulers = session.schedulers(pipe.scheduler, latents)
+    final = index == len(steps.trajectory.timesteps) - 1
+    t = steps.trajectory.timesteps[index]
+    local = steps.exchange.local_branches(steps.branches)
+    schedulers = session.schedulers(steps.pipe.scheduler, latents)
     for patch in range(session.config.patches):
         if first and not last and session.pending:
             latents = _receive_part(session, latents, patch)
-        predictions = {}
-        for name in local:
-            with session.forward(name, patch):
-                predictions[name] = family.predict(pipe, trajectory, latents, t, index, conditioning.branches[name])
+        predictions = {name: steps.predict(latents, index, name, patch) for name in local}
         if not last:
             continue
-        predictions = exchange.complete(predictions, names)
-        noise = family.combine(predictions, conditioning.guidance_scale, t)
-        latents = schedulers.step(patch, noise, t, latents)
+        latents = schedulers.step(patch, steps.combine(predictions, index), t, latents)
         if not first and not final:
             part = _latent_part(latents, schedulers.masks[patch])
-            comm.ledger.add("pp_latent", part.numel() * part.element_size())
             session.wait_send(patch)  # the step before's part of this patch: stage 0 took it in long ago
-            session.sends[patch] = (dist.isend(part, dst=comm.global_rank(0), group=comm.group), part)
+            session.sends[patch] = (comm.send(part, 0, kind="pp_latent"), part)
     if last:
-        schedulers.merge_into(pipe.scheduler, latents)
+        schedulers.merge_into(steps.pipe.scheduler, latents)
     session.pending = not final and comm.size > 1
     return latents
 
@@ -86,11 +82,10 @@ def resync(session: PipeSession, pipe, latents: torch.Tensor, device: torch.devi
     if session.patch_schedulers is None or comm.size == 1:
         return latents
     latents = _drain(session, latents).contiguous()
-    source = comm.global_rank(comm.size - 1)
-    dist.broadcast(latents, src=source, group=comm.group)
-    holder = [scheduler_state(pipe.scheduler) if comm.rank == comm.size - 1 else None]
-    dist.broadcast_object_list(holder, src=source, group=comm.group)
-    restore_scheduler(pipe.scheduler, holder[0], device)
+    last = comm.size - 1
+    comm.broadcast(latents, last, kind="pp_latent")
+    state = comm.broadcast_object(scheduler_state(pipe.scheduler) if comm.rank == last else None, last)
+    restore_scheduler(pipe.scheduler, state, device)
     session.patch_schedulers = None  # the next asynchronous step copies the scheduler again
     return latents
 
@@ -103,8 +98,4 @@ def finish(session: PipeSession, latents: torch.Tensor, stopped: bool) -> torch.
         return latents
     if stopped:
         return _drain(session, latents)
-    latents = latents.contiguous()
-    if comm.rank == comm.size - 1:
-        comm.ledger.add("pp_latent", latents.numel() * latents.element_size() * (comm.size - 1))
-    dist.broadcast(latents, src=comm.global_rank(comm.size - 1), group=comm.group)
-    return latents
+    return comm.broadcast(latents.contiguous(), comm.size - 1, kind="pp_latent")
