@@ -9,7 +9,7 @@ layout runs.
 
 from __future__ import annotations
 
-from genbatch.parallel.axes import AXES, RUNNABLE
+from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import SINGLE, ParallelDims
 
 __all__ = ["SINGLE", "describe", "layout_name", "multi_device_layouts", "parse_layout", "parse_layouts", "run_args"]
@@ -28,7 +28,7 @@ def describe(dims: ParallelDims) -> str:
 
 def run_args(dims: ParallelDims) -> list[str]:
     """The `gen run` flags for this layout (`--nproc` when it needs more than one process)."""
-    args = [arg for axis in AXES if axis in RUNNABLE for arg in (f"--{axis}", str(getattr(dims, axis)))]
+    args = [arg for axis in AXES for arg in (f"--{axis}", str(getattr(dims, axis)))]
     args.append("--fsdp" if dims.fsdp else "--no-fsdp")
     if dims.world_size > 1:
         args += ["--nproc", str(dims.world_size)]
@@ -37,9 +37,9 @@ def run_args(dims: ParallelDims) -> list[str]:
 
 def parse_layout(name: str) -> ParallelDims:
     """`dp2`, `cfg2-ulysses2`, `ring2-fsdp`, `single`, ... -> ParallelDims; ValueError naming the fix otherwise,
-    also for an axis the runner does not implement yet (`pp2`, `tp2`: a benchmark runs its layouts)."""
+    also for axes the axis table's rules do not combine (a benchmark runs its layouts)."""
     dims = ParallelDims.parse(name)
-    dims.check_runnable()
+    dims.check()
     return dims
 
 

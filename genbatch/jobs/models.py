@@ -83,6 +83,10 @@ class ModelSpec:
     """Per-job defaults: width, height, num_frames, num_inference_steps, guidance_scale, fps."""
     path: str | None = None
     """The pipeline directory the weights load from (a hub id's cached snapshot); None for a preset."""
+    tp_all_reduces: float = 2.0
+    """All-reduces of [N, d] a block does under tensor parallelism, over this model's blocks: the family's
+    `TensorPlan.all_reduces_per_layer` of its block counts (seed 000's 2; Wan 3; FLUX and HunyuanVideo between
+    1 and 2 by their dual- and single-stream blocks). What the planner charges a layer."""
 
     @property
     def hidden_size(self) -> int:

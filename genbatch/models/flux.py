@@ -49,7 +49,8 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         name, "flux", transformer, defaults=defaults, path=path, is_video=False, uses_cfg=False,
         size_multiple=spatial * patch[0], frame_multiple=1, vae_spatial=spatial, patch_size=patch,
         num_layers=transformer["num_layers"] + transformer["num_single_layers"], text_tokens=MAX_SEQUENCE_LENGTH,
-        joint_text=True,
+        joint_text=True, tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer(
+            {"transformer_blocks": transformer["num_layers"], "single_transformer_blocks": transformer["num_single_layers"]}),
     )
 
 

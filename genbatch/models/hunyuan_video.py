@@ -87,6 +87,8 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         out_channels=int(transformer.get("out_channels") or 16),
         defaults=dict(defaults or CALL_DEFAULTS),
         path=path,
+        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer(
+            {"transformer_blocks": transformer["num_layers"], "single_transformer_blocks": transformer["num_single_layers"]}),
     )
 
 

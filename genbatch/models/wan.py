@@ -50,6 +50,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         name, "wan", transformer, defaults=defaults or CALL_DEFAULTS, path=path, is_video=True, uses_cfg=True,
         size_multiple=spatial * patch[1], frame_multiple=vae.get("scale_factor_temporal", 4), vae_spatial=spatial,
         patch_size=patch, num_layers=transformer["num_layers"], text_tokens=MAX_SEQUENCE_LENGTH, joint_text=False,
+        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"blocks": transformer["num_layers"]}),
     )
 
 

@@ -1,11 +1,10 @@
 """Parallelising a pipeline for a job group, in a fixed order (model code stays upstream, untouched).
 
-The whole order, fixed now; the steps marked (later) belong to axes or features the registry in
-`parallel/axes.py` does not mark runnable yet, and are filled in at their place (`apply_plans`, and
-`shard_pipeline` for step 5), never elsewhere:
+The whole order, fixed: each step is filled in at its place (`apply_plans`, and `shard_pipeline` for step
+5), never elsewhere:
 
-    1. stage split (pp)    (later) PipeFusion: the transformer's blocks cut into `pp` stages at the
-                           model's stage boundaries; each rank keeps its stage's blocks
+    1. stage split (pp)    PipeFusion: the transformer's blocks cut into `pp` stages at the model's stage
+                           boundaries; each rank keeps its stage's blocks
     2. TP and SP plans     tensor parallel: the family's `TensorPlan` (diffusers' `_tp_plan` where it has
                            one) splits heads, MLP columns and the AdaLN modulation over `tp`
                            (`parallel.tensor`); then sequence parallel: split/gather hooks and the routed
@@ -42,6 +41,7 @@ from genbatch.models import family
 from genbatch.parallel import fsdp
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.compile import CompileConfig, compile_units
+from genbatch.parallel.config import ParallelizeConfig
 from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.sequence import SequenceGroup, SequenceParallel
 from genbatch.parallel.tensor import encoders
@@ -177,12 +177,11 @@ def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileCo
         compile_units(model, units, config, fullgraph=opaque_ring and not config.breaks)
 
 
-def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
-                attention: str = "auto", text_encoders: str = "auto") -> None:
-    """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton);
-    `compile`: how step 4 compiles (None: not at all); `attention`: the local attention backend
-    (`genbatch.parallel.attention.local.BACKENDS`, checked at start-up) for step 2; `text_encoders`:
-    `--text-encoder-parallel` (`genbatch.parallel.tensor.encoders.MODES`)."""
+def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig = ParallelizeConfig()) -> None:
+    """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton), with the
+    run's `config`: how step 4 compiles, the attention kernel (checked at start-up) and the text encoders' mode
+    for step 2."""
+    compile, attention, text_encoders = config.compile, config.attention_backend, config.text_encoders
     # 1. stage split (pp): each rank keeps its stage's share of the denoisers' repeated blocks
     stages = apply_stage_split(pipe, spec, ctx)
     # 2. tensor-parallel plans, then the sequence-parallel plans (the attention kernel first: sequence
@@ -200,29 +199,29 @@ def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileCon
         apply_compile(pipe, spec, ctx, compile)
 
 
-def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
-                         attention: str = "auto", text_encoders: str = "auto") -> None:
+def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext,
+                         config: ParallelizeConfig = ParallelizeConfig()) -> None:
     """The order on a pipeline loaded whole on every rank (no FSDP, so no step 5)."""
-    apply_plans(pipe, spec, ctx, compile, attention, text_encoders)
+    apply_plans(pipe, spec, ctx, config)
 
 
-def shard_loaded(pipe, spec: ModelSpec, ctx: ParallelContext, text_encoders: str = "auto") -> None:
+def shard_loaded(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig = ParallelizeConfig()) -> None:
     """Step 5 on a pipeline whose components are already filled on every rank (each its own tensor-parallel
     part, read from the checkpoint): each `sharded(spec)` component sharded over `ctx.fsdp_mesh`, per block
     then the root (FSDP2 shards the materialised parameters, DTensors of the tp split included)."""
-    for _, module in _components(pipe, sharded(spec, text_encoders)):
+    for _, module in _components(pipe, sharded(spec, config.text_encoders)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
 
 
-def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext, compile: CompileConfig | None = None,
-                   attention: str = "auto", text_encoders: str = "auto") -> None:
+def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext,
+                   config: ParallelizeConfig = ParallelizeConfig()) -> None:
     """The order for `--fsdp`: steps 1-4 on `skeleton` (its `sharded(spec)` components built on the meta
     device), then step 5: each of those components sharded over `ctx.fsdp_mesh`, per block then the root,
     and filled from `full`, the whole pipeline the group leader loaded on the CPU (None on other ranks)."""
     leader = ctx.group.rank == 0
-    apply_plans(skeleton, spec, ctx, compile, attention, text_encoders)
+    apply_plans(skeleton, spec, ctx, config)
     # 5. FSDP per block, then the root
-    for name, module in _components(skeleton, sharded(spec, text_encoders)):
+    for name, module in _components(skeleton, sharded(spec, config.text_encoders)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)
         state = fsdp.full_state(getattr(full, name)) if leader else None
         fsdp.load_shards(module, state, ctx.group, ctx.fsdp_mesh, ctx.device, ctx.tp_comm, staged=ctx.dims.pp > 1)

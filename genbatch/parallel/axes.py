@@ -1,17 +1,19 @@
-"""The mesh axes, outermost first, and which of them the runner implements (imports nothing heavy).
+"""The axis table: every mesh axis declared once, outermost first, and the rules for combining them (imports
+nothing heavy).
 
     dp  x  cfg  x  distrifusion  x  pp  x  ring  x  ulysses  x  tp       (tp varies fastest: consecutive ranks)
 
 `dp` groups run different jobs; the other axes together are one *job group*, the ranks that run one job.
-Tensor parallelism is innermost (its two all-reduces a layer want the fastest links, as in xDiT's rank
+Tensor parallelism is innermost (its all-reduces a layer want the fastest links, as in xDiT's rank
 order), then Ulysses (all-to-all inside a node), then Ring and PipeFusion stages (`pp`), which tolerate slower
-links, then DistriFusion's patches, whose K/V all-gathers hide behind a step of compute, then the two CFG branches,
-which exchange one prediction a step. FSDP shards weights over a named
-sub-mesh: by default the job group without `tp` and `pp` (their ranks hold different weights already).
+links, then DistriFusion's patches, whose K/V all-gathers hide behind a step of compute, then the two CFG
+branches, which exchange one prediction a step. FSDP shards weights over a named sub-mesh: by default the job
+group's axes whose ranks hold the same weights (`Axis.fsdp_shards`: all but tp and pp).
 
-`RUNNABLE` is the registry the planner and the runner read: any layout can be represented and estimated, but
-an axis the runner does not implement yet is rejected at start-up naming it (`check_runnable`), never
-silently ignored. An issue that implements an axis flips its entry here.
+What reads this table: `gen run`'s and `gen plan`'s flags (`parallel/flags.py`), `ParallelDims` (its fields,
+`infer`, its name grammar), `LayoutConstraints`, run.json, and the planner's enumeration. `layout_problems`
+is the one rule set for which axes combine: the runner's start-up check and the planner's enumeration both
+apply it, so the planner ranks every layout the runner runs and none that it refuses.
 """
 
 from __future__ import annotations
@@ -25,48 +27,98 @@ class Axis:
     name: str
     """The axis's name in the mesh, in layout names (`ulysses4`) and in `gen run --NAME`."""
     what: str
-    """One line for messages."""
-    runnable: bool
-    """True when the runner implements this axis."""
+    """One line for messages (and `gen plan`'s help)."""
+    help: str
+    """`gen run --NAME`'s help."""
+    aliases: tuple[str, ...] = ()
+    """Further spellings of the flag (`--pipefusion` for `--pp`)."""
+    max_degree: int | None = None
+    """The largest degree it takes (cfg: 2 branches), None when any."""
+    fsdp_shards: bool = True
+    """True when FSDP shards over this axis by default: its ranks hold the same weights (tp's and pp's do not)."""
+    stale: str | None = None
+    """The stale-attention method this axis is (its ranks attend to K/V a step old), None for an exact axis."""
+    alone_with: tuple[str, ...] | None = None
+    """The only other axes it composes with (None: any)."""
+    with_fsdp: bool = True
+    """False when FSDP does not compose with it."""
+    why_alone: str = ""
+    """Why it composes with `alone_with` only, or not with FSDP: for the message."""
 
 
 _AXES = (
-    Axis(name="dp", what="data parallel: groups that run different jobs", runnable=True),
-    Axis(name="cfg", what="CFG parallel: the two guidance branches on different ranks", runnable=True),
+    Axis(name="dp", what="data parallel: groups that run different jobs",
+         help="Data-parallel groups (default: the rest of the world)."),
+    Axis(name="cfg", what="CFG parallel: the two guidance branches on different ranks", max_degree=2,
+         help="CFG parallel: 2 runs the two guidance branches on different ranks."),
     Axis(name="distrifusion", what="DistriFusion: one patch per rank, every layer's K/V all-gathered a step late",
-         runnable=True),
+         help="DistriFusion: each rank one patch of the latent, every layer's K/V of the others all-gathered "
+              "asynchronously and used a step late; composes with --cfg and --dp only.",
+         stale="DistriFusion", alone_with=("cfg", "dp"), with_fsdp=False,
+         why_alone="DistriFusion keeps every layer whole on every rank and gives each rank one patch: the other "
+                   "axes would split the layers, heads or patch again"),
     Axis(name="pp", what="PipeFusion stages: layers split into stages, patches streamed through them",
-         runnable=True),
-    Axis(name="ring", what="Ring attention: K/V blocks passed around a ring", runnable=True),
-    Axis(name="ulysses", what="Ulysses: heads exchanged by all-to-all", runnable=True),
-    Axis(name="tp", what="tensor parallel: weights split by heads and MLP columns", runnable=True),
+         help="PipeFusion stages: the layers split over P ranks, patches of the latent streamed through them.",
+         aliases=("--pipefusion",), fsdp_shards=False, stale="PipeFusion"),
+    Axis(name="ring", what="Ring attention: K/V blocks passed around a ring", help="Ring-attention degree."),
+    Axis(name="ulysses", what="Ulysses: heads exchanged by all-to-all",
+         help="Ulysses degree (must divide the head count)."),
+    Axis(name="tp", what="tensor parallel: weights split by heads and MLP columns", fsdp_shards=False,
+         help="Tensor-parallel degree: heads and MLP columns split over consecutive ranks (ulysses x tp must "
+              "divide the head count)."),
 )
 
 AXES: tuple[str, ...] = tuple(axis.name for axis in _AXES)
 """Mesh axes, outermost first."""
 AXIS: dict[str, Axis] = {axis.name: axis for axis in _AXES}
-RUNNABLE: frozenset[str] = frozenset(axis.name for axis in _AXES if axis.runnable)
-"""Axes the runner implements: any degree; the others must be 1."""
 GROUP_AXES: tuple[str, ...] = AXES[1:]
 """The axes of one job group (every axis but dp)."""
 SP_AXES: tuple[str, ...] = ("ring", "ulysses")
 """The sequence-parallel axes (USP: ring outside, ulysses inside)."""
-PATCH_AXES: tuple[str, ...] = ("distrifusion",)
-"""The axes whose ranks each hold a patch of the latent and attend to the others' stale K/V."""
-DEFAULT_FSDP_AXES: tuple[str, ...] = tuple(axis for axis in GROUP_AXES if axis not in ("pp", "tp"))
-"""What FSDP shards over by default: the job group minus tp and pp."""
+STALE_AXES: dict[str, str] = {axis.name: axis.stale for axis in _AXES if axis.stale}
+"""The stale-attention axes and their methods' names."""
+DEFAULT_FSDP_AXES: tuple[str, ...] = tuple(axis.name for axis in _AXES[1:] if axis.fsdp_shards)
+"""What FSDP shards over by default: the job group's axes whose ranks hold the same weights."""
 
 
-def unrunnable(degrees: Mapping[str, int]) -> tuple[str, ...]:
-    """The axes above 1 that the runner does not implement yet, in the order of `AXES`."""
-    return tuple(name for name in AXES if degrees.get(name, 1) > 1 and name not in RUNNABLE)
+def degree_problems(degrees: Mapping[str, int]) -> list[str]:
+    """What is wrong with each degree on its own (below 1, above its axis's largest), naming the flag."""
+    problems = []
+    for name in AXES:
+        value, largest = degrees.get(name, 1), AXIS[name].max_degree
+        if value < 1:
+            problems.append(f"--{name} {value} must be at least 1")
+        elif largest is not None and value > largest:
+            problems.append(f"--{name} {value}: {AXIS[name].what}, so it is at most {largest}")
+    return problems
 
 
-def check_runnable(degrees: Mapping[str, int]) -> None:
-    """ValueError naming every axis above 1 that the runner does not implement yet, and what to use instead."""
-    missing = unrunnable(degrees)
-    if missing:
-        named = ", ".join(f"--{name} {degrees[name]} ({AXIS[name].what})" for name in missing)
-        usable = ", ".join(f"--{name}" for name in AXES if name in RUNNABLE)
-        raise ValueError(f"{named}: not implemented in this version of genbatch; set it to 1 and spread the "
-                         f"ranks over {usable} instead (`gen plan` ranks the layouts that run)")
+def layout_problems(degrees: Mapping[str, int], *, fsdp: bool, cache: bool = False) -> list[str]:
+    """Why these degrees cannot run together, whatever the model (empty when they can): the one rule set that
+    `gen run`'s start-up and `gen plan`'s enumeration share. `cache`: a step cache (`--cache`) is on. Each
+    problem names the flags and a fix."""
+    problems = degree_problems(degrees)
+    above = [name for name in AXES if degrees.get(name, 1) > 1]
+    for name in above:
+        axis = AXIS[name]
+        others = [] if axis.alone_with is None else [
+            f"--{other} {degrees[other]}" for other in above if other != name and other not in axis.alone_with]
+        if fsdp and not axis.with_fsdp:
+            others.append("--fsdp")
+        if others:
+            fix = "drop --fsdp" if axis.alone_with is None else (
+                f"combine it with {' and '.join(f'--{other}' for other in axis.alone_with)} only, or use --ulysses / "
+                "--ring (exact sequence parallel) for these ranks instead")
+            problems.append(f"--{name} {degrees[name]} does not compose with {', '.join(others)} ({axis.why_alone}); "
+                            f"{fix}")
+        if axis.stale and cache:
+            problems.append(f"--cache with --{name} {degrees[name]}: step caching does not run with {axis.stale}'s "
+                            "stale K/V (a skipped step would leave its buffers a step further behind); use "
+                            f"--cache none or --{name} 1")
+    group = 1
+    for name in GROUP_AXES:
+        group *= degrees.get(name, 1)
+    if fsdp and group < 2:
+        problems.append("--fsdp shards weights over a job group's ranks, and this layout's job groups have one "
+                        "rank each; drop --fsdp, or give each job group ranks (e.g. --ulysses 2 or --cfg 2)")
+    return problems

@@ -1,26 +1,27 @@
 """ParallelDims: the run's layout, validated once at start-up, and its one name grammar.
 
-The world is `dp x cfg x distrifusion x pp x ring x ulysses x tp` ranks (`parallel/axes.py`: the order, outermost first, and
-which axes the runner implements). A *job group* is the `cfg x pp x ring x ulysses x tp` ranks that run one
-job together; `dp` groups run different jobs side by side. The innermost axes vary fastest, so their ranks
+The world is `dp x cfg x distrifusion x pp x ring x ulysses x tp` ranks (`parallel/axes.py`: the axis table,
+outermost first, and the rules for combining axes). A *job group* is every axis but `dp`: the ranks that run
+one job together; `dp` groups run different jobs side by side. The innermost axes vary fastest, so their ranks
 are contiguous and stay inside a node; ring, cfg and dp go across.
 
 A layout's name lists its degrees above one, outermost first, joined by dashes, then `fsdp` when weights are
 sharded: `single` (one process), `dp2`, `cfg2-ulysses2`, `dp2-cfg2-ulysses4-fsdp`. `ParallelDims.name` writes
 it and `ParallelDims.parse` reads it back, for the runner, `gen plan`, `gen bench --layouts` and the reports.
 
-`ParallelDims` is the one layout type: the runner's and the planner's. It represents any layout, also one with
-an axis the runner does not implement yet (the planner estimates and names those); the runner refuses such a
-layout at start-up with `check_runnable()`, naming the axis.
+`ParallelDims` is the one layout type: the runner's and the planner's. `problems()` is the axis table's rule
+set (`axes.layout_problems`), which both the runner's start-up and the planner's enumeration apply.
+`LayoutRequest` is what `gen run`'s layout flags ask for before the world size is known (`--dp` left out
+takes the rest).
 """
 
 from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from genbatch.parallel.axes import AXES, DEFAULT_FSDP_AXES, GROUP_AXES, SP_AXES, check_runnable, unrunnable
+from genbatch.parallel.axes import AXES, DEFAULT_FSDP_AXES, GROUP_AXES, SP_AXES, layout_problems
 
 SINGLE = "single"
 """The name of the one-process layout."""
@@ -50,7 +51,7 @@ class ParallelDims:
     """DistriFusion patches: each rank holds every layer and one patch of the latent, and attends to the other
     patches' K/V of the step before (all-gathered asynchronously). Composes with cfg and dp only."""
     pp: int = 1
-    """PipeFusion stages (the runner does not implement them yet: `check_runnable` refuses more than 1)."""
+    """PipeFusion stages: the layers split over `pp` ranks, patches of the latent streamed through them."""
     ring: int = 1
     """Ring-attention degree: K/V blocks passed around a ring, point to point."""
     ulysses: int = 1
@@ -99,15 +100,16 @@ class ParallelDims:
         """(stride, degree) of `axis` on the mesh: its group's members are `stride` ranks apart."""
         return self._product(AXES[AXES.index(axis) + 1 :]), getattr(self, axis)
 
-    @property
-    def unrunnable_axes(self) -> tuple[str, ...]:
-        """The axes above 1 that the runner does not implement yet (empty when it can run this layout)."""
-        return unrunnable(self.degrees())
+    def problems(self, *, cache: bool = False) -> list[str]:
+        """Why these degrees cannot run together, whatever the model (`axes.layout_problems`: the rules the
+        runner's start-up and the planner's enumeration share); `cache`: with a step cache on."""
+        return layout_problems(self.degrees(), fsdp=self.fsdp, cache=cache)
 
-    def check_runnable(self) -> None:
-        """The runner's start-up check: ValueError naming every axis above 1 it does not implement yet, and what
-        to use instead. A layout is never silently cut down to the axes the runner has."""
-        check_runnable(self.degrees())
+    def check(self, *, cache: bool = False) -> None:
+        """ValueError naming every problem of `problems()` and its fix."""
+        problems = self.problems(cache=cache)
+        if problems:
+            raise ValueError("; ".join(problems))
 
     def shape(self) -> tuple[int, ...]:
         """The mesh shape, in the order of `AXES`."""
@@ -124,8 +126,8 @@ class ParallelDims:
 
     @classmethod
     def parse(cls, name: str) -> "ParallelDims":
-        """A layout name (`dp2-cfg2-ulysses4-fsdp`, `single`) -> ParallelDims; ValueError naming the fix. Any
-        axis reads (`pp2-tp2` too): a caller that runs the layout calls `check_runnable()`."""
+        """A layout name (`dp2-cfg2-ulysses4-fsdp`, `single`) -> ParallelDims; ValueError naming the fix. The
+        name is read, not judged: a caller that runs the layout calls `check()`."""
         text = name.strip().lower()
         if text in (SINGLE, "1", "one"):
             return cls()
@@ -145,27 +147,20 @@ class ParallelDims:
         return cls(**degrees)
 
     @classmethod
-    def infer(
-        cls,
-        world_size: int,
-        *,
-        dp: int | None = None,
-        cfg: int = 1,
-        distrifusion: int = 1,
-        pp: int = 1,
-        ring: int = 1,
-        ulysses: int = 1,
-        tp: int = 1,
-        fsdp: bool = False,
-    ) -> "ParallelDims":
+    def infer(cls, world_size: int, *, dp: int | None = None, fsdp: bool = False, cache: bool = False,
+              **degrees: int) -> "ParallelDims":
         """`gen run`'s layout flags -> ParallelDims, `dp` filled from the world size when it is not given ("dp
-        takes the rest"). A flag for an axis the runner does not implement yet is refused first, naming it."""
-        degrees = {"cfg": cfg, "distrifusion": distrifusion, "pp": pp, "ring": ring, "ulysses": ulysses, "tp": tp}
-        for name, value in degrees.items():
-            if value < 1:
-                raise ValueError(f"--{name} {value} must be at least 1")
-        check_runnable(degrees)
-        group = cfg * distrifusion * pp * ring * ulysses * tp
+        takes the rest"); `degrees`: the job group's axes by name (missing ones 1). ValueError naming the fix: the
+        axis table's rules (`problems`, with a step cache on when `cache`) first, then the world size."""
+        unknown = sorted(set(degrees) - set(GROUP_AXES))
+        if unknown:
+            raise ValueError(f"{unknown}: not job-group axes; the axes are {', '.join(GROUP_AXES)}")
+        problems = layout_problems(degrees, fsdp=fsdp, cache=cache)
+        if problems:
+            raise ValueError("; ".join(problems))
+        group = 1
+        for value in degrees.values():
+            group *= value
         if dp is None:
             if world_size % group:
                 given = " x ".join(f"{name} {value}" for name, value in degrees.items() if value > 1)
@@ -176,28 +171,9 @@ class ParallelDims:
             dp = world_size // group
         return cls(dp=dp, fsdp=fsdp, **degrees)
 
-    def check_patch_combination(self) -> None:
-        """ValueError when DistriFusion is combined with an axis it does not compose with (it runs beside cfg
-        and dp only, as in xDiT): every rank holds every layer and one patch, and the other axes would split
-        the layers, heads or patch again."""
-        if self.distrifusion == 1:
-            return
-        others = [f"--{axis} {getattr(self, axis)}" for axis in ("pp", "ring", "ulysses", "tp") if getattr(self, axis) > 1]
-        if self.fsdp:
-            others.append("--fsdp")
-        if others:
-            raise ValueError(
-                f"--distrifusion {self.distrifusion} does not compose with {', '.join(others)}: DistriFusion keeps "
-                "every layer whole on every rank and gives each rank one patch; combine it with --cfg and --dp only, "
-                "or use --ulysses / --ring (exact sequence parallel) for these ranks instead"
-            )
-
     def validate(self, *, world_size: int, num_heads: int, uses_cfg: bool) -> None:
         """Raise ValueError naming the bad value and a layout that would work."""
-        for axis in AXES:
-            if getattr(self, axis) < 1:
-                raise ValueError(f"{axis}={getattr(self, axis)} must be at least 1")
-        self.check_runnable()
+        self.check()
         unknown = [axis for axis in self.fsdp_axes if axis not in GROUP_AXES]
         if unknown:
             raise ValueError(f"fsdp_axes {self.fsdp_axes}: {unknown} are not job-group axes ({GROUP_AXES})")
@@ -221,11 +197,43 @@ class ParallelDims:
                 f"{num_heads} attention heads (each tp rank keeps heads/tp, and Ulysses scatters those); with "
                 f"--ulysses {self.ulysses} use --tp one of {fits}, or move ranks to --ring or --dp"
             )
-        self.check_patch_combination()
-        if self.cfg not in (1, 2):
-            raise ValueError(f"--cfg {self.cfg}: CFG parallel splits two branches, so it is 1 or 2")
         if self.cfg == 2 and not uses_cfg:
             raise ValueError(
                 "--cfg 2 needs a model that runs classifier-free guidance (e.g. Wan); this model has one branch "
                 "per step: use --cfg 1 and give the ranks to --dp, --ulysses or --ring"
             )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayoutRequest:
+    """What `gen run`'s layout flags ask for, before the world size is known: the job group's degrees, `dp`
+    (None: the world size over the group's), and `fsdp`. `resolve` turns it into the run's `ParallelDims`."""
+
+    degrees: Mapping[str, int] = field(default_factory=dict)
+    """The job group's degrees above one, by axis name (`parallel/axes.py`); the others are 1."""
+    dp: int | None = None
+    """Data-parallel groups; None: the rest of the world."""
+    fsdp: bool = False
+    """Shard the transformer's and text encoders' weights over each job group (FSDP2)."""
+
+    @classmethod
+    def of(cls, *, dp: int | None = None, fsdp: bool = False, **degrees: int) -> "LayoutRequest":
+        """`LayoutRequest.of(ulysses=2, fsdp=True)`: from the flags' values by axis name (1 or None: unset)."""
+        unknown = sorted(set(degrees) - set(GROUP_AXES))
+        if unknown:
+            raise ValueError(f"{unknown}: not job-group axes; the axes are {', '.join(GROUP_AXES)}")
+        return cls(degrees={name: value for name, value in degrees.items() if value is not None and value != 1},
+                   dp=dp, fsdp=bool(fsdp))
+
+    @classmethod
+    def from_flags(cls, options: Mapping[str, object]) -> "LayoutRequest":
+        """From a click command's `layout_options` values (`--dp ... --tp`, `--fsdp`)."""
+        return cls.of(dp=options["dp"], fsdp=options["fsdp"], **{axis: options[axis] for axis in GROUP_AXES})
+
+    def resolve(self, world_size: int, *, cache: bool = False) -> ParallelDims:
+        """The run's layout on `world_size` processes (`cache`: with a step cache on); ValueError naming the fix."""
+        return ParallelDims.infer(world_size, dp=self.dp, fsdp=self.fsdp, cache=cache, **self.degrees)
+
+    def flags(self) -> dict[str, int | bool | None]:
+        """Every axis's value as the flags gave it (dp None when left to the rest), then fsdp: run.json's record."""
+        return {"dp": self.dp, **{axis: self.degrees.get(axis, 1) for axis in GROUP_AXES}, "fsdp": self.fsdp}

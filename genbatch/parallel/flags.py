@@ -3,29 +3,18 @@
     @layout_options(constraints=False)     # gen run:  --dp (the rest) --cfg 1 --pp 1 --ring 1 --ulysses 1 --tp 1 --no-fsdp
     @layout_options(constraints=True)      # gen plan: every flag unset, so every layout is ranked
 
-One flag per mesh axis of `parallel/axes.py`, in its order, and `--fsdp/--no-fsdp`. `gen run` defaults each
-degree to 1 (`--dp` to the rest of the world); `gen plan` leaves them unset, and a flag given keeps only the
-layouts with that degree (`--ulysses 4`), `--fsdp` only those that shard weights, `--no-fsdp` only those that
-do not. An axis the runner does not implement yet (`RUNNABLE`) takes only 1 in `gen run` (the check is
-`ParallelDims`'), any degree in `gen plan`, which estimates it.
+One flag per row of the axis table (`parallel/axes.py`), in its order, with the row's help, spellings and
+largest degree, and `--fsdp/--no-fsdp`. `gen run` defaults each degree to 1 (`--dp` to the rest of the world);
+`gen plan` leaves them unset, and a flag given keeps only the layouts with that degree (`--ulysses 4`),
+`--fsdp` only those that shard weights, `--no-fsdp` only those that do not.
 """
 
 from __future__ import annotations
 
 import click
 
-from genbatch.parallel.axes import AXES, AXIS, RUNNABLE
+from genbatch.parallel.axes import AXES, AXIS
 
-_RUN_HELP = {
-    "dp": "Data-parallel groups (default: the rest of the world).",
-    "cfg": "CFG parallel: 2 runs the two guidance branches on different ranks.",
-    "pp": "PipeFusion stages: the layers split over P ranks, patches of the latent streamed through them.",
-    "ring": "Ring-attention degree.",
-    "ulysses": "Ulysses degree (must divide the head count).",
-    "tp": "Tensor-parallel degree: heads and MLP columns split over consecutive ranks (ulysses x tp must divide "
-          "the head count).",
-}
-"""`gen run`'s help for the axes it implements; the others get their registry line."""
 _FSDP_HELP = {
     False: "Shard transformer and text-encoder weights over each job group (FSDP2).",
     True: "--fsdp ranks only layouts that shard weights over the job group (FSDP2), --no-fsdp only those that do not.",
@@ -33,15 +22,11 @@ _FSDP_HELP = {
 
 
 def _degree_type(axis: str) -> click.ParamType:
-    return click.IntRange(1, 2) if axis == "cfg" else click.IntRange(min=1)
-
-
-_ALIASES = {"pp": ("--pipefusion",)}
-"""Further spellings of an axis's flag: `--pipefusion P` sets the pp degree."""
+    return click.IntRange(1, AXIS[axis].max_degree)
 
 
 def _names(axis: str) -> tuple[str, ...]:
-    return (f"--{axis}", *_ALIASES.get(axis, ()), axis)
+    return (f"--{axis}", *AXIS[axis].aliases, axis)
 
 
 def _degree_option(axis: str, constraints: bool):
@@ -49,16 +34,14 @@ def _degree_option(axis: str, constraints: bool):
         return click.option(*_names(axis), type=_degree_type(axis), default=None,
                             help=f"Rank only layouts with this {axis} degree ({AXIS[axis].what}).")
     if axis == "dp":
-        return click.option("--dp", type=_degree_type(axis), help=_RUN_HELP["dp"])
-    help_text = _RUN_HELP.get(axis) or f"{AXIS[axis].what[0].upper()}{AXIS[axis].what[1:]}."
-    if axis not in RUNNABLE:
-        help_text += " Not implemented yet: only 1 runs."
-    return click.option(*_names(axis), type=_degree_type(axis), default=1, show_default=True, help=help_text)
+        return click.option("--dp", type=_degree_type(axis), help=AXIS[axis].help)
+    return click.option(*_names(axis), type=_degree_type(axis), default=1, show_default=True, help=AXIS[axis].help)
 
 
 def layout_options(*, constraints: bool):
-    """A decorator adding `--dp --cfg --pp --ring --ulysses --tp --fsdp/--no-fsdp` to a click command; their
-    values reach it as keyword arguments of the same names. `constraints`: unset by default (`gen plan`)."""
+    """A decorator adding one flag per axis (`--dp --cfg --distrifusion --pp --ring --ulysses --tp`) and
+    `--fsdp/--no-fsdp` to a click command; their values reach it as keyword arguments of the same names.
+    `constraints`: unset by default (`gen plan`)."""
     options = [_degree_option(axis, constraints) for axis in AXES]
     options.append(click.option("--fsdp/--no-fsdp", default=None if constraints else False,
                                 show_default=not constraints, help=_FSDP_HELP[constraints]))

@@ -10,11 +10,11 @@ parameters, and a group of cfg x ring x ulysses ranks:
 | p2p              | F L 2 (r-1)/r N (d/u) e                            | Ring: K and V around the ring      |
 | cfg_exchange     | the prediction's bytes, once                       | CFG parallel: one exchange         |
 | fsdp_all_gather  | F (g-1)/g P e                                      | FSDP: one all-gather of the weights|
-| sp_gather        | F (s-1)/s (prediction bytes)                       | output sequence gather (not in the |
+| sp_gather        | F (s-1)/s (prediction bytes), s = u r p            | output sequence gather (not in the |
 |                  |                                                    | seed's table; counted apart)       |
 | tp_all_reduce    | F A 2 (t-1)/t (N/s) d e                            | TP: the row-wise outputs           |
 
-(u, r, t: Ulysses, Ring and TP degrees; s = u r; g the FSDP group size.) With USP, Ulysses runs on the ring
+(u, r, t, p: Ulysses, Ring, TP and DistriFusion degrees; s = u r p; g the FSDP group size.) With USP, Ulysses runs on the ring
 row's N/r tokens and the ring passes h/u heads, which is where N/r and d/u come from; under TP each rank holds
 d/t of every attention width and P/t of the weights, so the Ulysses, Ring and FSDP rows take d/t and P/t.
 
@@ -63,8 +63,10 @@ def tp_all_reduce_tokens(plan: TensorPlan, blocks: Mapping[str, int], *, image_t
 
 
 def bytes_per_step(shape: StepShape, *, cfg: int, ring: int, ulysses: int, fsdp: bool, uses_cfg: bool,
-                   tp: int = 1) -> dict[str, float]:
-    """Expected bytes this rank sends per step, by ledger kind (kinds that send nothing are left out)."""
+                   tp: int = 1, patches: int = 1) -> dict[str, float]:
+    """Expected bytes this rank sends per step, by ledger kind (kinds that send nothing are left out); `patches`:
+    DistriFusion's, whose ranks gather the output like sequence shards. The one implementation of these
+    formulas: the planner's cost model prices its bytes with it too (`genbatch.planner.cost`)."""
     u, r, e = ulysses, ring, shape.value_bytes
     forwards = (2 if uses_cfg else 1) // cfg
     n, d, layers = shape.tokens, shape.width / tp, shape.layers
@@ -79,8 +81,9 @@ def bytes_per_step(shape: StepShape, *, cfg: int, ring: int, ulysses: int, fsdp:
     group = cfg * r * u
     if fsdp and group > 1:
         expected["fsdp_all_gather"] = forwards * (group - 1) / group * shape.parameters / tp * e
-    if u * r > 1:
-        expected["sp_gather"] = forwards * (u * r - 1) / (u * r) * prediction
+    shards = u * r * patches
+    if shards > 1:
+        expected["sp_gather"] = forwards * (shards - 1) / shards * prediction
     if tp > 1:
         expected["tp_all_reduce"] = forwards * 2 * (tp - 1) / tp * shape.all_reduce_tokens / (u * r) * shape.width * e
     return expected

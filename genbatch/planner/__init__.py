@@ -9,7 +9,7 @@ Modules: `shapes` (model facts), `hardware` (GPUs and links), `workload` (one jo
 filters, nearest fixes), `cost` (time and bytes), `memory` (GiB per rank), `rank` (objectives), `report` (table
 and JSON), `cli` (`gen plan`).
 
-It imports no torch: the runnable axes come from the registry in `genbatch.parallel.axes`.
+It imports no torch: the axes and the rules for combining them come from the axis table, `genbatch.parallel.axes`.
 """
 
 from genbatch.planner.constraints import LayoutConstraints

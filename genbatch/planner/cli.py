@@ -61,7 +61,7 @@ from genbatch.planner.shapes import PUBLISHED
 def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
                  steps, offload_text_encoder, objective, max_latency, decode, top, as_json, calibrate, profile_out,
                  profile_name, **layout) -> None:
-    """Rank every legal parallel layout (dp, cfg, distrifusion, ring, ulysses, tp, fsdp; pp as an estimate) by
+    """Rank every legal parallel layout (dp, cfg, distrifusion, pp, ring, ulysses, tp, fsdp) by
     estimated seconds per job and jobs per hour, showing compute, communication and memory per rank.
 
     The layout flags of `gen run` (--dp --cfg --distrifusion --pp --ring --ulysses --tp --fsdp/--no-fsdp) are

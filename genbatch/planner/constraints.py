@@ -9,44 +9,40 @@ The flags are `gen run`'s (`genbatch.parallel.flags`), so a constraint names a l
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import ParallelDims
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
 class LayoutConstraints:
-    """Degrees a ranked layout must have; None leaves an axis free."""
+    """Degrees a ranked layout must have, by axis name (`parallel/axes.py`); an axis not given is free.
+    `fsdp`: True keeps only layouts that shard weights over the job group, False only those that do not."""
 
-    dp: int | None = None
-    """Data-parallel groups."""
-    cfg: int | None = None
-    """CFG parallel degree (1 or 2)."""
-    distrifusion: int | None = None
-    """DistriFusion patches."""
-    pp: int | None = None
-    """PipeFusion stages."""
-    ring: int | None = None
-    """Ring-attention degree."""
-    ulysses: int | None = None
-    """Ulysses degree."""
-    tp: int | None = None
-    """Tensor-parallel degree."""
-    fsdp: bool | None = None
-    """True: only layouts that shard weights over the job group; False: only those that do not."""
+    __slots__ = ("_degrees", "fsdp")
 
-    def __post_init__(self) -> None:
-        for axis in AXES:
-            value = getattr(self, axis)
+    def __init__(self, *, fsdp: bool | None = None, **degrees: int | None):
+        unknown = sorted(set(degrees) - set(AXES))
+        if unknown:
+            raise ValueError(f"{unknown}: not mesh axes; the axes are {', '.join(AXES)}")
+        for axis, value in degrees.items():
             if value is not None and value < 1:
                 raise ValueError(f"--{axis} {value}: a degree is at least 1")
+        self._degrees = {axis: degrees[axis] for axis in AXES if degrees.get(axis) is not None}
+        self.fsdp = fsdp
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, LayoutConstraints) and self.given == other.given
+
+    def __hash__(self) -> int:
+        return hash(tuple(self.given.items()))
+
+    def __repr__(self) -> str:
+        return f"LayoutConstraints({', '.join(f'{name}={value!r}' for name, value in self.given.items())})"
 
     @property
     def given(self) -> dict[str, int | bool]:
         """The constraints set, by flag name, in the order of the mesh axes."""
-        names = (*AXES, "fsdp")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {**self._degrees, **({"fsdp": self.fsdp} if self.fsdp is not None else {})}
 
     def admits(self, layout: ParallelDims) -> bool:
         return all(getattr(layout, name) == value for name, value in self.given.items())

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from genbatch.planner.hardware import PCIE, Cluster, Link
 from genbatch.parallel.dims import ParallelDims
+from genbatch.parallel.formulas import StepShape, bytes_per_step
 from genbatch.planner.layouts import axis_link, link_for_extent, token_shards
 from genbatch.planner.memory import choose_decode, memory_per_rank
 from genbatch.planner.vae_memory import decoder_memory
@@ -267,23 +268,34 @@ def layer_overhead(profile: Profile | None) -> float:
     return LAYER_OVERHEAD_S
 
 
+def _step_bytes(layout: ParallelDims, work: Workload, compute: _Compute) -> dict[str, float]:
+    """Bytes this rank sends per step by ledger kind, from seed 000's formulas (`parallel/formulas.py`, which
+    the runner's counted bytes are tested against): the planner and the runner share one implementation."""
+    shape = work.shape
+    step = StepShape(tokens=work.sequence, width=shape.hidden_size, layers=compute.layers,
+                     parameters=shape.parameters, prediction_values=work.prediction_bytes / BYTES_PER_VALUE,
+                     value_bytes=BYTES_PER_VALUE, all_reduce_tokens=shape.tp_all_reduces * compute.layers * work.sequence)
+    return bytes_per_step(step, cfg=layout.cfg, ring=layout.ring, ulysses=layout.ulysses, fsdp=layout.fsdp_size > 1,
+                          uses_cfg=shape.uses_cfg, tp=layout.tp, patches=layout.distrifusion)
+
+
 def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compute: _Compute,
                    profile: Profile | None = None) -> tuple[_Tally, dict]:
     """Bytes, raw and exposed seconds per step of every collective but PipeFusion's, and the links they use."""
-    u, r, tp, sp = layout.ulysses, layout.ring, layout.tp, layout.sp
-    per_step = compute.forwards * compute.layers  # layer-forwards per step
-    nd = work.sequence * work.shape.hidden_size * BYTES_PER_VALUE  # one [N, d] bf16 tensor
+    u, r, tp = layout.ulysses, layout.ring, layout.tp
+    per_step = compute.forwards * compute.layers or 1.0  # layer-forwards per step (cfg 2 of a one-branch model: 0)
+    sent = _step_bytes(layout, work, compute)  # seed 000's bytes by kind: the runner's ledger's formulas
     cores = profile.cpu_cores if profile and profile.core_sharing is not None else None  # as `core_slowdown`
     tally, links = _Tally(profile=profile, slicing=time_slicing(cluster.gpus_per_node, cores)), {}
     overhead = layer_overhead(profile)
     if u > 1:
         link = links["ulysses"] = axis_link(layout, "ulysses", cluster)
-        per_layer = 4 * (u - 1) / u * nd / (u * r * tp)  # four all-to-alls of this rank's [N/(u r), d/tp]
+        per_layer = sent["all_to_all"] / per_step  # four all-to-alls of this rank's [N/(u r), d/tp]
         time = _transfer(per_layer, link, messages=4)
         tally.add("ulysses", per_step * per_layer, per_step * time, per_step * time, link, per_step * 4)
     if r > 1:
         link = links["ring"] = axis_link(layout, "ring", cluster)
-        chunk = 2 * nd / (r * u * tp)  # K and V of N/r tokens, d/(u tp) channels, each round
+        chunk = sent.get("p2p", 0.0) / (per_step * (r - 1))  # K and V of N/r tokens, d/(u tp) channels, each round
         round_s = _transfer(chunk, link)
         passes = layout.pp  # PipeFusion: each of its M = P patch forwards passes every rank's whole K/V buffer
         exposed = passes * ((r - 1) * _overlapped(round_s, compute.attention_s / (r * passes))
@@ -293,13 +305,12 @@ def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compu
     if tp > 1:
         link = links["tp"] = axis_link(layout, "tp", cluster)
         reduces = work.shape.tp_all_reduces  # the model's all-reduces a layer (TensorPlan.all_reduces_per_layer)
-        per_layer = reduces * 2 * (tp - 1) / tp * nd / sp  # ring all-reduces of [N/sp, d]
+        per_layer = sent["tp_all_reduce"] / per_step  # `reduces` ring all-reduces of [N/sp, d]
         time = _transfer(per_layer, link, messages=reduces)
         tally.add("tp", per_step * per_layer, per_step * time, per_step * time, link, per_step * reduces)
     if layout.fsdp_size > 1:
         link = links["fsdp"] = link_for_extent(layout.group_size, cluster)
-        shape = work.shape
-        per_layer = shape.parameters * BYTES_PER_VALUE / shape.num_layers * (layout.fsdp_size - 1) / layout.fsdp_size
+        per_layer = sent["fsdp_all_gather"] / per_step  # this rank's missing part of one layer's P/tp weights
         gather = _transfer(per_layer, link)
         # the first layer's gather waits; each next one is prefetched under the previous layer's compute
         exposed = gather + (compute.layers - 1) * _overlapped(gather, compute.layer_s + overhead)
@@ -307,13 +318,13 @@ def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compu
     shards = token_shards(layout)
     if shards > 1:
         link = links["sp_gather"] = link_for_extent(shards * tp, cluster)
-        per_forward = (shards - 1) / shards * work.prediction_bytes  # all-gather the output over the token shards
+        per_forward = sent["sp_gather"] / max(compute.forwards, 1)  # all-gather the output over the token shards
         time = _transfer(per_forward, link)
         tally.add("sp_gather", compute.forwards * per_forward, compute.forwards * time, compute.forwards * time, link,
                   compute.forwards)
     if layout.cfg > 1:
         link = links["cfg"] = axis_link(layout, "cfg", cluster)
-        per_step_bytes = work.prediction_bytes / shards  # this rank's share of its branch's prediction, once a step
+        per_step_bytes = sent["cfg_exchange"]  # this rank's whole prediction (gathered first), once a step
         time = _transfer(per_step_bytes, link)
         tally.add("cfg", per_step_bytes, time, time, link, 1)
     return tally, {axis: link.name for axis, link in links.items()}

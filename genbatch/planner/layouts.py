@@ -5,19 +5,16 @@ Ranks are laid out on one mesh in the order of `AXES`, outermost first, the last
 stages, `distrifusion` DistriFusion's patches). So TP and Ulysses stay inside a node, Ring and PipeFusion cross
 nodes before them, and the two CFG branches go to different nodes before anything else
 (seed 000 §8: "节点内 Ulysses、跨节点 Ring（IB）或 PipeFusion（以太网）；CFG 并行的两组尽量放在两个节点上").
-FSDP shards each weight over all ranks of one job's group, or not at all (never with PipeFusion or TP, so the
-group and FSDP's default sub-mesh are the same ranks). DistriFusion combines with cfg and dp only
-(`ParallelDims.check_patch_combination`): every rank holds every layer and one patch.
+FSDP shards each weight over FSDP's sub-mesh of one job's group (the group minus tp and pp), or not at all.
+The layouts enumerated are every factoring the axis table's rules admit (`parallel/axes.layout_problems`, the
+runner's own start-up check): so the planner ranks everything the runner runs and nothing it refuses.
 A layout is the runner's own `ParallelDims`, named in its one grammar (`ParallelDims.name`):
-`dp2-cfg2-ulysses4-fsdp`. The planner builds and ranks layouts the runner cannot run yet too (any axis the
-registry `parallel/axes.py` does not mark runnable); `unavailable_reason` says so, and `Plan.best` never picks
-them.
+`dp2-cfg2-ulysses4-fsdp`.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+from genbatch.parallel.axes import AXES, AXIS, STALE_AXES
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.hardware import GPUS_PER_SOCKET, Cluster, Link
 from genbatch.planner.shapes import ModelShape
@@ -26,10 +23,6 @@ MIN_STALE_STEPS = 10
 """PipeFusion and DistriFusion reuse the previous step's K/V; seed 000 §6 and §11 Q4 rule them out for few-step
 models (FLUX.1 schnell, 4 steps: adjacent steps differ too much). The planner allows them from 10 steps (seed 003
 runs 20 steps with 1-4 warm-up steps)."""
-STALE_AXES = {"pp": "PipeFusion", "distrifusion": "DistriFusion"}
-"""The axes whose layouts attend to stale K/V, and their methods' names."""
-
-
 
 def is_stale(layout: ParallelDims) -> bool:
     """True when the layout reuses the previous step's K/V (PipeFusion or DistriFusion): approximate, not exact."""
@@ -54,28 +47,24 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(gpus: int) -> list[ParallelDims]:
-    """Every factoring of `gpus` into the axes (cfg 1 or 2), each with and without FSDP over the job group.
+def _factorings(gpus: int, axes: tuple[str, ...]) -> list[dict[str, int]]:
+    """Every way to write `gpus` as a product of degrees over `axes`, each within its axis's largest degree."""
+    if not axes:
+        return [{}] if gpus == 1 else []
+    largest = AXIS[axes[0]].max_degree or gpus
+    return [{axes[0]: degree, **rest} for degree in _divisors(gpus) if degree <= largest
+            for rest in _factorings(gpus // degree, axes[1:])]
 
-    FSDP is not combined with PipeFusion or TP: those already split the weights (by layer, by column).
-    DistriFusion's patches combine with cfg and dp alone, without FSDP (`ParallelDims.check_patch_combination`).
-    """
+
+def enumerate_layouts(gpus: int, *, cache: bool = False) -> list[ParallelDims]:
+    """Every factoring of `gpus` into the axes, each with and without FSDP, that the axis table's rules admit
+    (`ParallelDims.problems`: what the runner's start-up refuses); `cache`: with a step cache on."""
     layouts = []
-    for cfg in (1, 2):
-        if gpus % cfg:
-            continue
-        for patches in _divisors(gpus // cfg)[1:]:
-            layouts.append(ParallelDims(dp=gpus // (cfg * patches), cfg=cfg, distrifusion=patches))
-        for pp in _divisors(gpus // cfg):
-            rest = gpus // (cfg * pp)
-            for ring in _divisors(rest):
-                for ulysses in _divisors(rest // ring):
-                    for tp in _divisors(rest // (ring * ulysses)):
-                        dp = rest // (ring * ulysses * tp)
-                        base = ParallelDims(dp=dp, cfg=cfg, pp=pp, ring=ring, ulysses=ulysses, tp=tp)
-                        layouts.append(base)
-                        if base.group_size > 1 and pp == tp == 1:
-                            layouts.append(replace(base, fsdp=True))
+    for degrees in _factorings(gpus, AXES):
+        for fsdp in (False, True):
+            layout = ParallelDims(fsdp=fsdp, **degrees)
+            if not layout.problems(cache=cache):
+                layouts.append(layout)
     return layouts
 
 
@@ -116,10 +105,7 @@ def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, 
                             f"keep {axis} inside a node")
     if layout.pp > shape.num_layers:
         problems.append(f"pp={layout.pp} (PipeFusion stages) exceeds the {shape.num_layers} layers of {shape.name}")
-    try:
-        layout.check_patch_combination()
-    except ValueError as error:
-        problems.append(str(error))
+    problems += layout.problems()
     for axis, method in STALE_AXES.items():
         if getattr(layout, axis) > 1 and steps < MIN_STALE_STEPS:
             problems.append(f"{axis} ({method}) reuses the previous step's K/V; {steps} steps are too few (needs "
@@ -127,11 +113,3 @@ def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, 
     if token_shards(layout) * layout.pp > sequence:
         problems.append(f"{token_shards(layout) * layout.pp} sequence shards exceed the {sequence} tokens")
     return problems
-
-
-def unavailable_reason(layout: ParallelDims) -> str | None:
-    """Why genbatch's runner cannot run this layout yet (the axes `check_runnable` refuses), or None when it can."""
-    missing = layout.unrunnable_axes
-    if not missing:
-        return None
-    return " and ".join(missing) + " not in the runner yet (estimate only)"

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from genbatch.jobs.models import ModelSpec
+from genbatch.parallel.axes import layout_problems
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
@@ -23,7 +24,6 @@ from genbatch.planner.layouts import (
     is_stale,
     plan_degrees,
     structural_problems,
-    unavailable_reason,
 )
 from genbatch.planner.memory import decode_modes
 from genbatch.planner.profile import Profile
@@ -41,13 +41,11 @@ class Candidate:
     """A layout that can run here, with its estimate."""
 
     layout: ParallelDims
-    """The layout (the runner's type; when `unavailable` is set, `check_runnable` refuses it)."""
+    """The layout (the runner's type)."""
     estimate: Estimate
     """Its cost."""
     jobs_per_hour: float
     """Jobs the whole run finishes per hour (dp groups working side by side)."""
-    unavailable: str | None
-    """Why genbatch's runner cannot run it as estimated yet; None when it can."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -77,7 +75,7 @@ class Plan:
     max_latency: float | None
     """Seconds per job no layout may exceed, when given."""
     ranked: tuple[Candidate, ...]
-    """Legal layouts, best first (runnable or not)."""
+    """Legal layouts, best first."""
     rejected: tuple[Rejection, ...]
     """Layouts ruled out, with reasons: first those too big or too slow, then those that cannot run at all."""
     constraints: LayoutConstraints = LayoutConstraints()
@@ -87,13 +85,10 @@ class Plan:
 
     @property
     def best(self) -> Candidate:
-        """The best layout genbatch's runner can run; ValueError naming the limits when there is none."""
-        for candidate in self.ranked:
-            if candidate.unavailable is None:
-                return candidate
-        reasons = list(dict.fromkeys(rejection.reasons[0] for rejection in self.rejected))[:3]
+        """The best layout; ValueError naming the limits when none fits."""
         if self.ranked:
-            reasons.insert(0, f"only {len(self.ranked)} layouts the runner lacks fit ({self.ranked[0].unavailable})")
+            return self.ranked[0]
+        reasons = list(dict.fromkeys(rejection.reasons[0] for rejection in self.rejected))[:3]
         raise ValueError(
             f"no runnable layout for {self.work.describe()} on {self.cluster.gpus} x {self.cluster.gpu.name}: "
             + " | ".join(reasons)
@@ -113,9 +108,11 @@ def rank_key(candidate: Candidate, objective: str) -> tuple:
 
 
 def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max_latency: float | None = None,
-         constraints: LayoutConstraints | None = None, profile: Profile | None = None, decode: str = "auto") -> Plan:
+         constraints: LayoutConstraints | None = None, profile: Profile | None = None, decode: str = "auto",
+         cache: bool = False) -> Plan:
     """Enumerate, validate, price and order every layout of `cluster.gpus` for `work`, each decoding its VAE in
-    mode `decode` (`auto`: an exact mode that fits, else tiled); with `constraints`, only the layouts that satisfy
+    mode `decode` (`auto`: an exact mode that fits, else tiled), `cache`: for a run with a step cache on (which
+    no stale-K/V layout runs with); with `constraints`, only the layouts that satisfy
     them (ValueError naming them and the nearest fixes when none of those fits). A layout too big for memory
     names the number that broke the limit and the change that fits with the fewest seconds per job."""
     if objective not in OBJECTIVES:
@@ -124,7 +121,7 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
         raise ValueError(f"--max-latency {max_latency} must be positive seconds")
     ranked, rejected, illegal, too_big = [], [], [], []
     legal = []
-    for layout in enumerate_layouts(cluster.gpus):
+    for layout in enumerate_layouts(cluster.gpus, cache=cache):
         problems = structural_problems(layout, work.shape, work.sequence, work.steps, cluster)
         if problems:
             illegal.append(Rejection(layout=layout, reasons=tuple(problems)))
@@ -147,8 +144,7 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
         if over is not None or problems:
             too_big.append((layout, cost, over, problems))
             continue
-        ranked.append(Candidate(layout=layout, estimate=cost, jobs_per_hour=layout.dp * 3600 / cost.seconds_per_job,
-                                unavailable=unavailable_reason(layout)))
+        ranked.append(Candidate(layout=layout, estimate=cost, jobs_per_hour=layout.dp * 3600 / cost.seconds_per_job))
     for layout, cost, over, problems in too_big:
         fix = None
         if over is not None:
@@ -170,14 +166,12 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
 
 
 def _combination_problem(constraints: LayoutConstraints) -> str | None:
-    """Why the runner refuses the constrained axes together (DistriFusion beside an axis it does not compose
-    with), which is why no layout was built with them; None when it does not."""
-    given = {name: value for name, value in constraints.given.items() if name != "dp"}
-    try:
-        ParallelDims(**given).check_patch_combination()
-    except ValueError as error:
-        return str(error)
-    return None
+    """Why the axis table's rules refuse the constrained axes together (DistriFusion beside an axis it does not
+    compose with), which is why no layout was built with them; None when they do not."""
+    given = constraints.given
+    problems = layout_problems({name: value for name, value in given.items() if name != "fsdp"},
+                               fsdp=bool(given.get("fsdp")))
+    return "; ".join(problems) or None
 
 
 def _unmet(constraints: LayoutConstraints, work: Workload, cluster: Cluster, ranked: list[Candidate],
@@ -214,6 +208,7 @@ def plan(
     constraints: LayoutConstraints | None = None,
     profile: Profile | None = None,
     decode: str = "auto",
+    cache: bool = False,
 ) -> Plan:
     """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs,
     priced with `profile`'s fitted parameters where it has them, the VAE decoded in mode `decode`."""
@@ -230,7 +225,7 @@ def plan(
     work = make_workload(resolve_shape(model), width=width, height=height, frames=frames, steps=steps,
                          offload_text_encoder=offload_text_encoder)
     return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile,
-                decode=decode)
+                decode=decode, cache=cache)
 
 
 def best_layout(model: str | ModelSpec | ModelShape, gpus: int, **options) -> dict[str, int]:

@@ -2,20 +2,21 @@
 
 from __future__ import annotations
 
-from genbatch.parallel.axes import AXES
+from genbatch.parallel.axes import AXES, STALE_AXES
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.explain import explain, round_figures as _round
-from genbatch.planner.layouts import STALE_AXES, plan_degrees
+from genbatch.planner.layouts import plan_degrees
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan, Rejection
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """Bumped when a field of `plan_to_dict` changes meaning, goes away or is added (2: PipeFusion's degree is `pp`,
 the runner's axis name, and every layout carries its `layout` name; 3: the plan names its `profile` and every
 layout carries `explain`: its inputs, parameters and their sources, and the terms of its sum; 4: every layout
 carries its `vae_decode` mode, `vae_parallel` counts the ranks that decode (1 when the leader decodes alone),
 and a layout rejected for memory carries `over` (the number that broke the limit) and `fix` (the change that
 fits with the fewest seconds per job, or null); 5: every layout carries its `distrifusion` degree, and its
-`memory_gib` the `stale_kv` part of its activations (the previous step's K/V of PipeFusion and DistriFusion))."""
+`memory_gib` the `stale_kv` part of its activations (the previous step's K/V of PipeFusion and DistriFusion); 6: `available` and `note` go, as the runner runs every
+layout the planner ranks (the axis table's one rule set, `parallel/axes.py`))."""
 
 
 def layout_to_dict(layout: ParallelDims, decode_mode: str = "parallel") -> dict:
@@ -38,8 +39,6 @@ def candidate_to_dict(candidate: Candidate, plan: Plan) -> dict:
     return {
         **layout_to_dict(candidate.layout, cost.decode_mode),
         "vae_decode": cost.decode_mode,
-        "available": candidate.unavailable is None,
-        "note": candidate.unavailable,
         "seconds_per_job": _round(cost.seconds_per_job),
         "seconds_per_step": _round(cost.seconds_per_step),
         "jobs_per_hour": _round(candidate.jobs_per_hour),
@@ -118,7 +117,7 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
         "",
     ]
     header = ["#", *(_SHORT[axis] for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
-              "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", "decode", "note"]
+              "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", "decode"]
     rows = [header]
     for index, candidate in enumerate(plan.ranked[:top], start=1):
         cost, memory = candidate.estimate, candidate.estimate.memory
@@ -127,7 +126,7 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
             f"{cost.seconds_per_job:.2f}", f"{cost.seconds_per_step:.3f}", f"{candidate.jobs_per_hour:.1f}",
             f"{cost.compute_s:.3f}", f"{cost.comm_s:.3f}", f"{cost.comm_exposed_s:.3f}",
             f"{cost.comm_bytes_per_step / 1e9:.2f}", f"{memory['total']:.1f}", f"{memory['weights']:.1f}",
-            f"{memory['activations']:.1f}", f"{memory['vae_decode']:.1f}", cost.decode_mode, candidate.unavailable or "",
+            f"{memory['activations']:.1f}", f"{memory['vae_decode']:.1f}", cost.decode_mode,
         ])
     widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
     for row in rows:

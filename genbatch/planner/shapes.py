@@ -70,6 +70,17 @@ def _safetensors_parameters(directory: str) -> float | None:
     return float(total) if found else None
 
 
+def _vae_costs(vae_class: str, is_video: bool) -> tuple[float, float]:
+    """(MFLOP per output pixel, GiB per million pixels) of a VAE's decode, from the published model that uses
+    this VAE class (the family's own record); by kind (video or image) for a class none publishes."""
+    for shape in PUBLISHED.values():
+        if shape.vae_class == vae_class and shape.is_video == is_video:
+            return shape.vae_mflop_per_pixel, shape.vae_gib_per_mpx
+    if is_video:
+        return WAN_VAE_MFLOP_PER_PIXEL, VIDEO_VAE_GIB_PER_MPX
+    return IMAGE_VAE_MFLOP_PER_PIXEL, IMAGE_VAE_GIB_PER_MPX
+
+
 def _vae_class(spec: ModelSpec, root: str | None) -> str:
     """The VAE's diffusers class: from the pipeline directory's vae/config.json, else the family's published
     models' (a preset builds its family's VAE)."""
@@ -84,7 +95,8 @@ def _vae_class(spec: ModelSpec, root: str | None) -> str:
 
 
 def shape_from_spec(spec: ModelSpec) -> ModelShape:
-    """The shape of a preset or a diffusers directory: its spec, and its safetensors headers for sizes."""
+    """The shape of a preset or a diffusers directory: its spec (TP all-reduces included), its VAE's class and
+    that class's decode costs, and its safetensors headers for sizes."""
     root = spec.path if spec.path and os.path.isdir(spec.path) else None  # a preset has no directory
     d = spec.hidden_size
     # Without weights on disk: attention (and cross-attention) projections plus the MLP.
@@ -94,6 +106,8 @@ def shape_from_spec(spec: ModelSpec) -> ModelShape:
                for sub in ("text_encoder", "text_encoder_2", "text_encoder_3")) if root else 0.0
     vae = (_safetensors_parameters(os.path.join(root, "vae")) or 0.0) if root else 0.0
     defaults = spec.defaults
+    vae_class = _vae_class(spec, root)
+    vae_mflop, vae_gib = _vae_costs(vae_class, spec.is_video)
     return ModelShape(
         name=spec.name,
         is_video=spec.is_video,
@@ -111,9 +125,10 @@ def shape_from_spec(spec: ModelSpec) -> ModelShape:
         vae_spatial=spec.vae_spatial,
         vae_temporal=spec.frame_multiple if spec.is_video else 1,
         out_channels=spec.out_channels,
-        vae_mflop_per_pixel=WAN_VAE_MFLOP_PER_PIXEL if spec.is_video else IMAGE_VAE_MFLOP_PER_PIXEL,
-        vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX if spec.is_video else IMAGE_VAE_GIB_PER_MPX,
-        vae_class=_vae_class(spec, root),
+        vae_mflop_per_pixel=vae_mflop,
+        vae_gib_per_mpx=vae_gib,
+        vae_class=vae_class,
+        tp_all_reduces=spec.tp_all_reduces,
         width=int(defaults.get("width") or 1024),
         height=int(defaults.get("height") or 1024),
         frames=int(defaults["num_frames"]) if spec.is_video and defaults.get("num_frames") else None,

@@ -129,13 +129,9 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
             from genbatch.parallel.tensor.encoders import check_mode
 
             check_mode(options["text_encoder_parallel"], fsdp=options["fsdp"])
-            if options["cache"] not in (None, "none") and options["pp"] > 1:
-                raise ValueError(f"--cache {options['cache']} with --pp {options['pp']}: step caching does not "
-                                 "run with PipeFusion stages; use --cache none or --pp 1")
-            if options["cache"] not in (None, "none") and options["distrifusion"] > 1:
-                raise ValueError(f"--cache {options['cache']} with --distrifusion {options['distrifusion']}: step "
-                                 "caching does not run with stale K/V (a skipped step would leave the buffers a "
-                                 "step further behind); use --cache none or --distrifusion 1")
+            from genbatch.parallel.dims import LayoutRequest
+
+            layout = "auto" if options["layout"] == "auto" else LayoutRequest.from_flags(options)
         except ValueError as error:
             raise UsageError(str(error)) from None
         run_options = RunOptions(
@@ -144,9 +140,7 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
             model=options["model"],
             overrides=overrides_from_options(options),
             storage_options=storage_options_from(storage_option),
-            dp=options["dp"], cfg=options["cfg"], distrifusion=options["distrifusion"],
-            warmup_steps=options["warmup_steps"], patches=options["patches"], pp=options["pp"], ring=options["ring"], ulysses=options["ulysses"],
-            tp=options["tp"], fsdp=options["fsdp"], layout=options["layout"],
+            layout=layout, warmup_steps=options["warmup_steps"], patches=options["patches"],
             profile=options["profile"], dtype=options["dtype"], backend=options["backend"],
             collective_timeout=options["collective_timeout"], download=options["download"], share=share_value,
             dynamic_hand_out=hand_out == "dynamic",

@@ -16,6 +16,7 @@ import torch
 
 from genbatch.jobs.models import ModelSpec
 from genbatch.parallel.apply import shard_pipeline, sharded
+from genbatch.parallel.config import ParallelizeConfig
 from genbatch.parallel.context import ParallelContext
 from genbatch.runner.presets import PRESETS, build_preset
 
@@ -181,15 +182,16 @@ def load_pipeline(spec: ModelSpec, device: torch.device, dtype: torch.dtype):
     return finish_placement(load_skeleton(spec, dtype, meta=()), spec, device)
 
 
-def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None,
-                          attention: str = "auto", text_encoders: str = "auto"):
+def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype,
+                          config: ParallelizeConfig = ParallelizeConfig()):
     """`--fsdp` loading: the sharded components built on the meta device on every rank, the whole pipeline
-    read once on the group leader's CPU to fill their shards, the rest placed on this rank's device;
-    `compile`: the run's `CompileConfig` (None: eager); `attention`: the local attention backend."""
+    read once on the group leader's CPU to fill their shards, the rest placed on this rank's device; `config`:
+    the run's parallelize config (`genbatch.parallel.config`)."""
     import os
 
     from genbatch.parallel.tensor.checkpoint import fill_from_safetensors
 
+    text_encoders = config.text_encoders
     components = sharded(spec, text_encoders)  # reads the encoders' configs: once
     path = spec.path or spec.name
     # the encoders split over the group, read in parts by every rank (the leader's whole copy leaves them out)
@@ -202,36 +204,35 @@ def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dt
     full = None
     if ctx.group.rank == 0:
         full = finish_placement(load_skeleton(spec, dtype, meta=(), leave_out=tuple(built)), spec, torch.device("cpu"))
-    shard_pipeline(skeleton, full, spec, ctx, compile, attention, text_encoders)
+    shard_pipeline(skeleton, full, spec, ctx, config)
     del full
     for name, module in built.items():
         fill_from_safetensors(module, os.path.join(path, name), dtype, ctx.device, keep_fp32=keep_in_fp32(module, dtype))
     return finish_placement(skeleton, spec, ctx.device, skip=components + tuple(built))
 
 
-def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, compile=None,
-                                  attention: str = "auto", text_encoders: str = "auto"):
+def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype,
+                                  config: ParallelizeConfig = ParallelizeConfig()):
     """`--tp` loading from a pipeline directory (with `--fsdp` too: FSDP then shards the parts read, step 5): the
     denoisers (and the text encoders `--text-encoder-parallel` splits, when their safetensors hold each parameter
     as one stored tensor, renamed keys included: `_split_encoders`) built with their parameters on the meta device
     and split by their tensor plans, then filled from their safetensors, each rank reading only its own part of
     every split tensor, straight to its device; the other components load whole and the plans
-    (`parallelize_pipeline`) apply as on a whole pipeline. `compile`, `attention`, `text_encoders`: as
-    `load_sharded_pipeline`'s."""
+    (`parallelize_pipeline`) apply as on a whole pipeline. `config`: as `load_sharded_pipeline`'s."""
     import os
 
     from genbatch.parallel.apply import denoisers, parallelize_pipeline
     from genbatch.parallel.tensor.checkpoint import fill_from_safetensors
 
     path = spec.path or spec.name
-    built = _split_encoders(path, ctx, dtype, text_encoders)
+    built = _split_encoders(path, ctx, dtype, config.text_encoders)
     split = denoisers(spec) + tuple(built)
     def build(where: str, name: str, load: torch.dtype):
         return built[name] if name in built else empty_component(where, name, load)
 
     pipe = load_skeleton(spec, dtype, meta=split, build=build)
     finish_placement(pipe, spec, ctx.device, skip=split)
-    parallelize_pipeline(pipe, spec, ctx, compile, attention, text_encoders)
+    parallelize_pipeline(pipe, spec, ctx, config)
     for name in split:
         model = getattr(pipe, name, None)
         if model is not None:
@@ -240,7 +241,7 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
     if ctx.dims.fsdp and ctx.group.size > 1:  # step 5 on the parts each rank read: no rank held a whole copy
         from genbatch.parallel.apply import shard_loaded
 
-        shard_loaded(pipe, spec, ctx, text_encoders)
+        shard_loaded(pipe, spec, ctx, config)
     return pipe
 
 

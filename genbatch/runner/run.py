@@ -24,6 +24,7 @@ from genbatch.models import resolve_model
 from genbatch.jobs.schedule import OrderKeys, hand_out_positions, share_positions
 from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.context import ParallelContext
+from genbatch.parallel.dims import LayoutRequest
 from genbatch.jobs import exit_codes
 from genbatch.runner.download import DownloadStopped, prepare_models
 from genbatch.runner.execute import CheckpointPolicy, JobExecutor, JobInterrupted
@@ -46,29 +47,14 @@ class RunOptions:
     """Run-level defaults for rows that leave a setting empty."""
     storage_options: dict = field(default_factory=dict)
     """fsspec options for the manifest and the output URLs (endpoint, credentials, ...)."""
-    dp: int | None = None
-    """Data-parallel groups (None: the world size over the other degrees)."""
-    cfg: int = 1
-    """CFG parallel degree (1 or 2)."""
-    distrifusion: int = 1
-    """DistriFusion patches: each rank one patch, attending to the others' K/V of the step before."""
+    layout: LayoutRequest | str = field(default_factory=LayoutRequest)
+    """The degrees asked for (`parallel/dims.LayoutRequest`), or "auto": `gen plan`'s best layout for these
+    processes."""
     warmup_steps: int | None = None
     """Synchronous (exact) steps at the start of each job under --distrifusion or --pipefusion (None: the
     method's default: 4, 1)."""
     patches: int | None = None
     """PipeFusion's patches (None: as many as stages)."""
-    pp: int = 1
-    """PipeFusion stages (not implemented yet: start-up refuses anything but 1)."""
-    ring: int = 1
-    """Ring-attention degree."""
-    ulysses: int = 1
-    """Ulysses degree (divides the head count)."""
-    tp: int = 1
-    """Tensor-parallel degree (not implemented yet: start-up refuses anything but 1)."""
-    fsdp: bool = False
-    """Shard transformer and text-encoder weights over each job group (FSDP2)."""
-    layout: str = "manual"
-    """"auto": take `gen plan`'s best layout for these processes instead of the degrees above."""
     profile: str | None = None
     """With layout "auto": the calibration profile (name or path) the planner prices layouts with."""
     dtype: str | None = None
@@ -128,6 +114,13 @@ class RunOptions:
         taylorseer = parse_cache(self.overrides.cache).kind == TAYLORSEER  # its hooks sit inside the blocks
         return CompileConfig(backend=self.compile_backend, breaks=taylorseer)
 
+    def parallelize_config(self):
+        """The `ParallelizeConfig` the parallelisation order applies (`genbatch.parallel.config`)."""
+        from genbatch.parallel.config import ParallelizeConfig
+
+        return ParallelizeConfig(compile=self.compile_config(), attention=self.attention,
+                                 text_encoders=self.text_encoder_parallel, cache=self.overrides.cache)
+
     def row_defaults(self) -> JobOverrides:
         """The defaults for rows that leave a setting empty: the run-level overrides, with `model` as the model
         of rows that name none (what the run-level checks and the manifest's validation both apply)."""
@@ -136,6 +129,11 @@ class RunOptions:
         from dataclasses import replace
 
         return replace(self.overrides, model=self.model)
+
+
+def _layout_flags(layout: LayoutRequest | str) -> dict:
+    """The layout flags as run.json records them: every axis and fsdp, or `layout: auto`."""
+    return {"layout": "auto"} if isinstance(layout, str) else layout.flags()
 
 
 def _run_info(options: RunOptions, world: World, run_id: str, started: float) -> dict:
@@ -154,11 +152,10 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "world_size": world.world_size,
         "device": str(world.ctx.device),
         "dtype": str(world.dtype).removeprefix("torch."),
-        "options": {k: getattr(options, k) for k in ("dp", "cfg", "distrifusion", "warmup_steps", "patches", "pp", "ring", "ulysses", "tp", "fsdp", "share",
-                                                              "vae_decode", "vae_memory_gib", "compile",
-                                                              "compile_backend",
-                                                              "attention", "compile_cache",
-                                                              "text_encoder_parallel")},
+        "options": {**_layout_flags(options.layout),
+                    **{k: getattr(options, k) for k in ("warmup_steps", "patches", "share", "vae_decode",
+                                                        "vae_memory_gib", "compile", "compile_backend", "attention",
+                                                        "compile_cache", "text_encoder_parallel")}},
         "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},

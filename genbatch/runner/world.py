@@ -16,11 +16,12 @@ import torch
 import torch.distributed as dist
 
 from genbatch.jobs import exit_codes
+from genbatch.jobs.cache import NONE, parse_cache
 from genbatch.jobs.slurm_step import step_process_group_env
 from genbatch.models import family, resolve_model
-from genbatch.parallel.attention.local import KERNELS, check_kernel
+from genbatch.parallel.attention.local import check_kernel
+from genbatch.parallel.config import ParallelizeConfig
 from genbatch.parallel.context import ParallelContext, build_context
-from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.stale import stale_config
 from genbatch.parallel.apply import TEXT_ENCODERS
 from genbatch.parallel.tensor.encoders import check_splits
@@ -77,22 +78,14 @@ class World:
     """True when this run started the process group (and so destroys it at the end)."""
     stop: object = None
     """The run's StopRequest: a signal while the ranks wait for rank 0's shared values ends the process."""
-    compile: object = None
-    """The run's `genbatch.parallel.compile.CompileConfig` (None: the denoisers run eagerly)."""
-    attention_kernel: str = "auto"
-    """`--attention`: the kernel's name as the flag spells it (`genbatch.parallel.attention.local.KERNELS`)."""
-    text_encoder_parallel: str = "auto"
-    """`--text-encoder-parallel` (`genbatch.parallel.tensor.encoders.MODES`)."""
+    parallelize: ParallelizeConfig = ParallelizeConfig()
+    """What the parallelisation order applies to each pipeline: compile, attention kernel, text encoders' mode
+    and the default step cache (`genbatch.parallel.config`)."""
     vae_decode: str = "auto"
     """`--vae-decode`: how each job's VAE decodes (`genbatch.runner.decode`), checked against every model at
     start-up."""
     stale: object = None
     """The run's `genbatch.parallel.stale.StaleConfig` (None: exact attention)."""
-
-    @property
-    def attention(self) -> str:
-        """The local attention backend of `attention_kernel`."""
-        return KERNELS[self.attention_kernel]
 
     @property
     def world_size(self) -> int:
@@ -212,7 +205,7 @@ class World:
             except ValueError as error:
                 raise UsageError(f"layout {self.ctx.dims.describe()} does not fit model {name}: {error}") from None
             try:
-                check_kernel(self.attention_kernel, self.ctx.device, self.dtype, spec.head_dim,
+                check_kernel(self.parallelize.attention, self.ctx.device, self.dtype, spec.head_dim,
                              masked=family(spec.family).masks_attention())
             except ValueError as error:
                 raise UsageError(f"model {name}: {error}") from None
@@ -220,7 +213,7 @@ class World:
             if problem is not None:
                 raise UsageError(f"model {name}: {problem}")
             try:
-                check_splits(spec.path, TEXT_ENCODERS, self.text_encoder_parallel, self.ctx.group.size,
+                check_splits(spec.path, TEXT_ENCODERS, self.parallelize.text_encoders, self.ctx.group.size,
                              fsdp=self.ctx.dims.fsdp)
             except ValueError as error:
                 raise UsageError(f"model {name}: {error}") from None
@@ -252,13 +245,11 @@ class World:
 
         if spec.name not in PRESETS and (self.ctx.dims.tp > 1 or self._reads_encoder_parts(spec)):
             # a directory: each rank reads its own shards of what tensor parallelism splits
-            return load_tensor_parallel_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
-                                                 self.text_encoder_parallel)
+            return load_tensor_parallel_pipeline(spec, self.ctx, self.dtype, self.parallelize)
         if self.ctx.dims.fsdp and self.ctx.group.size > 1:
-            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.compile, self.attention,
-                                         self.text_encoder_parallel)
+            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.parallelize)
         pipe = load_pipeline(spec, self.ctx.device, self.dtype)
-        parallelize_pipeline(pipe, spec, self.ctx, self.compile, self.attention, self.text_encoder_parallel)
+        parallelize_pipeline(pipe, spec, self.ctx, self.parallelize)
         return pipe
 
     def _reads_encoder_parts(self, spec) -> bool:
@@ -271,7 +262,7 @@ class World:
         if self.ctx.group.size == 1 or dims.fsdp:
             return False
         widths = [config_width(spec.path, name) for name in TEXT_ENCODERS]  # 0: no such encoder (or no config)
-        return any(width and mode_for(self.text_encoder_parallel, width, fsdp=False) == "tp" for width in widths)
+        return any(width and mode_for(self.parallelize.text_encoders, width, fsdp=False) == "tp" for width in widths)
 
     def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
         """Rank 0 waits (without a collective, whose timeout is short) until every rank has finished."""
@@ -306,18 +297,15 @@ def start_world(options, stop=None) -> World:
     elif dist.is_initialized():
         world_size = dist.get_world_size()
     try:
+        cache = parse_cache(options.overrides.cache).kind != NONE
         if options.layout == "auto":
             from genbatch.runner.auto_layout import auto_dims
 
-            dims = auto_dims(options.model, world_size, device, profile=options.profile, decode=options.vae_decode)
+            dims = auto_dims(options.model, world_size, device, profile=options.profile, decode=options.vae_decode,
+                             cache=cache)
         else:
-            dims = ParallelDims.infer(
-                world_size, dp=options.dp, cfg=options.cfg, distrifusion=options.distrifusion, pp=options.pp,
-                ring=options.ring,
-                ulysses=options.ulysses, tp=options.tp, fsdp=options.fsdp,
-            )
-        dims.check_runnable()  # however the layout was chosen, an axis the runner lacks stops the run here
-        dims.check_patch_combination()
+            dims = options.layout.resolve(world_size, cache=cache)
+        dims.check(cache=cache)  # however the layout was chosen, the axis table's rules (parallel/axes.py) judge it
         stale = stale_config(dims.distrifusion, options.warmup_steps, dims.pp, options.patches)
         if dims.world_size != world_size:
             raise ValueError(
@@ -330,6 +318,5 @@ def start_world(options, stop=None) -> World:
         raise UsageError(str(error)) from None
     dtype = DTYPES[options.dtype or default_dtype(device)]
     return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop,
-                 compile=options.compile_config(), attention_kernel=options.attention,
-                 text_encoder_parallel=options.text_encoder_parallel,
+                 parallelize=options.parallelize_config(),
                  vae_decode=options.vae_decode, stale=stale)

@@ -69,7 +69,7 @@ def test_the_results_record_carries_the_mode(tmp_path):
     (["--cache", "teacache:0.2"], "TeaCache covers Wan 2.1 T2V 1.3B, Wan 2.1 T2V 14B, FLUX.1-dev. Run tiny-wan "
                                   "with --cache none, fbc:THRESHOLD or taylorseer:INTERVAL"),
     (["--cache", "fbc:x"], "finite number >= 0"),
-    (["--cache", "fbc:0.1", "--pp", "2"], "step caching does not run with PipeFusion stages"),
+    (["--cache", "fbc:0.1", "--pp", "2"], "step caching does not run with PipeFusion's stale K/V"),
 ])
 def test_gen_run_refuses_a_mode_that_cannot_run_at_start_up(tmp_path, args, message):
     url = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox"}])

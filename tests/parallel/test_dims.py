@@ -38,22 +38,6 @@ def test_non_positive_degrees():
         ParallelDims.infer(4, ring=0)
 
 
-@pytest.mark.parametrize(("degrees", "named"), [({"pp": 2, "tp": 2}, r"--pp 2 \(PipeFusion"),
-                                                ({"pp": 4, "ulysses": 2}, r"--pp 4 \(PipeFusion")])
-def test_a_layout_the_runner_lacks_is_built_and_named_but_refused_at_start_up(degrees, named, monkeypatch):
-    from genbatch.parallel import axes
-
-    monkeypatch.setattr(axes, "RUNNABLE", axes.RUNNABLE - {"pp"})  # an axis the registry does not mark runnable
-    dims = ParallelDims(dp=2, **degrees)  # the planner estimates such layouts: the type holds them
-    assert ParallelDims.parse(dims.name) == dims and dims.world_size == 2 * dims.group_size
-    assert dims.unrunnable_axes == ("pp",)
-    with pytest.raises(ValueError, match=named + r".*not implemented.*set it to 1"):
-        dims.check_runnable()
-    with pytest.raises(ValueError, match=named):
-        dims.validate(world_size=dims.world_size, num_heads=8, uses_cfg=True)
-    ParallelDims(dp=2, cfg=2, ring=2, ulysses=2, tp=2, fsdp=True).check_runnable()  # every runnable axis passes
-
-
 def test_degrees_and_spans_follow_the_mesh_order():
     dims = ParallelDims(dp=2, cfg=2, pp=2, ulysses=4, tp=2)
     assert dims.degrees() == {"dp": 2, "cfg": 2, "distrifusion": 1, "pp": 2, "ring": 1, "ulysses": 4, "tp": 2}

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from genbatch.parallel.axes import AXES, RUNNABLE
+from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.groups import coordinates, rank_groups
 from tests.support.runs import REPO
@@ -16,7 +16,6 @@ from tests.support.runs import REPO
 
 def test_axes_outermost_first_tp_innermost():
     assert AXES == ("dp", "cfg", "distrifusion", "pp", "ring", "ulysses", "tp")
-    assert RUNNABLE == set(AXES)
 
 
 @pytest.mark.parametrize("name", ["single", "dp2", "cfg2-ulysses2", "dp2-cfg2-ulysses4-fsdp", "ring2-ulysses2-fsdp"])
@@ -30,17 +29,6 @@ def test_layout_name_lists_degrees_outermost_first():
     for bad in ("ulysses", "dp2-dp2", "sp4", "dp0", "fsdp2"):
         with pytest.raises(ValueError, match="cannot read"):
             ParallelDims.parse(bad)
-
-
-@pytest.mark.parametrize(("axis", "what"), [("pp", "PipeFusion")])
-def test_an_axis_not_implemented_is_rejected_at_start_up(axis, what, monkeypatch):
-    from genbatch.parallel import axes
-
-    monkeypatch.setattr(axes, "RUNNABLE", axes.RUNNABLE - {axis})  # as the registry marks an axis not built yet
-    with pytest.raises(ValueError, match=rf"--{axis} 2 \({what}.*not implemented.*set it to 1"):
-        ParallelDims.infer(4, **{axis: 2})
-    with pytest.raises(ValueError, match="not implemented"):
-        ParallelDims.parse(f"dp2-{axis}2").check_runnable()  # a name never loses an axis on the way to the runner
 
 
 def test_coordinates_vary_fastest_on_the_last_axis():

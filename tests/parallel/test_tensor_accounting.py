@@ -111,3 +111,16 @@ def test_wan_counts_its_modulation_gather_and_qk_norm_reductions_apart(measured)
 def test_tp2_weights_per_rank_at_most_0_55_of_one_rank(name, measured):
     for results in measured:
         assert results[name] <= 0.55, f"{name}: a tp 2 rank holds {results[name]:.3f} of the weights"
+
+
+def test_the_planner_prices_wan_at_the_all_reduces_gen_run_counts(measured):
+    from genbatch.planner.shapes import resolve_shape
+
+    spec, forwards = resolve_model("tiny-wan"), 2  # CFG: both branches on each tp rank
+    one_all_reduce = 2 * (P - 1) / P * spec.tokens(64, 48, 9) * spec.hidden_size * E  # a ring all-reduce of [N, d]
+    priced = resolve_shape("tiny-wan").tp_all_reduces
+    assert priced == 3.0
+    for results in measured:
+        for counts in results["tiny-wan"]:
+            counted = counts["bytes_tp_all_reduce"] / (forwards * spec.num_layers * one_all_reduce)
+            assert abs(counted / priced - 1) <= 0.05, f"the run counts {counted:.3f} all-reduces a block"

@@ -139,6 +139,7 @@ def _compare_with_the_old_path(rank, world_size, paths, out):
     loading whole then splitting; returns the differences and, per component, (tensors, split parameters,
     fp32 tensors)."""
     from genbatch.parallel.apply import parallelize_pipeline
+    from genbatch.parallel.config import ParallelizeConfig
     from genbatch.runner.loading import _split_encoders
 
     problems, counts = [], {}
@@ -149,7 +150,7 @@ def _compare_with_the_old_path(rank, world_size, paths, out):
             with mock.patch("genbatch.runner.world.load_pipeline", side_effect=AssertionError("loaded whole")):
                 new_pipe = world.load_pipeline(spec)
             old_pipe = load_pipeline(spec, world.ctx.device, world.dtype)
-            parallelize_pipeline(old_pipe, spec, world.ctx, text_encoders="tp")
+            parallelize_pipeline(old_pipe, spec, world.ctx, ParallelizeConfig(text_encoders="tp"))
             for component in read:
                 new, split = _states(getattr(new_pipe, component))
                 problems += _differences(f"{name} {component}", new, _states(getattr(old_pipe, component))[0])

@@ -27,19 +27,18 @@ def _json(*args: str) -> dict:
 
 def test_json_schema_best_first_with_rejections():
     data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
-    assert data["schema"] == 5 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["schema"] == 6 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
     assert data["profile"] is None
     assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
                                 "image_tokens": 75600, "offload_text_encoder": False}
     assert data["cluster"]["gpu"] == "h100" and data["cluster"]["gpus"] == 8 and data["cluster"]["network"] is None
     layouts = data["layouts"]
     for layout in layouts:
-        assert LAYOUT_KEYS | ESTIMATE_KEYS | {"vae_decode", "available", "note", "breakdown", "explain"} == set(layout)
+        assert LAYOUT_KEYS | ESTIMATE_KEYS | {"vae_decode", "breakdown", "explain"} == set(layout)
         group = 8 // layout["dp"]  # Wan's VAE decodes patch-parallel over a group of two or more
         assert (layout["vae_decode"], layout["vae_parallel"]) == (("parallel", group) if group > 1 else ("full", 1))
         degrees = [layout[axis] for axis in ("dp", "cfg", "distrifusion", "pp", "ring", "ulysses", "tp")]
         assert math.prod(degrees) == 8
-        assert layout["available"] == (layout["note"] is None)
         parts = layout["breakdown"]
         assert set(parts["memory_gib"]) >= {"weights", "activations", "stale_kv", "vae_decode", "total"}
         assert sum(parts["comm_bytes_per_step"].values()) == pytest.approx(layout["comm_bytes_per_step"], abs=10)

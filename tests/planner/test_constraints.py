@@ -39,7 +39,9 @@ def test_a_degree_flag_ranks_only_layouts_with_that_degree_in_the_same_order():
 def test_fsdp_flags_keep_sharded_or_unsharded_layouts():
     sharded = plan("wan2.1-14b", 8, constraints=LayoutConstraints(fsdp=True))
     plain = plan("wan2.1-14b", 8, constraints=LayoutConstraints(fsdp=False, cfg=2))
-    assert sharded.ranked and all(candidate.layout.fsdp_size == candidate.layout.group_size > 1 for candidate in sharded.ranked)
+    assert sharded.ranked and all(  # FSDP's sub-mesh: the job group without tp and pp
+        c.layout.fsdp and c.layout.group_size > 1 and c.layout.fsdp_size == c.layout.group_size // (c.layout.tp * c.layout.pp)
+        for c in sharded.ranked)
     assert plain.ranked and all(not c.layout.fsdp and c.layout.cfg == 2 for c in plain.ranked)
     assert sharded.best.layout.name.endswith("-fsdp")
 
@@ -67,17 +69,12 @@ def test_nearest_fixes_change_one_constraint_and_keep_the_others():
         LayoutConstraints(ring=0)
 
 
-def test_estimate_only_axes_can_be_constrained_but_are_not_runnable(monkeypatch):
-    from genbatch.parallel import axes
-
-    monkeypatch.setattr(axes, "RUNNABLE", axes.RUNNABLE - {"pp"})  # as the registry marks an axis not built yet
+def test_every_axis_can_be_constrained_and_its_layouts_run():
     result = plan("flux.1-dev", 8, gpu="l40", constraints=LayoutConstraints(pp=2))
     assert result.ranked and all(candidate.layout.pp == 2 for candidate in result.ranked)
-    assert all(candidate.unavailable.startswith("pp") and candidate.unavailable.endswith("not in the runner yet "
-                                                                                         "(estimate only)")
-               for candidate in result.ranked)
-    with pytest.raises(ValueError, match="no runnable layout"):
-        result.best
+    assert result.best.layout.pp == 2
+    for candidate in result.ranked:
+        candidate.layout.check()  # the runner's start-up check
 
 
 def test_run_and_plan_share_one_definition_of_the_layout_flags():
@@ -101,24 +98,14 @@ def test_planner_layouts_are_the_runners_parallel_dims_named_in_its_grammar(gpus
     assert ParallelDims(pp=2, tp=2).name == "pp2-tp2" and ParallelDims().name == "single"
 
 
-def test_ranked_layouts_round_trip_and_only_unavailable_ones_are_refused_by_the_runner(monkeypatch):
+def test_ranked_layouts_round_trip_and_the_runner_accepts_each():
     result = plan("hunyuanvideo", 8, objective="latency")  # ranks tp and pp layouts
-    assert {candidate.unavailable for candidate in result.ranked} == {None}  # every axis runs
     assert any(candidate.layout.pp > 1 for candidate in result.ranked)
+    assert any(candidate.layout.tp > 1 and candidate.layout.fsdp for candidate in result.ranked)
     for candidate in result.ranked:
         layout = candidate.layout
         assert type(layout) is ParallelDims and ParallelDims.parse(layout.name) == layout
-        layout.check_runnable()
-    from genbatch.parallel import axes
-
-    monkeypatch.setattr(axes, "RUNNABLE", axes.RUNNABLE - {"pp"})  # an axis the registry does not mark runnable
-    held = plan("hunyuanvideo", 8, objective="latency")
-    for candidate in held.ranked:
-        if candidate.layout.pp > 1:
-            assert candidate.unavailable.startswith("pp")
-            with pytest.raises(ValueError, match=rf"--pp {candidate.layout.pp} .*not implemented"):
-                candidate.layout.check_runnable()
-    assert held.best.layout.pp == 1
+        layout.check()
 
 
 def test_gen_plan_with_layout_flags_imports_no_torch():

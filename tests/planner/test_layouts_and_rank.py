@@ -8,7 +8,7 @@ from genbatch.planner import best_layout, plan
 from genbatch.planner.hardware import make_cluster
 from genbatch.parallel.axes import AXES
 from genbatch.parallel.dims import ParallelDims
-from genbatch.planner.layouts import axis_link, enumerate_layouts, unavailable_reason
+from genbatch.planner.layouts import axis_link, enumerate_layouts
 
 
 @pytest.mark.parametrize("gpus", [1, 2, 6, 8, 16])
@@ -16,8 +16,9 @@ def test_every_layout_multiplies_to_the_gpus_and_none_repeats(gpus):
     layouts = enumerate_layouts(gpus)
     assert len(set(layouts)) == len(layouts)
     for layout in layouts:
-        assert layout.world_size == gpus and layout.cfg in (1, 2) and layout.fsdp_size in (1, layout.group_size)
-        assert not layout.fsdp or (layout.group_size > 1 and layout.pp == layout.tp == 1)
+        assert layout.world_size == gpus and layout.cfg in (1, 2) and layout.fsdp_size in (1, layout.group_size // (layout.tp * layout.pp))
+        assert not layout.fsdp or (layout.group_size > 1 and layout.distrifusion == 1)
+        assert not layout.problems()
     plain = {layout for layout in layouts if not layout.fsdp}
     assert ParallelDims(dp=gpus) in plain and ParallelDims(ulysses=gpus) in plain and ParallelDims(ring=gpus) in plain
 
@@ -60,11 +61,11 @@ def test_rejection_reasons_name_the_limit():
     assert one.over.needs_gib > 40 and one.fix.memory_gib <= 40
 
 
-def test_pp_and_tp_run():
-    assert unavailable_reason(ParallelDims(ulysses=8)) is None
-    assert unavailable_reason(ParallelDims(pp=2, ulysses=4)) is None
-    assert unavailable_reason(ParallelDims(tp=2, dp=4)) is None
-    assert not [candidate for candidate in plan("flux.1-dev", 8, gpu="l40").ranked if candidate.unavailable]
+def test_pp_and_tp_are_ranked_with_and_without_fsdp():
+    layouts = set(enumerate_layouts(8))
+    for layout in (ParallelDims(ulysses=8), ParallelDims(pp=2, ulysses=4), ParallelDims(tp=2, dp=4),
+                   ParallelDims(pp=2, ulysses=4, fsdp=True), ParallelDims(tp=2, ulysses=2, dp=2, fsdp=True)):
+        assert layout in layouts and not layout.problems()
 
 
 def test_throughput_splits_only_for_memory():
@@ -123,4 +124,4 @@ def test_the_best_layout_is_one_the_runner_accepts():
     assert dims == ParallelDims(cfg=2, ulysses=4)
     dims.validate(world_size=8, num_heads=40, uses_cfg=True)
     assert ParallelDims(ulysses=4, fsdp=True).fsdp_size == 4  # the planner's fsdp degree is the runner's
-    assert unavailable_reason(ParallelDims(pp=2)) is None  # PipeFusion's patch pipeline runs as estimated
+    assert ParallelDims(pp=2) in enumerate_layouts(2)  # PipeFusion's patch pipeline runs as estimated

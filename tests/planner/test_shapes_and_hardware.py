@@ -51,6 +51,32 @@ def test_pipeline_directory_counts_parameters_from_safetensors(tmp_path):
     assert shape.joint_text and shape.num_layers == 2 and shape.out_channels == 16
 
 
+def test_a_hunyuan_video_directory_is_priced_with_its_own_vae_and_all_reduces(tmp_path):
+    from genbatch.runner.presets import build_preset
+
+    build_preset("tiny-hunyuan-video").save_pretrained(tmp_path)
+    shape = resolve_shape(str(tmp_path))
+    published = resolve_shape("hunyuanvideo")
+    assert shape.vae_class == published.vae_class == "AutoencoderKLHunyuanVideo"
+    assert (shape.vae_mflop_per_pixel, shape.vae_gib_per_mpx) == (published.vae_mflop_per_pixel,
+                                                                  published.vae_gib_per_mpx)
+    assert shape.vae_mflop_per_pixel != resolve_shape("tiny-wan").vae_mflop_per_pixel  # not Wan's VAE
+    assert shape.tp_all_reduces == 1.5  # one dual-stream block (2) and one single-stream block (1)
+
+
+@pytest.mark.parametrize("name", ["tiny-wan", "tiny-flux", "tiny-sd3", "tiny-hunyuan-video", "tiny-qwen-image"])
+def test_a_preset_is_priced_at_the_all_reduces_its_tensor_plan_makes(name):
+    from genbatch.models import family, resolve_model
+    from genbatch.runner.presets import build_preset
+
+    model = build_preset(name).transformer
+    plan = family(resolve_model(name).family).transformer_plan(type(model).__name__).tensor_plan
+    blocks = {path: len(getattr(model, path)) for path in plan.all_reduces}
+    assert resolve_shape(name).tp_all_reduces == plan.all_reduces_per_layer(blocks)
+    if name == "tiny-wan":
+        assert resolve_shape(name).tp_all_reduces == resolve_shape("wan2.1-14b").tp_all_reduces == 3.0
+
+
 def test_unknown_model_lists_the_published_names():
     with pytest.raises(UnknownModelError, match="flux.1-dev, sd3-medium"):
         resolve_shape("no-such-model")

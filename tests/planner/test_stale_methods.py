@@ -110,19 +110,19 @@ def test_wan_14b_720p_kv_cannot_fit_an_80_gb_gpu_and_flux_fits():
         assert any(f"61.9 GB per CFG branch x {branches}" in reason and "28.6 GB of weights" in reason
                    for reason in rejection.reasons)
     flux = plan("flux.1-dev", 8, objective="latency")
-    ranked = {candidate.layout for candidate in flux.ranked if candidate.unavailable is None}
+    ranked = {candidate.layout for candidate in flux.ranked}
     assert {ParallelDims(distrifusion=8), ParallelDims(dp=2, distrifusion=4)} <= ranked
 
 
 def test_distrifusion_ranks_below_an_exact_layout_of_equal_time():
     _, cost = _cost("flux.1-dev", ParallelDims(ulysses=4), gpus=4)
-    exact = Candidate(layout=ParallelDims(ulysses=4), estimate=cost, jobs_per_hour=100.0, unavailable=None)
+    exact = Candidate(layout=ParallelDims(ulysses=4), estimate=cost, jobs_per_hour=100.0)
     for objective in ("latency", "throughput"):
-        stale = Candidate(layout=ParallelDims(distrifusion=4), estimate=cost, jobs_per_hour=100.0, unavailable=None)
+        stale = Candidate(layout=ParallelDims(distrifusion=4), estimate=cost, jobs_per_hour=100.0)
         assert rank_key(exact, objective) < rank_key(stale, objective)
     faster = cost.seconds_per_job / (1 + STALE_MARGIN) * 0.99
     for speed, wins in ((faster, True), (cost.seconds_per_job * 0.95, False)):
-        quicker = Candidate(layout=ParallelDims(distrifusion=4), jobs_per_hour=100.0, unavailable=None,
+        quicker = Candidate(layout=ParallelDims(distrifusion=4), jobs_per_hour=100.0,
                             estimate=replace(cost, seconds_per_job=speed))
         assert (rank_key(quicker, "latency") < rank_key(exact, "latency")) is wins
 

@@ -102,12 +102,16 @@ def run_cli_on_ranks(world_size: int, *args: str, timeout_s: float = 120.0) -> C
 @contextlib.contextmanager
 def job_executor(out: str, store=None, **layout):
     """(world, JobExecutor) for this process's world (one process, or the gloo group already started), laid
-    out by `layout` (dp, cfg, ring, ulysses, fsdp, ...), writing to `out`; signal handlers restored after."""
+    out by `layout` (the axes' degrees and fsdp by name: dp, cfg, ring, ulysses, fsdp, ...; any other RunOptions
+    field too), writing to `out`; signal handlers restored after."""
     from genbatch.io import BackgroundWriter, RunStore
+    from genbatch.parallel.axes import AXES
+    from genbatch.parallel.dims import LayoutRequest
     from genbatch.runner.run import RunOptions
     from genbatch.runner.world import start_world
 
-    options = RunOptions(manifest="unused", out=out, **layout)
+    degrees = {name: layout.pop(name) for name in (*AXES, "fsdp") if name in layout}
+    options = RunOptions(manifest="unused", out=out, layout=LayoutRequest.of(**degrees), **layout)
     world = start_world(options)
     executor = world.executor(options, store or RunStore(out), BackgroundWriter(max_pending=1), run_id="test")
     try:
