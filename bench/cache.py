@@ -64,7 +64,7 @@ def _stack_coefficients():
     import dataclasses
     from unittest import mock
 
-    from genbatch.jobs import teacache
+    from genbatch.models import teacache
 
     wan = next(model for model in teacache.COVERED if model.name == "Wan 2.1 T2V 1.3B")
     stack = dataclasses.replace(wan, name="the bench's Wan stack (1.3B's coefficients)", config=())

@@ -10,7 +10,7 @@
     teacache:THRESHOLD    TeaCache: the relative L1 change of the first block's timestep-modulated input,
                           rescaled by the model's published polynomial, is accumulated; while the sum stays
                           below THRESHOLD (>= 0) every block is skipped and the cached residual added. Only
-                          for the models with published coefficients (`genbatch.jobs.teacache`)
+                          for the models with published coefficients (`genbatch.models.teacache`)
 
 Pure string handling (no torch): the manifest checks each row's value with `cache_problem`, the CLIs check
 the run-level option at start-up with `parse_cache`, and `genbatch.parallel.cache` runs the parsed mode.

@@ -8,10 +8,15 @@ work across data-parallel groups; only its ratios matter. The caller resolves th
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
-from genbatch.jobs.models import ModelSpec, latent_shape, token_count
+from genbatch.jobs.tokens import latent_shape, token_count
 from genbatch.jobs.spec import JobSpec
+
+if TYPE_CHECKING:
+    from genbatch.models.spec import ModelSpec  # a parameter's type: jobs sit below models
 
 
 def estimated_flops(job: JobSpec, spec: ModelSpec) -> float:

@@ -6,12 +6,16 @@ where a bad one came from) and anything else that needs a job's effective settin
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.seeds import job_seed
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
+
+if TYPE_CHECKING:
+    from genbatch.models.spec import ModelSpec  # a parameter's type: jobs sit below models
 
 SOURCES = {"row": "the row's value", "run": "the run-level option", "model": "the model's default"}
 """Where a resolved value came from, in words for messages."""

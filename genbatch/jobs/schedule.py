@@ -9,16 +9,20 @@ is called once per distinct model, never per job.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from genbatch.jobs.cost import estimated_flops, estimated_flops_array
-from genbatch.jobs.models import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.jobs.table import JobTable
 
-SpecOf = Callable[[str], ModelSpec]
+if TYPE_CHECKING:
+    from genbatch.models.spec import ModelSpec  # a parameter's type: jobs sit below models
+
+SpecOf = Callable[[str], "ModelSpec"]
 """Resolves a model name to its spec (`genbatch.models.resolve_model`)."""
 
 

@@ -15,10 +15,10 @@ import os
 import uuid
 
 from genbatch.jobs.cache import TEACACHE, parse_cache
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests.reader import ManifestReader
-from genbatch.jobs.teacache import covered_model, not_covered
+from genbatch.models.teacache import covered_model, not_covered
 from genbatch.models import preset_names, registry, resolve_model
 
 _SIZE_FLAGS = {"width": "--width", "height": "--height", "num_frames": "--frames"}
@@ -91,7 +91,7 @@ def _transformer_config(spec: ModelSpec) -> tuple[str, dict, int]:
 
 def check_cache(spec: ModelSpec, overrides: JobOverrides) -> None:
     """`RunOptionError` naming `--cache` when the run-level mode is TeaCache and the model has no published
-    coefficients (`genbatch.jobs.teacache`)."""
+    coefficients (`genbatch.models.teacache`)."""
     if parse_cache(overrides.cache).kind == TEACACHE and covered_model(*_transformer_config(spec)) is None:
         raise RunOptionError("--cache", f"--cache {overrides.cache}: {not_covered(spec.name)}")
 

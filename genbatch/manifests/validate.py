@@ -12,7 +12,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from genbatch.jobs.cache import cache_problem, canonical_cache
-from genbatch.jobs.models import ModelSpec, UnknownModelError
+from genbatch.models.spec import ModelSpec, UnknownModelError
 from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver, build_job, resolve_model_name
 from genbatch.jobs.seeds import INT64_MAX, INT64_MIN
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec

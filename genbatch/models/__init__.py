@@ -13,15 +13,16 @@ The API a family module is written against (`genbatch/models/wan.py` is the mode
 - `shapes.ModelShape`: a published model as the planner sees it (`ModelFamily.published`).
 - `vae_rules`: decoder class -> rule kind tables (`AUTOENCODER_KL`, `AUTOENCODER_KL_WAN`).
 - `tiny`: what tiny presets are built from (an in-memory tokenizer, small T5 / CLIP configs, `placed`).
-Adding a family is its module, one line in `registry.FAMILY_MODULES`, and its tests.
+Adding a family is its module, one line in `registry.FAMILY_MODULES`, and its tests; or, from an installed
+package, an entry point in the group `genbatch.families` (`registry.ENTRY_POINT_GROUP`).
 
 Lookups: `family(name)`, `families()`, `family_for_pipeline(class_name)`, `presets()`; `resolve_model(name)`
-resolves a preset, a pipeline directory or a cached hub id to its `genbatch.jobs.models.ModelSpec`, once per
+resolves a preset, a pipeline directory or a cached hub id to its `genbatch.models.spec.ModelSpec`, once per
 name. Nothing in this package imports torch at module level (`gen validate` and `gen plan` stay torch-free),
 and it imports only `genbatch.io` and `genbatch.jobs` from the rest of genbatch.
 """
 
-from genbatch.jobs.models import ModelSpec, UnknownModelError
+from genbatch.models.spec import ModelSpec, UnknownModelError
 from genbatch.models.base import ModelFamily
 from genbatch.models.registry import families, family, family_for_pipeline, presets
 from genbatch.models.resolve import model_directory, preset_names, resolve_model

@@ -13,7 +13,8 @@ What each field is for, by reader:
 - sequence parallel (`genbatch.parallel.plans`): `transformers[cls].attention` and `transformers[cls].sequence`;
 - tensor parallel (`genbatch.parallel.tensor`): `transformers[cls].tensor_plan`;
 - patch-parallel VAE decode (`genbatch.parallel.vae`): `vae_classes`, `vae_rules`;
-- the planner (`genbatch.planner`): `published` (and the spec itself for presets and directories).
+- the planner (`genbatch.planner`): `published` (and the spec itself for presets and directories);
+- step caching (`genbatch.parallel.cache`): `teacache`, the models with published TeaCache coefficients.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from genbatch.models.hooks import Family
@@ -207,6 +208,34 @@ class TransformerPlan:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class TeaCacheModel:
+    """One model TeaCache runs on, with its published coefficients (`ModelFamily.teacache`): the reference
+    implementation's (ali-vilab/TeaCache), fitted per model on the first block's timestep-modulated input."""
+
+    name: str
+    """The model as users know it (`Wan 2.1 T2V 1.3B`): what messages name."""
+    transformer: str
+    """The diffusers transformer class (`WanTransformer3DModel`)."""
+    config: tuple[tuple[str, object], ...]
+    """(key, value) pairs of the transformer config that identify the model (None: the key is absent or null)."""
+    coefficients: tuple[float, ...]
+    """The rescaling polynomial, highest degree first (numpy's `poly1d` order): 5 values for degree 4."""
+    warmup_steps: int
+    """Steps at the start that always compute (the reference's retention steps); the last step always computes."""
+
+    def matches(self, transformer: str, config: Mapping[str, object]) -> bool:
+        """Whether a transformer of class `transformer` with `config` is this model."""
+        return transformer == self.transformer and all(config.get(key) == value for key, value in self.config)
+
+    def rescale(self, change: float) -> float:
+        """The polynomial at `change` (Horner's rule, highest degree first)."""
+        value = 0.0
+        for coefficient in self.coefficients:
+            value = value * change + coefficient
+        return value
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class TinyPreset:
     """A built-in tiny model of the family: real diffusers classes, small configs, seeded random weights."""
 
@@ -255,6 +284,9 @@ class ModelFamily:
     """The family's tiny presets."""
     published: tuple[ModelShape, ...] = ()
     """Published models of the family as the planner sees them, by name (`gen plan flux.1-dev`)."""
+    teacache: tuple[TeaCacheModel, ...] = ()
+    """The family's models with published TeaCache coefficients (`--cache teacache:THRESHOLD` runs on these
+    only: `genbatch.models.teacache`)."""
 
     def transformer_plan(self, class_name: str) -> TransformerPlan:
         """The plan of one of the family's transformer classes; ValueError naming the known ones."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_rules
 from genbatch.models.base import (
@@ -20,6 +20,7 @@ from genbatch.models.base import (
     AttentionSite,
     Blocks,
     ModelFamily,
+    TeaCacheModel,
     SequenceSplits,
     TensorPlan,
     TinyPreset,
@@ -200,5 +201,16 @@ FAMILY = ModelFamily(
                    vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKL", width=1024, height=1024, frames=None,
                    steps=28, tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": 19,
                                                                                "single_transformer_blocks": 38})),
+    ),
+    # TeaCache's published coefficients (ali-vilab/TeaCache, TeaCache4FLUX/teacache_flux.py, fitted on block 0's
+    # `norm1` output); FLUX.1-schnell (no guidance embedding) has none
+    teacache=(
+        TeaCacheModel(
+            name="FLUX.1-dev", transformer="FluxTransformer2DModel",
+            config=(("num_layers", 19), ("num_single_layers", 38), ("num_attention_heads", 24),
+                    ("attention_head_dim", 128), ("in_channels", 64), ("guidance_embeds", True)),
+            coefficients=(4.98651651e02, -2.83781631e02, 5.58554382e01, -3.82021401e00, 2.64230861e-01),
+            warmup_steps=1,
+        ),
     ),
 )

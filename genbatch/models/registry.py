@@ -1,12 +1,20 @@
-"""The families genbatch runs, and lookups over them. Adding a family: its module, plus one line here.
+"""The families genbatch runs, and lookups over them. Adding a family: its module, plus one line here; or, from
+an installed package, an entry point in the group `genbatch.families` naming its `ModelFamily` (or a module
+holding one as `FAMILY`), and nothing in genbatch changes:
+
+    [project.entry-points."genbatch.families"]
+    my-family = "my_package.family:FAMILY"
 
 The family modules are imported here, lazily on first lookup (importing `genbatch.models` imports none of
-them); none of them imports torch at module level.
+them); none of them imports torch at module level. The built-in families come first, then the installed
+ones, by entry-point name.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import types
 from functools import cache
 
 from genbatch.models.base import Blocks, ModelFamily, TinyPreset, TransformerPlan
@@ -19,17 +27,40 @@ FAMILY_MODULES = (
     "genbatch.models.hunyuan_video",
 )
 """The modules that each define one `FAMILY` (a `ModelFamily`), in the order they are listed to users."""
+ENTRY_POINT_GROUP = "genbatch.families"
+"""The entry-point group installed packages register their families under."""
+
+
+def _installed_families() -> list[tuple[str, ModelFamily]]:
+    """(where from, family) for each entry point of `ENTRY_POINT_GROUP`, by name; ValueError naming a broken one."""
+    found = []
+    for entry in sorted(importlib.metadata.entry_points(group=ENTRY_POINT_GROUP), key=lambda entry: entry.name):
+        where = f"entry point {entry.name} = {entry.value}" + (f" of {entry.dist.name}" if entry.dist else "")
+        try:
+            loaded = entry.load()
+        except Exception as error:  # noqa: BLE001 - any failure of a third-party import is named, with the fix
+            raise ValueError(f"the model family {where} does not load ({type(error).__name__}: {error}); fix or "
+                             "uninstall that package") from error
+        if isinstance(loaded, types.ModuleType):
+            loaded = getattr(loaded, "FAMILY", None)
+        if not isinstance(loaded, ModelFamily):
+            raise ValueError(f"the model family {where} is a {type(loaded).__name__}, not a "
+                             "genbatch.models.base.ModelFamily; point it at the family record (module:FAMILY)")
+        found.append((where, loaded))
+    return found
 
 
 @cache
 def families() -> dict[str, ModelFamily]:
-    """Every family, by name."""
+    """Every family, by name: the built-in modules' (`FAMILY_MODULES`), then the installed packages'."""
     found: dict[str, ModelFamily] = {}
-    for module in FAMILY_MODULES:
-        family = importlib.import_module(module).FAMILY
+    origin: dict[str, str] = {}
+    listed = [(f"module {module}", importlib.import_module(module).FAMILY) for module in FAMILY_MODULES]
+    for where, family in listed + _installed_families():
         if family.name in found:
-            raise ValueError(f"two family modules name the family {family.name!r}; rename one")
-        found[family.name] = family
+            raise ValueError(f"the {where} and the {origin[family.name]} both name the family {family.name!r}; "
+                             "rename one")
+        found[family.name], origin[family.name] = family, where
     return found
 
 

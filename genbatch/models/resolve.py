@@ -1,5 +1,5 @@
 """Resolving a model name to its `ModelSpec`: a tiny preset, a diffusers pipeline directory, or a Hugging Face
-hub id (`org/name[@revision]`, found in the local hub cache: `genbatch.jobs.hub`).
+hub id (`org/name[@revision]`, found in the local hub cache: `genbatch.models.hub`).
 
 Only small JSON configs are read (never weights). The family comes from the pipeline class named in
 `model_index.json`; the family module reads the rest (`ModelFamily.read_spec`).
@@ -11,8 +11,8 @@ import json
 import os
 from functools import cache, lru_cache
 
-from genbatch.jobs.hub import HubModelMissing, cached_snapshot, parse_hub_id
-from genbatch.jobs.models import ModelSpec, UnknownModelError
+from genbatch.models.hub import HubModelMissing, cached_snapshot, parse_hub_id
+from genbatch.models.spec import ModelSpec, UnknownModelError
 from genbatch.models import registry
 
 

@@ -2,7 +2,7 @@
 
 Plain data, no torch: `gen plan` reads shapes without loading a model. Each family module lists its
 published models' shapes (`ModelFamily.published`); `genbatch.planner.shapes` turns a preset's or a pipeline
-directory's `ModelSpec` into a shape. Token counts come from `genbatch.jobs.models.token_count`, the same
+directory's `ModelSpec` into a shape. Token counts come from `genbatch.jobs.tokens.token_count`, the same
 derivation the cost estimate and the runner use.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from genbatch.jobs.models import latent_shape, token_count
+from genbatch.jobs.tokens import latent_shape, token_count
 
 IMAGE_VAE_MFLOP_PER_PIXEL = 9.9
 """FLUX/SD3 AutoencoderKL decoder (channels 512,512,256,128; 3 resnets a stage): counting its 3x3 convs gives
@@ -93,7 +93,7 @@ class ModelShape:
         return self.num_heads * self.head_dim
 
     def image_tokens(self, width: int, height: int, frames: int | None) -> int:
-        """Tokens of the latent after patching (`genbatch.jobs.models.token_count`)."""
+        """Tokens of the latent after patching (`genbatch.jobs.tokens.token_count`)."""
         latent = latent_shape(width, height, max(frames or 1, 1), vae_spatial=self.vae_spatial,
                               vae_temporal=self.vae_temporal, is_video=self.is_video)
         if self.is_video and self.pads_frames_to_patch:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_rules
 from genbatch.models.base import (
@@ -25,6 +25,7 @@ from genbatch.models.base import (
     AttentionSite,
     Blocks,
     ModelFamily,
+    TeaCacheModel,
     SequenceSplits,
     TensorPlan,
     TinyPreset,
@@ -198,5 +199,24 @@ FAMILY = ModelFamily(
                    height=480, **_PUBLISHED_COMMON),
         ModelShape(name="wan2.1-14b", num_layers=40, num_heads=40, ffn_dim=13824, parameters=14.29e9, width=1280,
                    height=720, **_PUBLISHED_COMMON),
+    ),
+    # TeaCache's published coefficients (ali-vilab/TeaCache, TeaCache4Wan2.1/teacache_generate.py: its
+    # retention-step set, fitted on the 6 x dim timestep projection diffusers' Wan blocks take as `temb`);
+    # told apart by the config (Wan 2.1 I2V has an image projection, and no published set here)
+    teacache=(
+        TeaCacheModel(
+            name="Wan 2.1 T2V 1.3B", transformer="WanTransformer3DModel",
+            config=(("num_layers", 30), ("num_attention_heads", 12), ("attention_head_dim", 128), ("ffn_dim", 8960),
+                    ("in_channels", 16), ("image_dim", None)),
+            coefficients=(-5.21862437e04, 9.23041404e03, -5.28275948e02, 1.36987616e01, -4.99875664e-02),
+            warmup_steps=5,
+        ),
+        TeaCacheModel(
+            name="Wan 2.1 T2V 14B", transformer="WanTransformer3DModel",
+            config=(("num_layers", 40), ("num_attention_heads", 40), ("attention_head_dim", 128),
+                    ("ffn_dim", 13824), ("in_channels", 16), ("image_dim", None)),
+            coefficients=(-3.03318725e05, 4.90537029e04, -2.65530556e03, 5.87365115e01, -3.15583525e-01),
+            warmup_steps=5,
+        ),
     ),
 )

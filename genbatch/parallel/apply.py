@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import torch
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.models import family
 from genbatch.parallel import fsdp
 from genbatch.parallel.comm import Comm

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models.hooks import Conditioning, Family, Trajectory
 from genbatch.parallel.cfg import BranchExchange

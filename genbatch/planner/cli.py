@@ -8,7 +8,7 @@ import os
 import click
 
 from genbatch.jobs.exit_codes import USAGE
-from genbatch.jobs.models import UnknownModelError
+from genbatch.models.spec import UnknownModelError
 from genbatch.parallel.flags import layout_options
 from genbatch.planner.calibrate import calibrate_runs, format_fit
 from genbatch.planner.constraints import LayoutConstraints

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.parallel.axes import layout_problems
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes

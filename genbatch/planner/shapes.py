@@ -15,7 +15,7 @@ import os
 import struct
 from dataclasses import replace
 
-from genbatch.jobs.models import ModelSpec, UnknownModelError
+from genbatch.models.spec import ModelSpec, UnknownModelError
 from genbatch.models import families, resolve_model
 from genbatch.models.shapes import (
     HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL,

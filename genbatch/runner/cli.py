@@ -117,7 +117,7 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
         try:
             share_value = parse_share(share) if share else None
             if share_value is None:
-                from genbatch.jobs.slurm_env import array_share
+                from genbatch.cluster.slurm_env import array_share
 
                 share_value = array_share()
             if options["profile"] is not None:

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from genbatch.jobs.hub import HubId, HubModelMissing, cached_snapshot, download_allowed, fetch_snapshot, parse_hub_id
+from genbatch.models.hub import HubId, HubModelMissing, cached_snapshot, download_allowed, fetch_snapshot, parse_hub_id
 
 
 class DownloadStopped(Exception):

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from genbatch.jobs.cache import parse_cache
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch import models
 from genbatch.models import resolve_model

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.parallel.apply import shard_pipeline, sharded
 from genbatch.parallel.config import ParallelizeConfig
 from genbatch.parallel.context import ParallelContext

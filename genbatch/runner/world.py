@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from genbatch.jobs import exit_codes
 from genbatch.jobs.cache import NONE, parse_cache
-from genbatch.jobs.slurm_step import step_process_group_env
+from genbatch.cluster.slurm_step import step_process_group_env
 from genbatch.models import family, resolve_model
 from genbatch.parallel.attention.local import check_kernel
 from genbatch.parallel.config import ParallelizeConfig

@@ -27,7 +27,7 @@ import traceback
 from collections.abc import Iterable, Sequence
 
 from genbatch.jobs.exit_codes import JOBS_FAILED, OK, REQUEUE, USAGE
-from genbatch.jobs.slurm_env import SlurmContext, rendezvous_port
+from genbatch.cluster.slurm_env import SlurmContext, rendezvous_port
 
 HANDLED_SIGNALS = (signal.SIGUSR1, signal.SIGTERM, signal.SIGINT)
 

@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from genbatch.jobs import teacache
-from genbatch.jobs.teacache import COVERED, TeaCacheModel, covered_model
+from genbatch.models import teacache
+from genbatch.models.teacache import COVERED, TeaCacheModel, covered_model
 from genbatch.parallel.cache.session import SKIPPED
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks

@@ -120,7 +120,7 @@ def test_auto_splits_wide_encoders_replicates_narrow_ones_and_leaves_fsdp_its_en
 def test_under_fsdp_auto_reads_each_encoders_width_from_its_saved_config(tmp_path):
     import json
 
-    from genbatch.jobs.models import ModelSpec
+    from genbatch.models.spec import ModelSpec
     from genbatch.models import resolve_model
     from genbatch.parallel.apply import sharded
 

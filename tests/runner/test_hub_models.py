@@ -118,7 +118,7 @@ def test_gen_run_of_a_hub_id_makes_outputs(hub_cache, tmp_path):
 
 
 def test_without_download_a_miss_is_named_and_nothing_is_fetched(hub_cache):
-    from genbatch.jobs.hub import download_allowed, parse_hub_id
+    from genbatch.models.hub import download_allowed, parse_hub_id
     from genbatch.runner.download import ModelFetch
 
     calls = []
@@ -146,7 +146,7 @@ def _fetch_per_node(rank: int, world_size: int, base: str, source: str) -> dict:
     who called it and fills the cache after FETCH_SECONDS."""
     import torch.distributed as dist
 
-    from genbatch.jobs.hub import cached_snapshot, parse_hub_id
+    from genbatch.models.hub import cached_snapshot, parse_hub_id
     from genbatch.runner.download import ModelFetch
 
     node, local_rank = (0, rank) if rank < 2 else (1, rank - 2)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from genbatch.jobs.slurm_env import (
+from genbatch.cluster.slurm_env import (
     RENDEZVOUS_PORT_BASE,
     RENDEZVOUS_PORT_SPAN,
     SlurmContext,

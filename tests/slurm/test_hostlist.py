@@ -2,7 +2,7 @@
 
 import pytest
 
-from genbatch.jobs.hostlist import expand_hostlist
+from genbatch.cluster.hostlist import expand_hostlist
 
 # (expression, what `scontrol show hostnames` printed for it on Slurm 22.05)
 CASES = [

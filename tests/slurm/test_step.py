@@ -2,8 +2,8 @@
 
 import pytest
 
-from genbatch.jobs.slurm_env import rendezvous_port
-from genbatch.jobs.slurm_step import step_process_group_env, tasks_per_node
+from genbatch.cluster.slurm_env import rendezvous_port
+from genbatch.cluster.slurm_step import step_process_group_env, tasks_per_node
 
 TASK_3_OF_4 = {  # what srun --nodes=2 --ntasks-per-node=2 gives its last task (measured on slurm-wlm 22.05)
     "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_NODELIST": "n[1-2]",

@@ -10,7 +10,7 @@ so the manifest can check a row's `cache` value; this package runs a parsed mode
                     schedule is a function of the step, so every rank agrees by construction)
     teacache.py     TeaCache (not in diffusers): the accumulated, rescaled change of the first block's
                     modulated input, agreed like FBC's, skips every block; the covered models and their
-                    published coefficients are data in `genbatch.jobs.teacache`
+                    published coefficients are data in `genbatch.models.teacache`
     session.py      `StepCache`: one job's hooks, installed when the job starts and removed when it ends (so
                     state never crosses jobs), the per-branch cache contexts, the per-step skipped count;
                     the feature's `JobHook` (`genbatch.parallel.job_hooks`)

@@ -24,9 +24,9 @@ import torch
 import torch.distributed as dist
 
 from genbatch.jobs.cache import FBC, TAYLORSEER, TEACACHE, CacheMode, parse_cache
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.models import family
-from genbatch.jobs.teacache import covered_model, not_covered
+from genbatch.models.teacache import covered_model, not_covered
 from genbatch.parallel.cache import fbc, taylorseer, teacache
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.job_hooks import JobHook, JobStart

@@ -25,7 +25,7 @@ import torch
 from diffusers.hooks.first_block_cache import _FBC_BLOCK_HOOK, FBCSharedBlockState
 from diffusers.hooks.hooks import ModelHook, StateManager
 
-from genbatch.jobs.teacache import TeaCacheModel
+from genbatch.models.teacache import TeaCacheModel
 from genbatch.parallel.cache.agreement import relative_l1
 from genbatch.parallel.cache.fbc import Report, block_metadata, hook_span
 from genbatch.parallel.comm import Comm

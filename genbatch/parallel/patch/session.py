@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.models import family
 from genbatch.parallel.attention.stateful import StatefulAttention
 from genbatch.parallel.job_hooks import JobHook, JobStart

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from genbatch.jobs.models import ModelSpec
+from genbatch.models.spec import ModelSpec
 from genbatch.models import family
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.job_hooks import DenoiseSteps, JobHook, JobStart

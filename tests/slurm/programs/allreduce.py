@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from genbatch.parallel.teardown import exit_process
-from genbatch.jobs.slurm_env import SlurmContext
+from genbatch.cluster.slurm_env import SlurmContext
 
 received = []
 signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))

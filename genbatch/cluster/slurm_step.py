@@ -15,8 +15,8 @@ import os
 import re
 from collections.abc import Mapping
 
-from genbatch.jobs.hostlist import expand_hostlist
-from genbatch.jobs.slurm_env import SlurmContext, int_variable, rendezvous_port
+from genbatch.cluster.hostlist import expand_hostlist
+from genbatch.cluster.slurm_env import SlurmContext, int_variable, rendezvous_port
 
 _TASKS_ITEM = re.compile(r"^(\d+)(?:\(x(\d+)\))?$")
 

@@ -17,7 +17,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from genbatch.jobs.hostlist import expand_hostlist
+from genbatch.cluster.hostlist import expand_hostlist
 
 RENDEZVOUS_PORT_BASE = 20000
 """The lowest rendezvous port. Ports 20000-29999 sit below Linux's ephemeral range (32768-60999), so no
