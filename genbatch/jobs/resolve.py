@@ -73,6 +73,8 @@ def build_job(
     settings: Mapping[str, Resolved | None],
     extra: dict[str, object],
     cache: str = "none",
+    image: str | None = None,
+    last_image: str | None = None,
 ) -> JobSpec:
     """A `JobSpec` from resolved settings that validation has already accepted (every required one present)."""
 
@@ -93,6 +95,8 @@ def build_job(
         seed=job_seed(seed, job_id),
         fps=None if value("fps") is None else int(value("fps")),
         cache=cache,
+        image=image,
+        last_image=last_image,
         extra=extra,
         row=row,
     )

@@ -43,6 +43,14 @@ class JobSpec:
     cache: str = NONE
     """The job's step-caching mode in canonical form (`genbatch.jobs.cache`): the row's `cache`, else the
     run's `--cache`, else `none`."""
+    image: str | None = None
+    """The conditioning image's URL (absolute: a relative manifest value is taken from the manifest's
+    directory, `genbatch.jobs.media`), or None."""
+    last_image: str | None = None
+    """First-and-last-frame video: the last frame's URL, or None."""
+    media: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
+    """The media the rank running the job read (column -> `genbatch.io.media_input.MediaInput`), filled in
+    by the executor just before the job runs; empty in a job as validation builds it. Not recorded."""
     extra: dict[str, object] = field(default_factory=dict)
     """The manifest's extra columns for this row, as Python values, carried into the results table."""
     row: int
@@ -61,6 +69,8 @@ class JobSpec:
         for name in SETTINGS:
             flat[name] = getattr(self, name)
         flat["cache"] = self.cache
+        flat["image"] = self.image
+        flat["last_image"] = self.last_image
         flat.update(self.extra)
         return flat
 

@@ -16,13 +16,15 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.jobs.seeds import job_seed
 from genbatch.jobs.spec import SETTINGS, JobSpec
 
-COLUMNS = ("id", "prompt", "negative_prompt", "model", *SETTINGS, "cache", "seed", "row")
+COLUMNS = ("id", "prompt", "negative_prompt", "model", *SETTINGS, "cache", *MEDIA_COLUMNS, "seed", "row")
 """The resolved columns, before the extra ones. `seed` is the row's own (null: derived from `id` when the
-job is built); `num_frames` and `fps` are null for image models; `cache` is the canonical step-caching mode."""
-_STRINGS = ("id", "prompt", "negative_prompt", "model", "cache")
+job is built); `num_frames` and `fps` are null for image models; `cache` is the canonical step-caching mode;
+`image` and `last_image` are absolute URLs (null: none)."""
+_STRINGS = ("id", "prompt", "negative_prompt", "model", "cache", *MEDIA_COLUMNS)
 
 _ITER_ROWS = 4096
 """Rows turned into Python objects at a time when iterating."""
@@ -71,8 +73,8 @@ class JobTable(Sequence[JobSpec]):
             id=values["id"], prompt=values["prompt"], negative_prompt=values["negative_prompt"],
             model=values["model"], width=values["width"], height=values["height"], num_frames=values["num_frames"],
             num_inference_steps=values["num_inference_steps"], guidance_scale=values["guidance_scale"],
-            seed=job_seed(values["seed"], values["id"]), fps=values["fps"], cache=values["cache"], extra=extra,
-            row=values["row"],
+            seed=job_seed(values["seed"], values["id"]), fps=values["fps"], cache=values["cache"],
+            image=values["image"], last_image=values["last_image"], extra=extra, row=values["row"],
         )
 
     def __getitem__(self, index):

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from genbatch.jobs.media import MEDIA_COLUMNS, media_url
 from genbatch.jobs.resolve import Resolved, resolve_model_name
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides
 from genbatch.manifests import validate
@@ -37,6 +38,7 @@ _VIDEO_ONLY_ORDER = {name: 4 + index for index, name in enumerate(VIDEO_SETTINGS
 _SETTING_ORDER = {name: 10 + index for index, name in enumerate(SETTINGS)}
 _GEOMETRY_ORDER = {name: 20 + index for index, name in enumerate(_GEOMETRY)}
 _CACHE_ORDER = 30
+_MEDIA_ORDER = {name: 40 + index for index, name in enumerate(MEDIA_COLUMNS)}
 
 
 def _plain(array: pa.Array) -> pa.Array:
@@ -85,7 +87,8 @@ class ColumnChecker:
     """Checks record batches in manifest order against the rules of `RowChecker`."""
 
     def __init__(
-        self, *, overrides: JobOverrides, extra_columns: Sequence[str], first_use: tuple[np.ndarray, np.ndarray]
+        self, *, overrides: JobOverrides, extra_columns: Sequence[str], first_use: tuple[np.ndarray, np.ndarray],
+        media_base: str | None = None,
     ) -> None:
         self.overrides = overrides
         """The run-level options."""
@@ -93,7 +96,10 @@ class ColumnChecker:
         """Columns carried into the jobs and rejections."""
         self.first_use = first_use
         """`first_uses` of the manifest's whole id column."""
-        self._rules = RowChecker(overrides=overrides, extra_columns=extra_columns)  # its model and size caches
+        self.media_base = media_base
+        """Where a relative media path points from (`RowChecker.media_base`)."""
+        self._rules = RowChecker(overrides=overrides, extra_columns=extra_columns,  # its model and size caches
+                                 media_base=media_base)
 
     def check(self, first_row: int, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[Rejection]]:
         """The batch's valid rows as resolved columns, and one `Rejection` per problem of the other rows."""
@@ -101,7 +107,7 @@ class ColumnChecker:
         raw = {name: _plain(batch.column(name)) for name in batch.schema.names}
         strings = {
             name: raw[name].cast(pa.string()) if name in raw else pa.nulls(size, pa.string())
-            for name in ("id", "prompt", "negative_prompt", "model")
+            for name in ("id", "prompt", "negative_prompt", "model", *MEDIA_COLUMNS)
         }
         problems: list[tuple[int, int, str, str]] = []  # (offset in the batch, order in the row, column, reason)
         self._ids(first_row, strings["id"], problems)
@@ -117,6 +123,7 @@ class ColumnChecker:
         for group in np.split(order, bounds) if size else []:
             code = int(codes[group[0]])
             self._check_group(group, names[code], models[code], raw, resolved, problems)
+            self._media(group, names[code], models[code], strings, problems)
         caches = self._caches(raw.get("cache"), size, problems)
         rejected = np.zeros(size, dtype=bool)
         rejected[[offset for offset, *_ in problems]] = True
@@ -211,6 +218,25 @@ class ColumnChecker:
                 resolved[name][1][group] = True  # image models: null
         self._geometry(group, spec, raw, fallbacks, nulls, bad, problems)
 
+    @staticmethod
+    def _media(group, model_name, model, strings, problems) -> None:
+        """The media columns' problems of one model's rows (`validate.media_problems`, on the rows that name
+        media, and on every row of a model that needs an image)."""
+        if isinstance(model, str):
+            return
+        named = np.zeros(len(group), dtype=bool)
+        for column in MEDIA_COLUMNS:
+            named |= ~_flags(pc.is_null(strings[column].take(pa.array(group, pa.int64()))))
+        rows = group if model.spec.media_required else group[named]
+        if not len(rows):
+            return
+        index = pa.array(rows, pa.int64())
+        values = {column: strings[column].take(index).to_pylist() for column in MEDIA_COLUMNS}
+        for position, offset in enumerate(rows.tolist()):
+            row = {column: values[column][position] for column in MEDIA_COLUMNS}
+            problems.extend((int(offset), _MEDIA_ORDER[column], column, reason)
+                            for column, reason in validate.media_problems(model.spec, model_name, row))
+
     def _geometry(self, group, spec, raw, fallbacks, nulls, bad, problems) -> None:
         sizes = [name for name in _GEOMETRY if name in fallbacks]
         usable = ~np.logical_or.reduce([bad[name] for name in sizes])
@@ -290,6 +316,10 @@ class ColumnChecker:
             numbers, nulls, kind = resolved[name]
             columns[name] = pa.array(numbers[accepted], type=kind, mask=nulls[accepted])
         columns["cache"] = caches.take(take)
+        for name in MEDIA_COLUMNS:  # absolute URLs: a relative path taken from the manifest's directory
+            urls = [None if value is None else media_url(value, self.media_base)
+                    for value in strings[name].take(take).to_pylist()]
+            columns[name] = pa.array(urls, pa.string())
         columns["seed"] = (pa.nulls(len(accepted), pa.int64()) if seeds is None
                            else seeds.take(take).cast(pa.int64()))
         columns["row"] = pa.array(first_row + accepted, pa.int64())

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from genbatch.jobs.media import manifest_base
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.jobs.table import JobTable
 from genbatch.manifests.columns import ColumnChecker, first_uses
@@ -43,7 +44,8 @@ class ManifestJobs:
 def checked_batches(reader: ManifestReader, overrides: JobOverrides) -> Iterator[tuple[pa.RecordBatch, list[Rejection]]]:
     """Each record batch of an open manifest, checked: (its valid rows' resolved columns, its rejections)."""
     checker = ColumnChecker(
-        overrides=overrides, extra_columns=reader.schema.extra_columns, first_use=first_uses(reader.column("id"))
+        overrides=overrides, extra_columns=reader.schema.extra_columns, first_use=first_uses(reader.column("id")),
+        media_base=manifest_base(reader.url),
     )
     first = 0
     for batch in reader.record_batches():

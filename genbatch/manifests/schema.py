@@ -44,6 +44,8 @@ COLUMNS: dict[str, Column] = {
         Column("seed", "int", False, "int64 noise seed; null derives it from id"),
         Column("fps", "int", False, "frames per second (video models only)"),
         Column("cache", "string", False, "step caching: none, fbc:THRESHOLD or taylorseer:INTERVAL; overrides --cache"),
+        Column("image", "string", False, "the conditioning image: a path (relative to the manifest) or any fsspec URL"),
+        Column("last_image", "string", False, "first-and-last-frame video: the last frame, as `image`"),
     )
 }
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from genbatch.jobs.cache import cache_problem, canonical_cache
 from genbatch.models.spec import ModelSpec, UnknownModelError
+from genbatch.jobs.media import MEDIA_COLUMNS, media_url
 from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver, build_job, resolve_model_name
 from genbatch.jobs.seeds import INT64_MAX, INT64_MIN
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
@@ -83,6 +84,26 @@ def _cache_problem(value: str | None) -> str | None:
     return problem and f"{problem}; or leave it null for the run's --cache"
 
 
+def media_problems(spec: ModelSpec, model_name: str, values: Mapping[str, object]) -> list[tuple[str, str]]:
+    """The (column, reason) pairs of a row's media columns the model cannot take: an image for a model that
+    takes none, none where the model needs one, an empty value."""
+    problems = []
+    for column in MEDIA_COLUMNS:
+        value = values.get(column)
+        if value is None and column in spec.media_required:
+            problems.append((column, f"{model_name} starts from {'an image' if column == 'image' else 'a last frame'}"
+                                     f", and the row names none; fill `{column}` with a path (relative to the "
+                                     "manifest) or URL"))
+        elif value is not None and not str(value).strip():
+            problems.append((column, "empty; name an image (a path or URL) or leave it null"))
+        elif value is not None and column not in spec.media_inputs:
+            takes = (f"it takes {' and '.join(spec.media_inputs)} only" if spec.media_inputs
+                     else "it is a text-only model")
+            problems.append((column, f"{model_name} takes no {column} ({takes}); drop the column's value, or "
+                                     "run the row on an image-conditioned model (tiny-wan-i2v)"))
+    return problems
+
+
 def job_cache(value: str | None, overrides: JobOverrides) -> str:
     """The canonical mode of a valid row: its own `cache`, else the run's `--cache`, else `none`."""
     return canonical_cache(value if value is not None else overrides.cache)
@@ -118,11 +139,14 @@ class RowChecker:
     The rules row by row, as a reader would state them. Runs check whole columns at once with
     `genbatch.manifests.columns.ColumnChecker`, which gives the same jobs and the same rejections."""
 
-    def __init__(self, *, overrides: JobOverrides, extra_columns: Sequence[str] = ()) -> None:
+    def __init__(self, *, overrides: JobOverrides, extra_columns: Sequence[str] = (),
+                 media_base: str | None = None) -> None:
         self.overrides = overrides
         """The run-level options."""
         self.extra_columns = tuple(extra_columns)
         """Columns carried into `JobSpec.extra`."""
+        self.media_base = media_base
+        """Where a relative media path points from: the manifest's directory (`jobs.media.manifest_base`)."""
         self._first_row: dict[str, int] = {}
         self._models: dict[str, _Model | str] = {}
         self._geometry: dict[tuple, list[tuple[str, str]]] = {}
@@ -199,6 +223,8 @@ class RowChecker:
         cache = _cache_problem(get("cache"))
         if cache:
             problems.append(("cache", cache))
+        if not isinstance(model, str):
+            problems.extend(media_problems(model.spec, model_name, values))
         extra = {name: get(name) for name in self.extra_columns}
         if problems:
             ident = job_id if job_id else None
@@ -215,6 +241,7 @@ class RowChecker:
             settings=settings,
             extra=extra,
             cache=job_cache(get("cache"), self.overrides),
+            **{column: media_url(get(column), self.media_base) for column in MEDIA_COLUMNS if get(column) is not None},
         )
 
     def check_batch(self, first_row: int, columns: Mapping[str, list]) -> Iterator[JobSpec | list[Rejection]]:

@@ -21,6 +21,7 @@ from genbatch.models.base import Blocks, ModelFamily, TinyPreset, TransformerPla
 
 FAMILY_MODULES = (
     "genbatch.models.wan",
+    "genbatch.models.wan_i2v",
     "genbatch.models.flux",
     "genbatch.models.sd3",
     "genbatch.models.qwen_image",

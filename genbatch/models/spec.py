@@ -62,6 +62,12 @@ class ModelSpec:
     """Per-job defaults: width, height, num_frames, num_inference_steps, guidance_scale, fps."""
     path: str | None = None
     """The pipeline directory the weights load from (a hub id's cached snapshot); None for a preset."""
+    media_inputs: tuple[str, ...] = ()
+    """The media columns (`genbatch.jobs.media.MEDIA_COLUMNS`) this model takes: `("image",)` for Wan 2.1 I2V,
+    `("image", "last_image")` for its first-and-last-frame model; empty for a text-only model, which refuses
+    a row that names one."""
+    media_required: tuple[str, ...] = ()
+    """The media columns every row of this model must fill (image-to-video: `image`)."""
     tp_all_reduces: float = 2.0
     """All-reduces of [N, d] a block does under tensor parallelism, over this model's blocks: the family's
     `TensorPlan.all_reduces_per_layer` of its block counts (seed 000's 2; Wan 3; FLUX and HunyuanVideo between

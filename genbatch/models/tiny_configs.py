@@ -15,6 +15,19 @@ TINY_WAN_TRANSFORMER = dict(
     rope_max_seq_len=32,
 )
 
+TINY_WAN_I2V_TRANSFORMER = dict(
+    TINY_WAN_TRANSFORMER,
+    in_channels=36,  # the noise (16), the first-frame mask (4) and the conditioning video's latents (16)
+    image_dim=32,  # the CLIP vision encoder's width
+    added_kv_proj_dim=48,  # the image context's keys and values, at the attention's width
+)
+TINY_WAN_FLF2V_TRANSFORMER = dict(
+    TINY_WAN_I2V_TRANSFORMER,
+    pos_embed_seq_len=2 * 17,  # two frames' CLIP tokens ((32 / 8)^2 patches + the class token, each)
+)
+TINY_CLIP_VISION = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
+                        image_size=32, patch_size=8, projection_dim=32)
+
 TINY_WAN_VAE = dict(base_dim=3, z_dim=16, dim_mult=[1, 1, 1, 1], num_res_blocks=1, temperal_downsample=[False, True, True])
 
 TINY_FLUX_TRANSFORMER = dict(
@@ -49,6 +62,8 @@ TINY_FLUX_VAE = dict(
 # Defaults the presets give jobs that leave a field empty: small enough to run in seconds on a CPU.
 PRESET_DEFAULTS: dict[str, dict[str, float | int]] = {
     "tiny-wan": {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "fps": 8},
+    "tiny-wan-i2v": {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0,
+                     "fps": 8},
     "tiny-flux": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 3.5},
     "tiny-sd3": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 7.0},
 }

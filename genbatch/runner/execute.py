@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
 
+from genbatch.io.media_input import MediaReader
 from genbatch.jobs.cache import parse_cache
+from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch import models
@@ -99,6 +101,8 @@ def fingerprint(job: JobSpec, approximation: str = EXACT) -> dict:
         "guidance_scale": job.guidance_scale,
         "cache": job.cache,  # the cached state is not checkpointed, but a resumed job keeps its mode
         "prompt": hashlib.sha256(f"{job.prompt}\0{job.negative_prompt}".encode()).hexdigest(),
+        # a changed input image restarts the job (a text-only job's fingerprint has no such key)
+        **({"media": {column: media.sha256 for column, media in sorted(job.media.items())}} if job.media else {}),
     }
 
 
@@ -126,6 +130,8 @@ class JobExecutor:
     resync_steps: frozenset[int] = frozenset()
     """Steps that run synchronously under `stale` besides each job's warm-up (the uninterrupted reference of a
     resumed job, whose resume re-warmed at these steps)."""
+    media: MediaReader = field(default_factory=MediaReader)
+    """Reads a job's input media (`image`, `last_image`) once, on the rank that runs it."""
 
     def __post_init__(self) -> None:
         if self.cache_group is None:
@@ -152,6 +158,15 @@ class JobExecutor:
         if checkpoint.fingerprint != fingerprint(job, label(self.stale)):
             return None  # the row changed since the checkpoint was taken: start over
         return checkpoint
+
+    def with_media(self, job: JobSpec) -> JobSpec:
+        """`job` with its input media read (`JobSpec.media`); MediaError naming the column, URL and reason."""
+        if job.media:
+            return job
+        named = {column: getattr(job, column) for column in MEDIA_COLUMNS if getattr(job, column) is not None}
+        if not named:
+            return job
+        return replace(job, media={column: self.media.read(column, url) for column, url in named.items()})
 
     def model_for(self, job: JobSpec) -> JobModel:
         """Resolve the job's model: its spec, its family's hooks and its pipeline (loaded on first use)."""
@@ -182,6 +197,7 @@ class JobExecutor:
     def denoise(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
         """Encode the prompt and denoise (from the job's checkpoint when there is one): the final latents,
         identical on every rank of the group. `model`: the job's resolved model (None: resolved here)."""
+        job = self.with_media(job)
         model = model or self.model_for(job)
         family, pipe = model.family, model.pipe
         device = self.ctx.device
@@ -256,13 +272,17 @@ class JobExecutor:
         """Generate the job and, on the leader, hand its media and done marker to the writer."""
         timer = JobTimer(self.ctx.device)
         model = self.model_for(job)
+        if any(getattr(job, column) is not None for column in MEDIA_COLUMNS):
+            with timer.stage("read_media"):  # a row's input images, once, on this rank
+                job = self.with_media(job)
         try:
             frames = self.generate(job, timer, model)
         except JobInterrupted:
             self.store.append_timings(self._timing_rows(timer, job))
             raise
         record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank,
-                  "vae_decode": self.decoder.last_mode, "attention_approximation": label(self.stale)}
+                  "vae_decode": self.decoder.last_mode, "attention_approximation": label(self.stale),
+                  **{f"{column}_sha256": media.sha256 for column, media in job.media.items()}}
         if not self.ctx.is_leader:
             return JobResult(record=record, timings=self._timing_rows(timer, job))
         with timer.stage("encode_media"):

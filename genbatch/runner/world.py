@@ -220,6 +220,8 @@ class World:
 
     def executor(self, options, store, writer, run_id: str, stop=None):
         """The job executor of this rank; `stop` is the run's installed StopRequest (a new one if None)."""
+        from genbatch.io.media_input import MediaReader
+        from genbatch.io.retry import RetryPolicy
         from genbatch.parallel.cfg import branch_exchange
         from genbatch.runner.decode import Decoder
         from genbatch.runner.execute import JobExecutor
@@ -237,6 +239,8 @@ class World:
             checkpoints=options.checkpoints,
             run_id=run_id,
             stale=self.stale,
+            media=MediaReader(storage_options=dict(options.storage_options),
+                              retry=RetryPolicy(timeout_s=options.storage_timeout)),
         )
 
     def load_pipeline(self, spec):

@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from genbatch.jobs.schedule import OrderKeys, hand_out_order, hand_out_positions, select_share, share_positions
+from genbatch.jobs.media import manifest_base
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests import ManifestReader, RowChecker, read_jobs
 from genbatch.manifests.columns import WHITESPACE
@@ -31,6 +32,10 @@ POOLS = {
     "cache": [None, None, None, "none", "fbc:0.08", "FBC:0.080", "taylorseer:2", "teacache:-1", "fbc:-1", "fbc",
               "taylorseer:0", "lru"],
 }
+MEDIA_POOLS = {  # drawn apart (their own generator), so the other columns' draws stay as they were
+    "image": [None] * 90 + ["a.png", "frames/../b.png", "/abs/c.png", "s3://bucket/d.png", "", " "],
+    "last_image": [None] * 120 + ["z.png", ""],
+}
 PLAIN = {"seed": pa.uint64(), "width": pa.int64(), "height": pa.int64(), "num_frames": pa.int64(),
          "num_inference_steps": pa.int64(), "fps": pa.int64(), "guidance_scale": pa.float64()}
 ODD = {"seed": pa.uint64(), "width": pa.int8(), "height": pa.int16(), "num_frames": pa.int32(),
@@ -50,6 +55,11 @@ def _manifest(path, types, drop=()) -> str:
     for i in rng.integers(0, ROWS, 60):
         ids[i] = POOLS["id"][int(rng.integers(0, len(POOLS["id"])))]
     columns["id"] = ids
+    media_rng = np.random.default_rng(11)
+    for name, pool in MEDIA_POOLS.items():
+        columns[name] = [pool[k] for k in media_rng.integers(0, len(pool), ROWS)]
+    for index, row in enumerate(media_rng.choice(ROWS, ROWS // 20, replace=False).tolist()):
+        columns["model"][row] = ("tiny-wan-i2v", "tiny-wan-flf2v")[index % 2]  # image-conditioned models
     for name in ("width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps"):
         good = rng.random(ROWS) < 0.7  # most rows keep their null (the run's or the model's value)
         columns[name] = [None if keep else value for keep, value in zip(good, columns[name], strict=True)]
@@ -74,7 +84,8 @@ def _reference(url, overrides, batch_rows):
     """The row-by-row rules: `RowChecker.check` on each row's Python values."""
     jobs, rejected = [], []
     with ManifestReader(url, batch_rows=batch_rows) as reader:
-        checker = RowChecker(overrides=overrides, extra_columns=reader.schema.extra_columns)
+        checker = RowChecker(overrides=overrides, extra_columns=reader.schema.extra_columns,
+                             media_base=manifest_base(url))
         for first, columns in reader.batches():
             for outcome in checker.check_batch(first, columns):
                 (jobs.append if isinstance(outcome, JobSpec) else rejected.extend)(outcome)
