@@ -20,6 +20,7 @@ from genbatch.jobs.cache import NONE, parse_cache
 from genbatch.cluster.slurm_step import step_process_group_env
 from genbatch.models import family, resolve_model
 from genbatch.parallel.attention.local import check_kernel
+from genbatch.parallel.comm import Comm
 from genbatch.parallel.config import ParallelizeConfig
 from genbatch.parallel.context import ParallelContext, build_context
 from genbatch.parallel.stale import stale_config
@@ -102,16 +103,20 @@ class World:
     def _shared_value(self, compute):
         from genbatch.io.retry import StorageError
 
-        holder = [None]
+        value = None
         if self.ctx.rank == 0:
             try:
-                holder[0] = compute()
+                value = compute()
             except StorageError as error:
-                holder[0] = error
-        dist.broadcast_object_list(holder, src=0)
-        if isinstance(holder[0], StorageError):
-            raise holder[0]
-        return holder[0]
+                value = error
+        value = self._everyone().broadcast_object(value)
+        if isinstance(value, StorageError):
+            raise value
+        return value
+
+    def _everyone(self) -> Comm:
+        """Every rank of the run, counted into the run's ledger (start-up's broadcasts go through it)."""
+        return Comm(dist.group.WORLD, self.ctx.ledger)
 
     def load_manifest(self, options):
         """(jobs, rejected, extra_columns) on rank 0, with `jobs` a `JobTable`, and (None, [], []) on the other
@@ -190,10 +195,10 @@ class World:
     def _broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's `tensor` into every rank's (CPU tensors; nccl broadcasts through device memory)."""
         if self.ctx.device.type == "cpu":
-            dist.broadcast(tensor, src=0)
+            self._everyone().broadcast(tensor)
             return
         moved = tensor.to(self.ctx.device)
-        dist.broadcast(moved, src=0)
+        self._everyone().broadcast(moved)
         if self.ctx.rank != 0:
             tensor.copy_(moved.cpu())
 
