@@ -1,4 +1,5 @@
-"""Write the shipped example manifest: tiny-wan video rows and tiny-flux image rows, small enough for a CPU.
+"""Write the shipped example manifest: tiny-wan video rows, a tiny-wan-i2v image-to-video row and tiny-flux image
+rows, small enough for a CPU, and the image the image-to-video row starts from (examples/images/).
 
     python examples/make_manifest.py [OUT]                   # default: examples/manifest.parquet by this script
     gen validate examples/manifest.parquet --model tiny-wan  # check it
@@ -6,8 +7,8 @@
 
 Rows without `model` run on the run's `--model` (here the tiny-wan preset; there is no default model, so a
 manifest with such rows needs one); null settings take the run-level option or the model's default; a null
-`seed` is derived from the row's `id`. `category` and `priority` are extra columns: genbatch carries them
-into the results table untouched.
+`seed` is derived from the row's `id`. The `image` column is a path relative to the manifest's directory.
+`category` and `priority` are extra columns: genbatch carries them into the results table untouched.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ SCHEMA = pa.schema(
         ("guidance_scale", pa.float64()),
         ("seed", pa.int64()),
         ("fps", pa.int64()),
+        ("image", pa.string()),
         ("category", pa.string()),
         ("priority", pa.int32()),
     ]
@@ -49,6 +51,8 @@ ROWS = [
         category="urban",
         priority=3,
     ),
+    dict(id="i2v-lighthouse", prompt="waves breaking below a lighthouse", model="tiny-wan-i2v",
+         image="images/lighthouse.png", num_frames=5, num_inference_steps=4, category="landscape"),
     dict(id="flux-apple", prompt="a green apple on a wooden table", model="tiny-flux", seed=7, category="still life"),
     dict(
         id="flux-house",
@@ -69,9 +73,23 @@ def example_table() -> pa.Table:
     return pa.Table.from_pylist([{name: row.get(name) for name in SCHEMA.names} for row in ROWS], schema=SCHEMA)
 
 
+def write_image(path: Path) -> None:
+    """A 64x48 picture to start a video from: sky, sea and a white tower (drawn, so the script makes it)."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (64, 48), (120, 170, 230))
+    draw = ImageDraw.Draw(image)
+    draw.rectangle((0, 30, 63, 47), fill=(20, 60, 120))
+    draw.rectangle((40, 10, 46, 30), fill=(245, 245, 240))
+    draw.polygon([(38, 10), (48, 10), (43, 4)], fill=(200, 30, 30))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    image.save(path)
+
+
 def main(out: str | None = None) -> Path:
     path = Path(out) if out else Path(__file__).resolve().parent / "manifest.parquet"
     pq.write_table(example_table(), path)
+    write_image(path.parent / "images" / "lighthouse.png")
     return path
 
 

@@ -4,6 +4,7 @@ import importlib.util
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from PIL import Image
 from click.testing import CliRunner
 
 from genbatch.cli import main
@@ -23,16 +24,20 @@ def load_script():
 def test_shipped_manifest_matches_the_script(tmp_path):
     written = load_script().main(str(tmp_path / "m.parquet"))
     assert pq.read_table(written).equals(pq.read_table(EXAMPLES / "manifest.parquet"))
+    shipped, made = (Image.open(folder / "images" / "lighthouse.png") for folder in (EXAMPLES, tmp_path))
+    assert shipped.tobytes() == made.tobytes() and shipped.size == (64, 48)
 
 
 def test_shipped_manifest_mixes_video_and_image_rows_and_is_valid():
     result = read_jobs(str(EXAMPLES / "manifest.parquet"), overrides=JobOverrides(model="tiny-wan"))
-    assert not result.rejected and len(result.jobs) == 6
+    assert not result.rejected and len(result.jobs) == 7
     models = [job.model for job in result.jobs]
-    assert models.count("tiny-wan") == 3 and models.count("tiny-flux") == 3
+    assert models.count("tiny-wan") == 3 and models.count("tiny-flux") == 3 and models.count("tiny-wan-i2v") == 1
+    (i2v,) = [job for job in result.jobs if job.image is not None]
+    assert i2v.image == str(EXAMPLES / "images" / "lighthouse.png")  # relative to the manifest
     assert result.extra_columns == ["category", "priority"]
     assert all(job.width * job.height <= 64 * 64 for job in result.jobs)  # small enough for a CPU
     validate = ["validate", str(EXAMPLES / "manifest.parquet")]
     assert CliRunner().invoke(main, [*validate, "--model", "tiny-wan"]).exit_code == 0  # as `make demo` runs it
     without = CliRunner().invoke(main, validate)  # its video rows name no model: the run must
-    assert without.exit_code == 2 and "3 of 6 rows have no `model` value" in without.output
+    assert without.exit_code == 2 and "3 of 7 rows have no `model` value" in without.output

@@ -121,3 +121,35 @@ def test_gen_run_records_each_image_and_its_sha256(tmp_path):
     assert results["clip"]["image_sha256"] == hashlib.sha256(open(image, "rb").read()).hexdigest()
     assert results["broken"]["status"] == "failed" and "frames/none.png: no such file" in results["broken"]["error"]
     assert (out / "outputs" / "clip.mp4").exists()
+
+
+def _layouts_on_ranks(rank, world_size, spec_job, layouts, out):
+    from tests.parallel.test_layouts import _run_job
+
+    return [_run_job(spec_job, *layout, out=f"{out}/{index}") for index, layout in enumerate(layouts)]
+
+
+def test_sequence_cfg_and_fsdp_layouts_equal_one_process(tmp_path):
+    from tests.parallel.test_layouts import _check, _run_job
+    from tests.support.distributed import run_on_ranks
+
+    image = _png(tmp_path / "first.png", (80, 48), (240, 200, 30))
+    spec_job = job(PRESET, width=80, height=48, num_inference_steps=3, seed=17, negative_prompt="grey",
+                   image=image)  # 45 video tokens: uneven over 2 ranks
+    layouts = [(1, 1, 1, 2, False), (1, 2, 1, 1, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True)]  # dp cfg ring uly fsdp
+    per_rank = run_on_ranks(_layouts_on_ranks, 2, args=(spec_job, layouts, str(tmp_path / "ranks")), timeout_s=60)
+    reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
+    _check([(spec_job, *layout) for layout in layouts], per_rank, reference)
+
+
+def test_images_are_read_from_s3_under_the_storage_timeout(s3_run, tmp_path):
+    from genbatch.io.retry import RetryPolicy
+
+    local = _png(tmp_path / "fox.png", (16, 16), (5, 100, 200))
+    url = f"{s3_run.url}/frames/fox.png"
+    s3_run.endpoint.filesystem().pipe(url.removeprefix("s3://"), open(local, "rb").read())
+    reader = MediaReader(storage_options=s3_run.storage_options, retry=RetryPolicy(timeout_s=5))
+    media = reader.read("image", url)
+    assert media.sha256 == hashlib.sha256(open(local, "rb").read()).hexdigest() and media.image.size == (16, 16)
+    with pytest.raises(MediaError, match=r"column 'image': s3://.*/frames/none.png: no such file"):
+        reader.read("image", f"{s3_run.url}/frames/none.png")
