@@ -96,10 +96,12 @@ def storage_options_from(pairs: Iterable[str]) -> dict[str, object]:
     metavar="KEY=VALUE",
     help="fsspec option for the manifest's filesystem (repeatable; dotted keys nest).",
 )
+@click.option("--check-media/--no-check-media", default=True, show_default=True,
+              help="Check that every row's image exists (one listing per folder, not a read per row).")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def validate_command(
-    ctx: click.Context, manifest: str, storage_option: tuple[str, ...], as_json: bool, **options
+    ctx: click.Context, manifest: str, storage_option: tuple[str, ...], check_media: bool, as_json: bool, **options
 ) -> None:
     """Check MANIFEST (a Parquet file at any fsspec URL) and report every problem without running anything.
 
@@ -110,7 +112,8 @@ def validate_command(
         overrides = overrides_from_options(options)
     except ValueError as error:
         raise click.UsageError(str(error)) from None
-    report = validate_manifest(manifest, overrides=overrides, storage_options=storage_options_from(storage_option))
+    report = validate_manifest(manifest, overrides=overrides, storage_options=storage_options_from(storage_option),
+                               check_media=check_media)
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, default=str))
     else:

@@ -71,6 +71,7 @@ def read_jobs(
     overrides: JobOverrides,
     storage_options: dict | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    check_media: bool = True,
 ) -> ManifestJobs:
     """Read and resolve a manifest from any fsspec URL.
 
@@ -85,6 +86,11 @@ def read_jobs(
             rejected.extend(problems)
         extra_schema = reader.schema.extra_schema
         jobs = JobTable(pa.Table.from_batches(batches)) if batches else JobTable.empty(extra_schema)
+        if check_media:  # a row whose image does not exist is rejected alone (one listing per folder)
+            from genbatch.manifests.media_check import reject_missing
+
+            jobs, missing = reject_missing(jobs, storage_options)
+            rejected = sorted(rejected + missing, key=lambda rejection: rejection.row) if missing else rejected
         return ManifestJobs(
             jobs=jobs,
             rejected=rejected,

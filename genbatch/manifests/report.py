@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests.causes import cause_lines
 from genbatch.manifests.loader import iter_checked
@@ -97,11 +98,14 @@ def validate_manifest(
     overrides: JobOverrides | None = None,
     storage_options: dict | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
+    check_media: bool = True,
 ) -> ValidationReport:
-    """Check every row of a manifest without keeping its jobs: memory grows with the problems, not the rows.
+    """Check every row of a manifest without keeping its jobs: memory grows with the problems (and the rows
+    that name images), not the rows.
 
     Run-level options are checked first (see `genbatch.manifests.preflight`): one that cannot work for any
-    row is reported alone, as `option_error`, and no row is checked."""
+    row is reported alone, as `option_error`, and no row is checked. `check_media`: the rows' images must
+    exist (one listing per distinct folder, `genbatch.manifests.media_check`)."""
     overrides = overrides or JobOverrides()
     report = ValidationReport(url=str(url))
     try:
@@ -110,16 +114,42 @@ def validate_manifest(
             check_rows_have_model(reader, overrides)
             report.rows = reader.rows
             report.extra_columns = list(reader.schema.extra_columns)
+            with_media = []  # the valid rows that name images: checked together at the end
             for outcome in iter_checked(reader, overrides):
                 if isinstance(outcome, JobSpec):
                     report.valid += 1
                     report.by_model.setdefault(outcome.model, ModelCounts()).valid += 1
+                    if check_media and any(getattr(outcome, column) is not None for column in MEDIA_COLUMNS):
+                        with_media.append(outcome)
                 else:
                     report.rejected += 1
                     report.problems.extend(outcome)
                     report.by_model.setdefault(outcome[0].model or "?", ModelCounts()).rejected += 1
+            _reject_missing_media(report, with_media, storage_options)
     except ManifestFileError as error:
         return ValidationReport(url=str(url), file_error=error)
     except RunOptionError as error:
         return ValidationReport(url=str(url), option_error=error)
     return report
+
+
+def _reject_missing_media(report: ValidationReport, jobs: list[JobSpec], storage_options: dict | None) -> None:
+    """Move the rows among `jobs` whose image does not exist from valid to rejected, one problem per column."""
+    if not jobs:
+        return
+    from genbatch.manifests.media_check import missing_media
+
+    missing = missing_media((getattr(job, column) for job in jobs for column in MEDIA_COLUMNS
+                             if getattr(job, column) is not None), storage_options)
+    for job in jobs:
+        faults = [(column, getattr(job, column)) for column in MEDIA_COLUMNS if getattr(job, column) in missing]
+        if not faults:
+            continue
+        report.valid -= 1
+        report.rejected += 1
+        counts = report.by_model[job.model]
+        counts.valid -= 1
+        counts.rejected += 1
+        report.problems.extend(Rejection(row=job.row, job_id=job.id, column=column, reason=f"{url}: {missing[url]}",
+                                         model=job.model, extra=job.extra) for column, url in faults)
+    report.problems.sort(key=lambda problem: problem.row)

@@ -92,7 +92,7 @@ def test_image_columns_are_checked_against_the_model_and_relative_paths_follow_t
         {"id": "plain", "prompt": "a boat", "model": "tiny-wan"},
     ]
     url = write_manifest(str(tmp_path / "m.parquet"), rows)
-    result = read_jobs(url, overrides=JobOverrides())
+    result = read_jobs(url, overrides=JobOverrides(), check_media=False)  # the column rules alone: no files here
     jobs = {spec.id: spec for spec in result.jobs}
     assert jobs["relative"].image == str(tmp_path / "frames" / "a.png")
     assert (jobs["absolute"].image, jobs["absolute"].last_image) == ("/data/b.png", str(tmp_path.parent / "c.png"))
@@ -111,15 +111,19 @@ def test_gen_run_records_each_image_and_its_sha256(tmp_path):
     image = _png(tmp_path / "frames" / "fox.png", (64, 48), (200, 90, 10))
     rows = [{"id": "clip", "prompt": "a fox", "model": PRESET, "image": "frames/fox.png", "num_frames": 5,
              "num_inference_steps": 2},
-            {"id": "broken", "prompt": "a fox", "model": PRESET, "image": "frames/none.png", "num_frames": 5,
+            {"id": "broken", "prompt": "a fox", "model": PRESET, "image": "frames/broken.png", "num_frames": 5,
+             "num_inference_steps": 2},
+            {"id": "missing", "prompt": "a fox", "model": PRESET, "image": "frames/none.png", "num_frames": 5,
              "num_inference_steps": 2}]
+    (tmp_path / "frames" / "broken.png").write_bytes(b"not a picture")
     out = tmp_path / "out"
     result = gen("run", write_manifest(str(tmp_path / "m.parquet"), rows), "--out", str(out), "-q")
     assert result.returncode == 1, result.stderr[-3000:]  # one job failed, the other ran
     results = {row["id"]: row for row in pq.read_table(out / "results").to_pylist()}
     assert results["clip"]["status"] == "done" and results["clip"]["image"] == image
     assert results["clip"]["image_sha256"] == hashlib.sha256(open(image, "rb").read()).hexdigest()
-    assert results["broken"]["status"] == "failed" and "frames/none.png: no such file" in results["broken"]["error"]
+    assert results["broken"]["status"] == "failed" and "frames/broken.png: not an image" in results["broken"]["error"]
+    assert results["missing"]["status"] == "rejected"  # found missing by the listing, before any rank read it
     assert (out / "outputs" / "clip.mp4").exists()
 
 
@@ -153,3 +157,35 @@ def test_images_are_read_from_s3_under_the_storage_timeout(s3_run, tmp_path):
     assert media.sha256 == hashlib.sha256(open(local, "rb").read()).hexdigest() and media.image.size == (16, 16)
     with pytest.raises(MediaError, match=r"column 'image': s3://.*/frames/none.png: no such file"):
         reader.read("image", f"{s3_run.url}/frames/none.png")
+
+
+def test_a_missing_image_rejects_its_row_alone_by_one_listing_per_folder(tmp_path, monkeypatch):
+    import fsspec.implementations.local as local
+
+    from click.testing import CliRunner
+
+    from genbatch.cli import main
+
+    (tmp_path / "frames").mkdir()
+    _png(tmp_path / "frames" / "here.png", (64, 48), (1, 1, 1))
+    rows = [{"id": f"here-{i}", "prompt": "a boat", "model": PRESET, "image": "frames/here.png"} for i in range(3)]
+    rows += [{"id": "gone", "prompt": "a boat", "model": PRESET, "image": "frames/gone.png"},
+             {"id": "nowhere", "prompt": "a boat", "model": PRESET, "image": "elsewhere/x.png"},
+             {"id": "text", "prompt": "a boat", "model": "tiny-wan"}]
+    url = write_manifest(str(tmp_path / "m.parquet"), rows)
+    listings = []
+    listed = local.LocalFileSystem.ls
+    monkeypatch.setattr(local.LocalFileSystem, "ls", lambda self, path, *a, **k: listings.append(path) or listed(
+        self, path, *a, **k))
+    result = read_jobs(url, overrides=JobOverrides())
+    assert sorted(listings) == sorted([str(tmp_path / "frames"), str(tmp_path / "elsewhere")])  # once per folder
+    assert sorted(job.id for job in result.jobs) == ["here-0", "here-1", "here-2", "text"]
+    reasons = {rejection.job_id: (rejection.column, rejection.reason) for rejection in result.rejected}
+    assert reasons["gone"] == ("image", f"{tmp_path / 'frames' / 'gone.png'}: no such file; check the path (a "
+                                        "relative one is taken from the manifest's directory)")
+    assert set(reasons) == {"gone", "nowhere"}
+    report = CliRunner().invoke(main, ["validate", url])
+    assert report.exit_code == 1 and "6 rows, 4 valid, 2 rejected" in report.output
+    assert "no such file" in report.output
+    skipped = CliRunner().invoke(main, ["validate", url, "--no-check-media"])
+    assert skipped.exit_code == 0 and "6 rows, 6 valid, 0 rejected" in skipped.output
