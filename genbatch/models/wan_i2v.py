@@ -17,7 +17,7 @@ from typing import Any
 
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, wan
-from genbatch.models.base import TinyPreset
+from genbatch.models.base import COLWISE, NORM_ACROSS_HEADS, TinyPreset
 from genbatch.models.hooks import Conditioning, Trajectory
 from genbatch.models.spec import ModelSpec
 from genbatch.models.tiny import character_tokenizer, seeded, t5_config
@@ -103,14 +103,22 @@ def build_tiny_flf2v(meta: frozenset[str] = frozenset()):
 
 
 _PLAN = wan.FAMILY.transformers["WanTransformer3DModel"]
+TENSOR_PLAN = replace(wan.TENSOR_PLAN, styles={
+    **wan.TENSOR_PLAN.styles,
+    # the image context's keys and values, split by heads like the text's; their norm spans every head
+    "blocks.*.attn2.add_k_proj": COLWISE,
+    "blocks.*.attn2.add_v_proj": COLWISE,
+    "blocks.*.attn2.norm_added_k": NORM_ACROSS_HEADS,
+})
+"""Wan's tensor plan, with the cross-attention's image branch split too (its output joins `to_out`'s input,
+so the all-reduces a block stay 3)."""
 FAMILY = replace(
     wan.FAMILY,
     name="wan-i2v",
     pipelines=("WanImageToVideoPipeline",),
     read_spec=read_spec,
     hooks=WanI2VHooks(),
-    # the image context's keys and values (`add_k_proj`, `add_v_proj`) have no tensor plan yet: --tp refuses
-    transformers={"WanTransformer3DModel": replace(_PLAN, tensor_plan=None)},
+    transformers={"WanTransformer3DModel": replace(_PLAN, tensor_plan=TENSOR_PLAN)},
     denoisers=("transformer",),
     presets=(TinyPreset(name="tiny-wan-i2v", transformer=tiny_configs.TINY_WAN_I2V_TRANSFORMER,
                         vae=tiny_configs.TINY_WAN_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan-i2v"],

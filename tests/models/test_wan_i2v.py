@@ -133,14 +133,15 @@ def _layouts_on_ranks(rank, world_size, spec_job, layouts, out):
     return [_run_job(spec_job, *layout, out=f"{out}/{index}") for index, layout in enumerate(layouts)]
 
 
-def test_sequence_cfg_and_fsdp_layouts_equal_one_process(tmp_path):
+def test_sequence_cfg_fsdp_and_tp_layouts_equal_one_process(tmp_path):
     from tests.parallel.test_layouts import _check, _run_job
     from tests.support.distributed import run_on_ranks
 
     image = _png(tmp_path / "first.png", (80, 48), (240, 200, 30))
     spec_job = job(PRESET, width=80, height=48, num_inference_steps=3, seed=17, negative_prompt="grey",
                    image=image)  # 45 video tokens: uneven over 2 ranks
-    layouts = [(1, 1, 1, 2, False), (1, 2, 1, 1, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True)]  # dp cfg ring uly fsdp
+    # (dp, cfg, ring, ulysses, fsdp[, tp])
+    layouts = [(1, 1, 1, 2, False), (1, 2, 1, 1, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True), (1, 1, 1, 1, False, 2)]
     per_rank = run_on_ranks(_layouts_on_ranks, 2, args=(spec_job, layouts, str(tmp_path / "ranks")), timeout_s=60)
     reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
     _check([(spec_job, *layout) for layout in layouts], per_rank, reference)
