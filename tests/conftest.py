@@ -72,3 +72,13 @@ def rank_pools():
 
     yield
     close_pools()
+
+
+def pytest_addoption(parser):
+    parser.addoption("--reverse-order", action="store_true",
+                     help="Run the collected tests last to first: a test that needs another to run before it fails.")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--reverse-order"):
+        items.reverse()

@@ -5,6 +5,7 @@ of the killed attempt outlives it by 10 s."""
 from __future__ import annotations
 
 import random
+import time
 
 import pytest
 
@@ -70,6 +71,9 @@ def test_the_harness_finds_a_process_by_the_run_on_its_command_line(tmp_path):
     marker = str(tmp_path / "run")
     process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "--out", marker])
     try:
+        deadline = time.monotonic() + 30
+        while not processes_of(marker) and time.monotonic() < deadline:  # until the child has exec'd its command
+            time.sleep(0.05)
         assert processes_of(marker) == [process.pid] and processes_of(marker + "-other") == []
     finally:
         process.kill()
