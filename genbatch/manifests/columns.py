@@ -317,9 +317,11 @@ class ColumnChecker:
             columns[name] = pa.array(numbers[accepted], type=kind, mask=nulls[accepted])
         columns["cache"] = caches.take(take)
         for name in MEDIA_COLUMNS:  # absolute URLs: a relative path taken from the manifest's directory
-            urls = [None if value is None else media_url(value, self.media_base)
-                    for value in strings[name].take(take).to_pylist()]
-            columns[name] = pa.array(urls, pa.string())
+            values = strings[name].take(take)
+            if values.null_count < len(values):  # a manifest without images pays no Python loop for them
+                values = pa.array([None if value is None else media_url(value, self.media_base)
+                                   for value in values.to_pylist()], pa.string())
+            columns[name] = values
         columns["seed"] = (pa.nulls(len(accepted), pa.int64()) if seeds is None
                            else seeds.take(take).cast(pa.int64()))
         columns["row"] = pa.array(first_row + accepted, pa.int64())

@@ -13,8 +13,10 @@ from collections.abc import Iterable
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from genbatch.jobs.media import MEDIA_COLUMNS
+from genbatch.jobs.spec import JobSpec
 from genbatch.jobs.table import JobTable
 from genbatch.manifests.validate import Rejection
 
@@ -46,27 +48,32 @@ def missing_media(urls: Iterable[str], storage_options: dict | None = None) -> d
     return missing
 
 
+def media_rejections(jobs: Iterable[JobSpec], storage_options: dict | None = None) -> dict[int, list[Rejection]]:
+    """Manifest row -> its rejections (column, URL), for each of `jobs` that names an image that does not exist."""
+    jobs = list(jobs)
+    missing = missing_media((getattr(job, column) for job in jobs for column in MEDIA_COLUMNS
+                             if getattr(job, column) is not None), storage_options)
+    found = {}
+    for job in jobs:
+        faults = [Rejection(row=job.row, job_id=job.id, column=column, reason=f"{getattr(job, column)}: "
+                            f"{missing[getattr(job, column)]}", model=job.model, extra=job.extra)
+                  for column in MEDIA_COLUMNS if getattr(job, column) in missing]
+        if faults:
+            found[job.row] = faults
+    return found
+
+
 def reject_missing(jobs: JobTable, storage_options: dict | None = None) -> tuple[JobTable, list[Rejection]]:
-    """`jobs` without the rows whose image does not exist, and a `Rejection` (row, id, column, URL) for each."""
+    """`jobs` without the rows whose image does not exist, and their rejections (`media_rejections`)."""
     table = jobs.table
-    named = {column: table.column(column) for column in MEDIA_COLUMNS
-             if column in table.column_names and table.column(column).null_count < table.num_rows}
-    if not named:
+    names = np.zeros(table.num_rows, dtype=bool)
+    for column in MEDIA_COLUMNS:
+        if column in table.column_names:
+            names |= pc.is_valid(table.column(column)).to_numpy(zero_copy_only=False)
+    if not names.any():
         return jobs, []
-    values = {column: array.to_pylist() for column, array in named.items()}
-    missing = missing_media((url for urls in values.values() for url in urls if url is not None), storage_options)
-    if not missing:
+    found = media_rejections(JobTable(table.take(pa.array(np.flatnonzero(names)))), storage_options)
+    if not found:
         return jobs, []
-    problems = {}  # position in the table -> [(column, url)]
-    for column, urls in values.items():
-        for position, url in enumerate(urls):
-            if url in missing:
-                problems.setdefault(position, []).append((column, url))
-    rejected = []
-    for position, faults in sorted(problems.items()):
-        job = JobTable(table.slice(position, 1))[0]
-        rejected.extend(Rejection(row=job.row, job_id=job.id, column=column, reason=f"{url}: {missing[url]}",
-                                  model=job.model, extra=job.extra) for column, url in faults)
-    keep = np.ones(table.num_rows, dtype=bool)
-    keep[list(problems)] = False
-    return JobTable(table.filter(pa.array(keep))), rejected
+    kept = table.filter(pc.invert(pc.is_in(table.column("row"), value_set=pa.array(list(found), pa.int64()))))
+    return JobTable(kept), [rejection for row in sorted(found) for rejection in found[row]]

@@ -137,12 +137,11 @@ def _reject_missing_media(report: ValidationReport, jobs: list[JobSpec], storage
     """Move the rows among `jobs` whose image does not exist from valid to rejected, one problem per column."""
     if not jobs:
         return
-    from genbatch.manifests.media_check import missing_media
+    from genbatch.manifests.media_check import media_rejections
 
-    missing = missing_media((getattr(job, column) for job in jobs for column in MEDIA_COLUMNS
-                             if getattr(job, column) is not None), storage_options)
+    found = media_rejections(jobs, storage_options)
     for job in jobs:
-        faults = [(column, getattr(job, column)) for column in MEDIA_COLUMNS if getattr(job, column) in missing]
+        faults = found.get(job.row)
         if not faults:
             continue
         report.valid -= 1
@@ -150,6 +149,5 @@ def _reject_missing_media(report: ValidationReport, jobs: list[JobSpec], storage
         counts = report.by_model[job.model]
         counts.valid -= 1
         counts.rejected += 1
-        report.problems.extend(Rejection(row=job.row, job_id=job.id, column=column, reason=f"{url}: {missing[url]}",
-                                         model=job.model, extra=job.extra) for column, url in faults)
+        report.problems.extend(faults)
     report.problems.sort(key=lambda problem: problem.row)

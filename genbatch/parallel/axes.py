@@ -18,6 +18,7 @@ apply it, so the planner ranks every layout the runner runs and none that it ref
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -115,10 +116,7 @@ def layout_problems(degrees: Mapping[str, int], *, fsdp: bool, cache: bool = Fal
             problems.append(f"--cache with --{name} {degrees[name]}: step caching does not run with {axis.stale}'s "
                             "stale K/V (a skipped step would leave its buffers a step further behind); use "
                             f"--cache none or --{name} 1")
-    group = 1
-    for name in GROUP_AXES:
-        group *= degrees.get(name, 1)
-    if fsdp and group < 2:
+    if fsdp and math.prod(degrees.get(name, 1) for name in GROUP_AXES) < 2:
         problems.append("--fsdp shards weights over a job group's ranks, and this layout's job groups have one "
                         "rank each; drop --fsdp, or give each job group ranks (e.g. --ulysses 2 or --cfg 2)")
     return problems

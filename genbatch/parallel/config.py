@@ -36,6 +36,13 @@ class ParallelizeConfig:
             raise ValueError(f"--attention {self.attention!r} is not one of {', '.join(ATTENTION_KERNELS)}")
 
     @property
+    def caches_steps(self) -> bool:
+        """True when the run's default step cache is a mode that skips steps (not `none`)."""
+        from genbatch.jobs.cache import NONE, parse_cache
+
+        return parse_cache(self.cache).kind != NONE
+
+    @property
     def attention_backend(self) -> str:
         """The local attention backend of `attention` (`genbatch.parallel.attention.local.KERNELS`)."""
         from genbatch.parallel.attention.local import KERNELS

@@ -17,6 +17,7 @@ takes the rest).
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -35,6 +36,13 @@ def layout_name(degrees: Mapping[str, int], *, fsdp: bool) -> str:
     if fsdp:
         parts.append("fsdp")
     return "-".join(parts) or SINGLE
+
+
+def _check_group_axes(degrees: Mapping[str, int | None]) -> None:
+    """ValueError naming the keys of `degrees` that are not job-group axes."""
+    unknown = sorted(set(degrees) - set(GROUP_AXES))
+    if unknown:
+        raise ValueError(f"{unknown}: not job-group axes; the axes are {', '.join(GROUP_AXES)}")
 
 
 def _divisors(n: int) -> list[int]:
@@ -152,15 +160,11 @@ class ParallelDims:
         """`gen run`'s layout flags -> ParallelDims, `dp` filled from the world size when it is not given ("dp
         takes the rest"); `degrees`: the job group's axes by name (missing ones 1). ValueError naming the fix: the
         axis table's rules (`problems`, with a step cache on when `cache`) first, then the world size."""
-        unknown = sorted(set(degrees) - set(GROUP_AXES))
-        if unknown:
-            raise ValueError(f"{unknown}: not job-group axes; the axes are {', '.join(GROUP_AXES)}")
-        problems = layout_problems(degrees, fsdp=fsdp, cache=cache)
+        _check_group_axes(degrees)
+        problems = layout_problems({"dp": 1 if dp is None else dp, **degrees}, fsdp=fsdp, cache=cache)
         if problems:
             raise ValueError("; ".join(problems))
-        group = 1
-        for value in degrees.values():
-            group *= value
+        group = math.prod(degrees.values())
         if dp is None:
             if world_size % group:
                 given = " x ".join(f"{name} {value}" for name, value in degrees.items() if value > 1)
@@ -219,9 +223,7 @@ class LayoutRequest:
     @classmethod
     def of(cls, *, dp: int | None = None, fsdp: bool = False, **degrees: int) -> "LayoutRequest":
         """`LayoutRequest.of(ulysses=2, fsdp=True)`: from the flags' values by axis name (1 or None: unset)."""
-        unknown = sorted(set(degrees) - set(GROUP_AXES))
-        if unknown:
-            raise ValueError(f"{unknown}: not job-group axes; the axes are {', '.join(GROUP_AXES)}")
+        _check_group_axes(degrees)
         return cls(degrees={name: value for name, value in degrees.items() if value is not None and value != 1},
                    dp=dp, fsdp=bool(fsdp))
 

@@ -295,7 +295,7 @@ def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compu
         tally.add("ulysses", per_step * per_layer, per_step * time, per_step * time, link, per_step * 4)
     if r > 1:
         link = links["ring"] = axis_link(layout, "ring", cluster)
-        chunk = sent.get("p2p", 0.0) / (per_step * (r - 1))  # K and V of N/r tokens, d/(u tp) channels, each round
+        chunk = sent["p2p"] / (per_step * (r - 1))  # K and V of N/r tokens, d/(u tp) channels, each round
         round_s = _transfer(chunk, link)
         passes = layout.pp  # PipeFusion: each of its M = P patch forwards passes every rank's whole K/V buffer
         exposed = passes * ((r - 1) * _overlapped(round_s, compute.attention_s / (r * passes))

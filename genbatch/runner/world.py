@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from genbatch.jobs import exit_codes
-from genbatch.jobs.cache import NONE, parse_cache
 from genbatch.cluster.slurm_step import step_process_group_env
 from genbatch.models import family, resolve_model
 from genbatch.parallel.attention.local import check_kernel
@@ -306,15 +305,18 @@ def start_world(options, stop=None) -> World:
     elif dist.is_initialized():
         world_size = dist.get_world_size()
     try:
-        cache = parse_cache(options.overrides.cache).kind != NONE
+        parallelize = options.parallelize_config()
+        cache = parallelize.caches_steps
+        # however the layout is chosen, the axis table's rules (parallel/axes.py) judge it: `resolve` applies
+        # them to the flags, and the planner's choice is checked here
         if options.layout == "auto":
             from genbatch.runner.auto_layout import auto_dims
 
             dims = auto_dims(options.model, world_size, device, profile=options.profile, decode=options.vae_decode,
                              cache=cache)
+            dims.check(cache=cache)
         else:
             dims = options.layout.resolve(world_size, cache=cache)
-        dims.check(cache=cache)  # however the layout was chosen, the axis table's rules (parallel/axes.py) judge it
         stale = stale_config(dims.distrifusion, options.warmup_steps, dims.pp, options.patches)
         if dims.world_size != world_size:
             raise ValueError(
@@ -327,5 +329,5 @@ def start_world(options, stop=None) -> World:
         raise UsageError(str(error)) from None
     dtype = DTYPES[options.dtype or default_dtype(device)]
     return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop,
-                 parallelize=options.parallelize_config(),
+                 parallelize=parallelize,
                  vae_decode=options.vae_decode, stale=stale)
