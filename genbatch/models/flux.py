@@ -69,13 +69,21 @@ class FluxHooks(Family):
         return Conditioning(branches={COND: branch}, guidance_scale=job.guidance_scale)
 
     def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
+        channels = pipe.transformer.config.in_channels // 4
+        dtype = pipe.text_encoder_2.dtype if pipe.text_encoder_2 is not None else pipe.transformer.dtype
+        latents, image_ids = pipe.prepare_latents(1, channels, job.height, job.width, dtype, device, generator)
+        trajectory = self.schedule(pipe, job, latents, device)
+        trajectory.shared["img_ids"] = image_ids
+        return trajectory
+
+    @staticmethod
+    def schedule(pipe, job: JobSpec, latents, device) -> Trajectory:
+        """The trajectory of the packed noise `latents`: the timesteps shifted by its token count, and the
+        guidance input of a guidance-distilled transformer."""
         import numpy as np
         import torch
         from diffusers.pipelines.flux.pipeline_flux import calculate_shift, retrieve_timesteps
 
-        channels = pipe.transformer.config.in_channels // 4
-        dtype = pipe.text_encoder_2.dtype if pipe.text_encoder_2 is not None else pipe.transformer.dtype
-        latents, image_ids = pipe.prepare_latents(1, channels, job.height, job.width, dtype, device, generator)
         steps = job.num_inference_steps
         sigmas = np.linspace(1.0, 1 / steps, steps)
         if getattr(pipe.scheduler.config, "use_flow_sigmas", False):
@@ -93,7 +101,7 @@ class FluxHooks(Family):
         if pipe.transformer.config.guidance_embeds:
             guidance = torch.full([1], job.guidance_scale, device=device, dtype=torch.float32).expand(latents.shape[0])
         pipe.scheduler.set_begin_index(0)
-        return Trajectory(latents=latents, timesteps=timesteps, shared={"img_ids": image_ids, "guidance": guidance})
+        return Trajectory(latents=latents, timesteps=timesteps, shared={"guidance": guidance})
 
     def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch):
         timestep = t.expand(latents.shape[0]).to(latents.dtype)

@@ -23,6 +23,7 @@ FAMILY_MODULES = (
     "genbatch.models.wan",
     "genbatch.models.wan_i2v",
     "genbatch.models.flux",
+    "genbatch.models.flux_kontext",
     "genbatch.models.sd3",
     "genbatch.models.qwen_image",
     "genbatch.models.hunyuan_video",

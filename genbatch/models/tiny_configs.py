@@ -65,6 +65,9 @@ PRESET_DEFAULTS: dict[str, dict[str, float | int]] = {
     "tiny-wan-i2v": {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0,
                      "fps": 8},
     "tiny-flux": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 3.5},
+    # auto_resize 0: an input image keeps its own size (Kontext's preferred resolutions are a megapixel)
+    "tiny-flux-kontext": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 2.5,
+                          "auto_resize": 0},
     "tiny-sd3": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 7.0},
 }
 

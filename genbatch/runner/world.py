@@ -208,6 +208,10 @@ class World:
                 self.ctx.dims.validate(world_size=self.world_size, num_heads=spec.num_heads, uses_cfg=spec.uses_cfg)
             except ValueError as error:
                 raise UsageError(f"layout {self.ctx.dims.describe()} does not fit model {name}: {error}") from None
+            if self.stale is not None and spec.joins_image_tokens:
+                raise UsageError(f"model {name}: its input image's tokens join the image stream, and "
+                                 f"{self.stale.method}'s patches hold only the output's token rows; run it with "
+                                 "--ulysses/--ring (sequence parallel, exact) instead")
             try:
                 check_kernel(self.parallelize.attention, self.ctx.device, self.dtype, spec.head_dim,
                              masked=family(spec.family).masks_attention())
