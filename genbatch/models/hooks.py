@@ -66,6 +66,11 @@ class Family(Protocol):
         experts): stale-K/V methods re-warm where it changes. None (the default): one denoiser throughout."""
         return None
 
+    def finish(self, pipe, trajectory: Trajectory, latents: torch.Tensor) -> torch.Tensor:
+        """The latents after the last step -> the ones the pipeline decodes (Wan 2.2 TI2V puts the image's
+        first frame back); the default keeps them."""
+        return latents
+
     def combine(self, predictions: dict[str, torch.Tensor], guidance_scale: float, t) -> torch.Tensor:
         """The guided noise prediction from the branch predictions."""
 

@@ -25,6 +25,16 @@ TINY_WAN_FLF2V_TRANSFORMER = dict(
     TINY_WAN_I2V_TRANSFORMER,
     pos_embed_seq_len=2 * 17,  # two frames' CLIP tokens ((32 / 8)^2 patches + the class token, each)
 )
+TINY_WAN22_I2V_TRANSFORMER = dict(
+    TINY_WAN_TRANSFORMER,
+    in_channels=36,  # the noise (16), the first-frame mask (4) and the conditioning video's latents (16); no CLIP
+)
+TINY_WAN22_TI2V_TRANSFORMER = dict(TINY_WAN_TRANSFORMER, in_channels=16, out_channels=16)
+"""Wan 2.2 TI2V: the image is the first latent frame (its input is its output's width), per-token timesteps."""
+TINY_WAN22_VAE = dict(base_dim=8, decoder_base_dim=8, z_dim=16, dim_mult=[1, 2, 2, 2], num_res_blocks=1,
+                      is_residual=True, in_channels=12, out_channels=12, patch_size=2, scale_factor_spatial=16,
+                      temperal_downsample=[False, True, True])
+"""Wan 2.2's VAE (residual, 2x2 pixel patches: 16 pixels a latent pixel), TI2V's; narrow, 16 latent channels."""
 TINY_CLIP_VISION = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
                         image_size=32, patch_size=8, projection_dim=32)
 
@@ -64,6 +74,8 @@ PRESET_DEFAULTS: dict[str, dict[str, float | int]] = {
     "tiny-wan": {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0, "fps": 8},
     "tiny-wan-i2v": {"width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0,
                      "fps": 8},
+    "tiny-wan22-ti2v": {"width": 64, "height": 64, "num_frames": 9, "num_inference_steps": 8, "guidance_scale": 5.0,
+                        "fps": 8},
     "tiny-flux": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 3.5},
     # auto_resize 0: an input image keeps its own size (Kontext's preferred resolutions are a megapixel)
     "tiny-flux-kontext": {"width": 64, "height": 64, "num_inference_steps": 6, "guidance_scale": 2.5,

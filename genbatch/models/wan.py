@@ -7,6 +7,7 @@ timestep, TI2V's per-token timesteps included).
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 from genbatch.models.spec import ModelSpec
@@ -47,12 +48,24 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
               defaults: Mapping[str, float | int] | None, path: str | None) -> ModelSpec:
     spatial = vae.get("scale_factor_spatial", 8)
     patch = tuple(transformer["patch_size"])
-    return transformer_spec(
+    spec = transformer_spec(
         name, "wan", transformer, defaults=defaults or CALL_DEFAULTS, path=path, is_video=True, uses_cfg=True,
         size_multiple=spatial * patch[1], frame_multiple=vae.get("scale_factor_temporal", 4), vae_spatial=spatial,
         patch_size=patch, num_layers=transformer["num_layers"], text_tokens=MAX_SEQUENCE_LENGTH, joint_text=False,
         tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"blocks": transformer["num_layers"]}),
     )
+    if path is not None and _expands_timesteps(path):
+        # Wan 2.2 TI2V saved as a WanPipeline: it also starts from an image (the wan-i2v hooks run both)
+        return replace(spec, family="wan-i2v", media_inputs=("image",))
+    return spec
+
+
+def _expands_timesteps(path: str) -> bool:
+    import json
+    import os
+
+    with open(os.path.join(path, "model_index.json"), encoding="utf-8") as handle:
+        return bool(json.load(handle).get("expand_timesteps"))
 
 
 class WanHooks(Family):
@@ -81,12 +94,12 @@ class WanHooks(Family):
 
     def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
         import torch
+        from diffusers import WanPipeline
 
         pipe.scheduler.set_timesteps(job.num_inference_steps, device=device)
         model = pipe.transformer if pipe.transformer is not None else pipe.transformer_2
-        latents = pipe.prepare_latents(
-            1, model.config.in_channels, job.height, job.width, job.num_frames, torch.float32, device, generator
-        )
+        latents = WanPipeline.prepare_latents(  # WanPipeline's own, also for a TI2V row without an image
+            pipe, 1, model.config.in_channels, job.height, job.width, job.num_frames, torch.float32, device, generator)
         pipe.scheduler.set_begin_index(0)
         boundary = pipe.config.boundary_ratio
         shared = {"boundary_timestep": boundary * pipe.scheduler.config.num_train_timesteps if boundary else None}

@@ -28,13 +28,20 @@ MEDIA_INPUTS = ("image", "last_image")
 def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
               defaults: Mapping[str, float | int] | None, path: str | None) -> ModelSpec:
     """Wan's spec, taking an image; the first-and-last-frame model (FLF2V: a transformer whose image context has
-    a position embedding over two frames' tokens, `pos_embed_seq_len`) takes and needs both frames."""
+    a position embedding over two frames' tokens, `pos_embed_seq_len`) takes and needs both frames. A
+    transformer whose input is its output's width (Wan 2.2 TI2V, `expand_timesteps`: the image replaces the
+    first latent frame rather than riding in extra channels) takes an image and runs without one too."""
     media = MEDIA_INPUTS if transformer.get("pos_embed_seq_len") else ("image",)
+    required = () if transformer["in_channels"] == transformer.get("out_channels", transformer["in_channels"]) else media
     return replace(wan.read_spec(name, transformer, vae, defaults, path), family="wan-i2v", media_inputs=media,
-                   media_required=media)
+                   media_required=required)
 
 
 class WanI2VHooks(wan.WanHooks):
+    """Wan started from an image: 2.1 I2V and FLF2V (CLIP context, conditioning channels), 2.2 I2V-A14B (two
+    experts, no CLIP) and 2.2 TI2V (`expand_timesteps`: the image is the first latent frame, its tokens at
+    timestep 0; a row without an image runs text-to-video)."""
+
     name = "wan-i2v"
 
     @staticmethod
@@ -44,6 +51,8 @@ class WanI2VHooks(wan.WanHooks):
     def encode(self, pipe, job: JobSpec, device) -> Conditioning:
         conditioning = super().encode(pipe, job, device)
         images = self._images(job)
+        if not images or pipe.transformer is None or pipe.transformer.config.image_dim is None:
+            return conditioning  # no CLIP image context (Wan 2.2)
         # the first frame's CLIP context, or both frames' (first and last) side by side
         embeds = pipe.encode_image(images[0] if len(images) == 1 else images, device).to(self._transformer_dtype(pipe))
         for branch in conditioning.branches.values():
@@ -52,44 +61,73 @@ class WanI2VHooks(wan.WanHooks):
 
     def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
         import torch
+        from diffusers import WanImageToVideoPipeline
 
+        images = self._images(job)
+        if not images:  # Wan 2.2 TI2V without an image: text-to-video
+            return super().trajectory(pipe, job, generator, device)
         pipe.scheduler.set_timesteps(job.num_inference_steps, device=device)
         frames = [pipe.video_processor.preprocess(image, height=job.height, width=job.width).to(device, torch.float32)
-                  for image in self._images(job)]
-        latents, condition = pipe.prepare_latents(
-            frames[0], 1, pipe.vae.config.z_dim, job.height, job.width, job.num_frames, torch.float32, device,
+                  for image in images]
+        # WanImageToVideoPipeline's own, also for a TI2V directory loaded as a WanPipeline
+        prepared = WanImageToVideoPipeline.prepare_latents(
+            pipe, frames[0], 1, pipe.vae.config.z_dim, job.height, job.width, job.num_frames, torch.float32, device,
             generator, None, frames[1] if len(frames) > 1 else None,
         )
         pipe.scheduler.set_begin_index(0)
-        return Trajectory(latents=latents, timesteps=pipe.scheduler.timesteps,
-                          shared={"boundary_timestep": None, "condition": condition})
+        boundary = pipe.config.boundary_ratio
+        shared = {"boundary_timestep": boundary * pipe.scheduler.config.num_train_timesteps if boundary else None,
+                  "condition": prepared[1], "first_frame_mask": prepared[2] if len(prepared) > 2 else None}
+        return Trajectory(latents=prepared[0], timesteps=pipe.scheduler.timesteps, shared=shared)
 
     def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch):
         import torch
 
-        # the noise, then the mask and the conditioning video's latents: (b, 16 + 4 + 16, f, h, w)
-        model_input = torch.cat([latents, trajectory.shared["condition"]], dim=1).to(self._transformer_dtype(pipe))
-        return pipe.transformer(hidden_states=model_input, timestep=t.expand(latents.shape[0]), return_dict=False,
-                                **branch)[0]
+        condition = trajectory.shared.get("condition")
+        if condition is None:
+            return super().predict(pipe, trajectory, latents, t, step, branch)
+        model = self.denoiser_at(pipe, trajectory, t)
+        mask = trajectory.shared["first_frame_mask"]
+        if mask is None:
+            # the noise, then the mask and the conditioning video's latents: (b, 16 + 4 + 16, f, h, w)
+            model_input = torch.cat([latents, condition], dim=1)
+            timestep = t.expand(latents.shape[0])
+        else:
+            # TI2V: the image's latents as the first frame, whose tokens are at timestep 0. (b, f * h/2 * w/2)
+            model_input = (1 - mask) * condition + mask * latents
+            timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
+        return model(hidden_states=model_input.to(self._transformer_dtype(pipe)), timestep=timestep,
+                     return_dict=False, **branch)[0]
+
+    def finish(self, pipe, trajectory: Trajectory, latents):
+        mask = trajectory.shared.get("first_frame_mask")
+        if mask is None:
+            return latents
+        return (1 - mask) * trajectory.shared["condition"] + mask * latents  # TI2V: the image's frame put back
 
 
-def _build(transformer_config: Mapping[str, Any], meta: frozenset[str]):
-    """Wan 2.1 I2V: WanTransformer3DModel with its image projection, AutoencoderKLWan, UMT5, a CLIP vision
-    encoder and its image processor, the UniPC flow scheduler."""
+def _build(transformer_config: Mapping[str, Any], meta: frozenset[str], *, clip: bool = True,
+           experts: int = 1, vae_config: Mapping[str, Any] = tiny_configs.TINY_WAN_VAE, **pipeline_config):
+    """A tiny WanImageToVideoPipeline: WanTransformer3DModel(s), AutoencoderKLWan, UMT5, the UniPC flow scheduler,
+    and a CLIP vision encoder with its image processor (`clip`: Wan 2.1)."""
     from diffusers import AutoencoderKLWan, UniPCMultistepScheduler, WanImageToVideoPipeline, WanTransformer3DModel
     from transformers import CLIPImageProcessorPil, CLIPVisionConfig, CLIPVisionModel, UMT5Config, UMT5EncoderModel
 
     tokenizer = character_tokenizer(model_max_length=512)
     text_encoder = seeded(0, lambda: UMT5EncoderModel(UMT5Config(**t5_config(len(tokenizer)))), "text_encoder", meta)
     transformer = seeded(1, lambda: WanTransformer3DModel(**transformer_config), "transformer", meta)
-    vae = seeded(2, lambda: AutoencoderKLWan(**tiny_configs.TINY_WAN_VAE))
-    image_encoder = seeded(3, lambda: CLIPVisionModel(CLIPVisionConfig(**tiny_configs.TINY_CLIP_VISION)))
-    size = tiny_configs.TINY_CLIP_VISION["image_size"]
-    image_processor = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    vae = seeded(2, lambda: AutoencoderKLWan(**vae_config))
+    image_encoder = image_processor = transformer_2 = None
+    if clip:
+        image_encoder = seeded(3, lambda: CLIPVisionModel(CLIPVisionConfig(**tiny_configs.TINY_CLIP_VISION)))
+        size = tiny_configs.TINY_CLIP_VISION["image_size"]
+        image_processor = CLIPImageProcessorPil(size={"shortest_edge": size}, crop_size={"height": size, "width": size})
+    if experts == 2:  # Wan 2.2's low-noise expert, below the boundary timestep
+        transformer_2 = seeded(4, lambda: WanTransformer3DModel(**transformer_config), "transformer_2", meta)
     scheduler = UniPCMultistepScheduler(prediction_type="flow_prediction", use_flow_sigmas=True, flow_shift=3.0)
     return WanImageToVideoPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler,
                                    transformer=transformer, image_encoder=image_encoder,
-                                   image_processor=image_processor)
+                                   image_processor=image_processor, transformer_2=transformer_2, **pipeline_config)
 
 
 def build_tiny(meta: frozenset[str] = frozenset()):
@@ -100,6 +138,17 @@ def build_tiny(meta: frozenset[str] = frozenset()):
 def build_tiny_flf2v(meta: frozenset[str] = frozenset()):
     """Wan 2.1 FLF2V (a first and a last frame)."""
     return _build(tiny_configs.TINY_WAN_FLF2V_TRANSFORMER, meta)
+
+
+def build_tiny_wan22_i2v(meta: frozenset[str] = frozenset()):
+    """Wan 2.2 I2V-A14B: two experts (the high-noise one above 0.9 of the schedule), no CLIP."""
+    return _build(tiny_configs.TINY_WAN22_I2V_TRANSFORMER, meta, clip=False, experts=2, boundary_ratio=0.9)
+
+
+def build_tiny_wan22_ti2v(meta: frozenset[str] = frozenset()):
+    """Wan 2.2 TI2V-5B: one transformer, Wan 2.2's VAE, per-token timesteps (`expand_timesteps`), no CLIP."""
+    return _build(tiny_configs.TINY_WAN22_TI2V_TRANSFORMER, meta, clip=False, vae_config=tiny_configs.TINY_WAN22_VAE,
+                  expand_timesteps=True)
 
 
 _PLAN = wan.FAMILY.transformers["WanTransformer3DModel"]
@@ -125,7 +174,13 @@ FAMILY = replace(
                         build=build_tiny),
              TinyPreset(name="tiny-wan-flf2v", transformer=tiny_configs.TINY_WAN_FLF2V_TRANSFORMER,
                         vae=tiny_configs.TINY_WAN_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan-i2v"],
-                        build=build_tiny_flf2v)),
+                        build=build_tiny_flf2v),
+             TinyPreset(name="tiny-wan22-i2v", transformer=tiny_configs.TINY_WAN22_I2V_TRANSFORMER,
+                        vae=tiny_configs.TINY_WAN_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan-i2v"],
+                        build=build_tiny_wan22_i2v),
+             TinyPreset(name="tiny-wan22-ti2v", transformer=tiny_configs.TINY_WAN22_TI2V_TRANSFORMER,
+                        vae=tiny_configs.TINY_WAN22_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan22-ti2v"],
+                        build=build_tiny_wan22_ti2v)),
     published=(),
     teacache=(),
 )

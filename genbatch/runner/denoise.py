@@ -76,4 +76,5 @@ def denoise(
         steps_done = index + 1
         if after_step is not None and after_step(steps_done, latents) and steps_done < total:
             return DenoiseResult(latents=hooks.end(steps, latents, stopped=True), steps_done=steps_done, stopped=True)
-    return DenoiseResult(latents=hooks.end(steps, latents, stopped=False), steps_done=steps_done, stopped=False)
+    latents = family.finish(pipe, trajectory, hooks.end(steps, latents, stopped=False))
+    return DenoiseResult(latents=latents, steps_done=steps_done, stopped=False)

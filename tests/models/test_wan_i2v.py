@@ -23,6 +23,8 @@ from tests.support.runs import gen, job, write_manifest
 
 PRESET = "tiny-wan-i2v"
 FLF2V = "tiny-wan-flf2v"  # the first-and-last-frame model
+WAN22_I2V = "tiny-wan22-i2v"  # Wan 2.2 I2V-A14B: two experts, no CLIP
+TI2V = "tiny-wan22-ti2v"  # Wan 2.2 TI2V-5B: the image as the first latent frame, per-token timesteps
 
 
 def _png(path, size, colour) -> str:
@@ -30,19 +32,67 @@ def _png(path, size, colour) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize(("size", "last"), [((64, 48), False), ((40, 80), False), ((64, 48), True)],
-                         ids=["same-aspect", "other-aspect", "first-and-last-frame"])
-def test_output_equals_the_diffusers_pipeline(tmp_path, size, last):
+@pytest.mark.parametrize(("model", "size", "last"), [
+    (PRESET, (64, 48), False), (PRESET, (40, 80), False), (FLF2V, (64, 48), True),
+    (WAN22_I2V, (64, 48), False), (WAN22_I2V, (40, 80), False), (TI2V, (64, 64), False), (TI2V, (40, 80), False),
+], ids=["same-aspect", "other-aspect", "first-and-last-frame", "wan22-i2v-same-aspect", "wan22-i2v-other-aspect",
+        "wan22-ti2v-same-aspect", "wan22-ti2v-other-aspect"])
+def test_output_equals_the_diffusers_pipeline(tmp_path, model, size, last):
     first = _png(tmp_path / "first.png", size, (250, 240, 20))
     final = _png(tmp_path / "last.png", size, (10, 30, 200)) if last else None
-    model = FLF2V if last else PRESET
-    spec_job = job(model, seed=21, num_inference_steps=2, num_frames=5, image=first, last_image=final)
+    spec_job = job(model, seed=21, num_inference_steps=3, num_frames=5, image=first, last_image=final,
+                   negative_prompt="grey")
     ours = genbatch_frames(model, spec_job, str(tmp_path / "out"))
     call = {"last_image": Image.open(final)} if last else {}
-    theirs = pipeline_frames(model, spec_job, image=Image.open(first), num_frames=5,
+    theirs = pipeline_frames(model, spec_job, image=Image.open(first), num_frames=5, negative_prompt="grey",
                              guidance_scale=spec_job.guidance_scale, **call)
-    assert ours.shape == theirs.shape == (5, 48, 64, 3)
+    assert ours.shape == theirs.shape == (5, spec_job.height, spec_job.width, 3)
     np.testing.assert_array_equal(ours, theirs)
+
+
+def test_wan22_i2v_runs_both_experts_without_clip(tmp_path):
+    import torch
+
+    from genbatch.models import family, resolve_model
+    from genbatch.runner.loading import load_pipeline
+
+    pipe = load_pipeline(resolve_model(WAN22_I2V), torch.device("cpu"), torch.float32)
+    image = _png(tmp_path / "first.png", (64, 48), (1, 2, 3))
+    spec_job = job(WAN22_I2V, num_inference_steps=3, num_frames=5, image=image)
+    spec_job = replace(spec_job, media={"image": MediaReader().read("image", image)})
+    hooks = family("wan-i2v").hooks
+    trajectory = hooks.trajectory(pipe, spec_job, torch.Generator().manual_seed(0), torch.device("cpu"))
+    experts = [hooks.denoiser_at(pipe, trajectory, t) for t in trajectory.timesteps]
+    assert experts[0] is pipe.transformer and experts[-1] is pipe.transformer_2 and pipe.image_encoder is None
+    branches = hooks.encode(pipe, spec_job, torch.device("cpu")).branches
+    assert all("encoder_hidden_states_image" not in branch for branch in branches.values())
+
+
+def test_wan22_ti2v_without_an_image_is_text_to_video_and_its_wanpipeline_directory_takes_one(tmp_path):
+    import torch
+    from diffusers import WanImageToVideoPipeline, WanPipeline
+
+    from genbatch.models import resolve_model
+    from genbatch.runner.loading import load_pipeline
+
+    i2v = load_pipeline(resolve_model(TI2V), torch.device("cpu"), torch.float32)
+    text_to_video = WanPipeline(tokenizer=i2v.tokenizer, text_encoder=i2v.text_encoder, transformer=i2v.transformer,
+                                vae=i2v.vae, scheduler=i2v.scheduler, expand_timesteps=True)
+    spec_job = job(TI2V, seed=4, num_inference_steps=3, num_frames=5, negative_prompt="grey")
+    call = dict(prompt=spec_job.prompt, negative_prompt="grey", height=64, width=64, num_frames=5,
+                num_inference_steps=3, guidance_scale=spec_job.guidance_scale, output_type="np")
+    theirs = text_to_video(generator=torch.Generator("cpu").manual_seed(4), **call).frames[0]
+    np.testing.assert_array_equal(genbatch_frames(TI2V, spec_job, str(tmp_path / "t2v")), theirs)
+    # Wan 2.2 TI2V-5B ships as a WanPipeline (expand_timesteps): it takes an image too
+    directory = str(tmp_path / "ti2v")
+    text_to_video.save_pretrained(directory)
+    spec = resolve_model(directory)
+    assert (spec.family, spec.media_inputs, spec.media_required) == ("wan-i2v", ("image",), ())
+    image = _png(tmp_path / "first.png", (64, 64), (20, 200, 90))
+    started = genbatch_frames(directory, replace(spec_job, model=directory, image=image), str(tmp_path / "i2v"))
+    reference = WanImageToVideoPipeline.from_pretrained(directory)(
+        image=Image.open(image), generator=torch.Generator("cpu").manual_seed(4), **call).frames[0]
+    np.testing.assert_array_equal(started, reference)
 
 
 def test_the_image_is_used(tmp_path):
@@ -127,10 +177,10 @@ def test_gen_run_records_each_image_and_its_sha256(tmp_path):
     assert (out / "outputs" / "clip.mp4").exists()
 
 
-def _layouts_on_ranks(rank, world_size, spec_job, layouts, out):
+def _layouts_on_ranks(rank, world_size, cases, out):
     from tests.parallel.test_layouts import _run_job
 
-    return [_run_job(spec_job, *layout, out=f"{out}/{index}") for index, layout in enumerate(layouts)]
+    return [_run_job(spec_job, *layout, out=f"{out}/{index}") for index, (spec_job, *layout) in enumerate(cases)]
 
 
 def test_sequence_cfg_fsdp_and_tp_layouts_equal_one_process(tmp_path):
@@ -138,13 +188,18 @@ def test_sequence_cfg_fsdp_and_tp_layouts_equal_one_process(tmp_path):
     from tests.support.distributed import run_on_ranks
 
     image = _png(tmp_path / "first.png", (80, 48), (240, 200, 30))
-    spec_job = job(PRESET, width=80, height=48, num_inference_steps=3, seed=17, negative_prompt="grey",
-                   image=image)  # 45 video tokens: uneven over 2 ranks
+    jobs = [job(PRESET, width=80, height=48, num_inference_steps=3, seed=17, negative_prompt="grey",
+                image=image),  # 45 video tokens: uneven over 2 ranks
+            job(WAN22_I2V, width=80, height=48, num_inference_steps=3, seed=17, negative_prompt="grey", image=image),
+            # 9 tokens, each with its own timestep (the first frame's at 0): uneven, the timesteps split with them
+            job(TI2V, width=96, height=32, num_inference_steps=3, seed=17, negative_prompt="grey", image=image)]
     # (dp, cfg, ring, ulysses, fsdp[, tp])
     layouts = [(1, 1, 1, 2, False), (1, 2, 1, 1, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True), (1, 1, 1, 1, False, 2)]
-    per_rank = run_on_ranks(_layouts_on_ranks, 2, args=(spec_job, layouts, str(tmp_path / "ranks")), timeout_s=60)
-    reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
-    _check([(spec_job, *layout) for layout in layouts], per_rank, reference)
+    cases = [(spec_job, *layout) for spec_job in jobs for layout in layouts]
+    per_rank = run_on_ranks(_layouts_on_ranks, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=90)
+    reference = {spec_job.model: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / f"one-{index}"))
+                 for index, spec_job in enumerate(jobs)}
+    _check(cases, per_rank, reference)
 
 
 def test_images_are_read_from_s3_under_the_storage_timeout(s3_run, tmp_path):
