@@ -144,3 +144,24 @@ def test_gen_run_checkpoint_flags(flags, puts, s3_run, tmp_path):
     assert requests.count(("PUT", f"/{s3_run.bucket}/run/checkpoints/owl.ckpt")) == puts
     assert ("DELETE", f"/{s3_run.bucket}/run/checkpoints/owl.ckpt") in requests
     assert RunStore(s3_run.url, s3_run.storage_options).done_ids() == {"owl"}
+
+
+def test_an_image_row_resumes_to_the_same_latents_and_a_changed_image_starts_over(tmp_path):
+    from PIL import Image
+
+    image = str(tmp_path / "first.png")
+    Image.new("RGB", (64, 48), (230, 120, 10)).save(image)
+    for preset, stop_at in (("tiny-wan-i2v", 3), ("tiny-wan22-ti2v", 2)):  # conditioning channels; first frame
+        spec = job(preset, id=preset, num_inference_steps=STEPS, seed=3, num_frames=5, negative_prompt="grey",
+                   image=image)
+        with executor_on(str(tmp_path / f"straight-{preset}")) as harness:
+            straight = harness.executor.denoise(spec, JobTimer(harness.device))
+        assert _stop_after(str(tmp_path / preset), spec, stop_at) == list(range(stop_at))
+        latents, steps = _resume(str(tmp_path / preset), spec)
+        assert steps == list(range(stop_at, STEPS))
+        assert (latents - straight).abs().max().item() <= 1e-6, preset
+    spec = job("tiny-wan-i2v", id="changed", num_inference_steps=STEPS, seed=3, num_frames=5, image=image)
+    _stop_after(str(tmp_path / "changed"), spec, 3)
+    Image.new("RGB", (64, 48), (10, 120, 230)).save(image)  # the same URL, other pixels: another sha256
+    _, steps = _resume(str(tmp_path / "changed"), spec)
+    assert steps == list(range(STEPS))  # started over
