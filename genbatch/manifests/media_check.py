@@ -55,8 +55,8 @@ def media_rejections(jobs: Iterable[JobSpec], storage_options: dict | None = Non
                              if getattr(job, column) is not None), storage_options)
     found = {}
     for job in jobs:
-        faults = [Rejection(row=job.row, job_id=job.id, column=column, reason=f"{getattr(job, column)}: "
-                            f"{missing[getattr(job, column)]}", model=job.model, extra=job.extra)
+        faults = [Rejection(row=job.row, job_id=job.id, column=column, reason=missing[getattr(job, column)],
+                            subject=getattr(job, column), model=job.model, extra=job.extra)
                   for column in MEDIA_COLUMNS if getattr(job, column) in missing]
         if faults:
             found[job.row] = faults

@@ -80,7 +80,7 @@ class ValidationReport:
             "valid": self.valid,
             "rejected": self.rejected,
             "problems": [
-                {"row": p.row, "id": p.job_id, "column": p.column, "reason": p.reason, "model": p.model}
+                {"row": p.row, "id": p.job_id, "column": p.column, "reason": p.full_reason, "model": p.model}
                 for p in self.problems
             ],
             "by_model": {model: {"valid": c.valid, "rejected": c.rejected} for model, c in self.by_model.items()},

@@ -39,11 +39,19 @@ class Rejection:
     """The model the row would have run on, when known (for per-model counts and results tables)."""
     extra: dict[str, object] = field(default_factory=dict)
     """The row's extra columns, so a results table can list rejected rows like the others."""
+    subject: str | None = None
+    """What the reason is about, when it is the row's own value (the image URL that does not exist): said
+    beside the row, so that rows sharing the reason group into one cause (`genbatch.manifests.causes`)."""
+
+    @property
+    def full_reason(self) -> str:
+        """The reason with its subject: `/data/a.png: no such file; ...`."""
+        return self.reason if self.subject is None else f"{self.subject}: {self.reason}"
 
     def message(self) -> str:
         """`row 3 (id 'cat-2'): column 'width': 100 is not a multiple of 16 (use 96)`."""
         who = f"id {self.job_id!r}" if self.job_id else "no id"
-        return f"row {self.row} ({who}): column {self.column!r}: {self.reason}"
+        return f"row {self.row} ({who}): column {self.column!r}: {self.full_reason}"
 
 
 _UNSAFE_ID = re.compile(r"[/\\\x00-\x1f\x7f]")

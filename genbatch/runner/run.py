@@ -201,7 +201,7 @@ def run(options: RunOptions, stop=None) -> int:
 
 def _rejection_record(rejection) -> dict:
     return {**rejection.extra, "id": rejection.job_id, "row": rejection.row, "model": rejection.model,
-            "column": rejection.column, "reason": rejection.reason}
+            "column": rejection.column, "reason": rejection.full_reason}
 
 
 def _print_rejections(rejected, out: str, shown: int = 5) -> None:

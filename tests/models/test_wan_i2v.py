@@ -236,12 +236,16 @@ def test_a_missing_image_rejects_its_row_alone_by_one_listing_per_folder(tmp_pat
     result = read_jobs(url, overrides=JobOverrides())
     assert sorted(listings) == sorted([str(tmp_path / "frames"), str(tmp_path / "elsewhere")])  # once per folder
     assert sorted(job.id for job in result.jobs) == ["here-0", "here-1", "here-2", "text"]
-    reasons = {rejection.job_id: (rejection.column, rejection.reason) for rejection in result.rejected}
+    reasons = {rejection.job_id: (rejection.column, rejection.full_reason) for rejection in result.rejected}
     assert reasons["gone"] == ("image", f"{tmp_path / 'frames' / 'gone.png'}: no such file; check the path (a "
                                         "relative one is taken from the manifest's directory)")
     assert set(reasons) == {"gone", "nowhere"}
     report = CliRunner().invoke(main, ["validate", url])
     assert report.exit_code == 1 and "6 rows, 4 valid, 2 rejected" in report.output
-    assert "no such file" in report.output
+    # one line per cause, with its count, each row beside its own URL
+    (line,) = [line for line in report.output.splitlines() if "no such file" in line]
+    assert line.startswith("2 rows: column 'image': no such file; check the path")
+    assert f"row 3 (id 'gone'): {tmp_path / 'frames' / 'gone.png'}" in line
+    assert f"row 4 (id 'nowhere'): {tmp_path / 'elsewhere' / 'x.png'}" in line
     skipped = CliRunner().invoke(main, ["validate", url, "--no-check-media"])
     assert skipped.exit_code == 0 and "6 rows, 6 valid, 0 rejected" in skipped.output
