@@ -69,12 +69,17 @@ class FluxHooks(Family):
         return Conditioning(branches={COND: branch}, guidance_scale=job.guidance_scale)
 
     def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
-        channels = pipe.transformer.config.in_channels // 4
-        dtype = pipe.text_encoder_2.dtype if pipe.text_encoder_2 is not None else pipe.transformer.dtype
+        channels, dtype = self.noise_format(pipe)
         latents, image_ids = pipe.prepare_latents(1, channels, job.height, job.width, dtype, device, generator)
         trajectory = self.schedule(pipe, job, latents, device)
         trajectory.shared["img_ids"] = image_ids
         return trajectory
+
+    @staticmethod
+    def noise_format(pipe) -> tuple[int, object]:
+        """(latent channels before the 2x2 packing, dtype) of the noise, as the pipeline draws it."""
+        dtype = pipe.text_encoder_2.dtype if pipe.text_encoder_2 is not None else pipe.transformer.dtype
+        return pipe.transformer.config.in_channels // 4, dtype
 
     @staticmethod
     def schedule(pipe, job: JobSpec, latents, device) -> Trajectory:
@@ -128,9 +133,10 @@ class FluxHooks(Family):
         return pipe.image_processor.postprocess(decoded, output_type="np")[0]
 
 
-def build_tiny(meta: frozenset[str] = frozenset()):
-    """FLUX.1 text-to-image, guidance-distilled: FluxTransformer2DModel, AutoencoderKL, CLIP + T5, flow Euler."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxPipeline, FluxTransformer2DModel
+def tiny_components(meta: frozenset[str] = frozenset()) -> dict:
+    """The tiny FLUX.1 pipeline's components by name (FluxTransformer2DModel, AutoencoderKL, CLIP + T5, flow
+    Euler), for any FLUX pipeline class; those named in `meta` on the meta device."""
+    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxTransformer2DModel
     from transformers import CLIPTextModel, T5Config, T5EncoderModel
 
     clip_tokenizer = character_tokenizer(model_max_length=77)
@@ -147,15 +153,15 @@ def build_tiny(meta: frozenset[str] = frozenset()):
         use_dynamic_shifting=True,
         shift=3.0,
     )
-    return FluxPipeline(
-        scheduler=scheduler,
-        vae=vae,
-        text_encoder=clip,
-        tokenizer=clip_tokenizer,
-        text_encoder_2=t5,
-        tokenizer_2=t5_tokenizer,
-        transformer=transformer,
-    )
+    return dict(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=clip_tokenizer, text_encoder_2=t5,
+                tokenizer_2=t5_tokenizer, transformer=transformer)
+
+
+def build_tiny(meta: frozenset[str] = frozenset()):
+    """FLUX.1 text-to-image, guidance-distilled: the tiny components in FluxPipeline."""
+    from diffusers import FluxPipeline
+
+    return FluxPipeline(**tiny_components(meta))
 
 
 _JOINT = ("encoder_hidden_states", "hidden_states")  # the pipeline's order: [text, image]

@@ -26,7 +26,6 @@ from genbatch.models import flux, tiny_configs
 from genbatch.models.base import TinyPreset
 from genbatch.models.hooks import Trajectory
 from genbatch.models.spec import ModelSpec
-from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
 CALL_DEFAULTS = {**flux.CALL_DEFAULTS, "guidance_scale": 3.5, "auto_resize": 1}
 """FluxKontextPipeline.__call__'s defaults; `auto_resize` is its `_auto_resize` (1: the preferred resolutions)."""
@@ -72,8 +71,7 @@ class FluxKontextHooks(flux.FluxHooks):
             image = job.media["image"].image
             width, height = input_size(image.size, pipe.vae_scale_factor * 2, _auto_resize(job))
             pixels = pipe.image_processor.preprocess(pipe.image_processor.resize(image, height, width), height, width)
-        channels = pipe.transformer.config.in_channels // 4
-        dtype = pipe.text_encoder_2.dtype if pipe.text_encoder_2 is not None else pipe.transformer.dtype
+        channels, dtype = self.noise_format(pipe)
         # the image's latent tokens (its mode: no noise drawn), then the noise's, drawn as FluxPipeline draws it
         latents, image_latents, latent_ids, image_ids = pipe.prepare_latents(
             pixels, 1, channels, job.height, job.width, dtype, device, generator)
@@ -94,20 +92,10 @@ class FluxKontextHooks(flux.FluxHooks):
 
 
 def build_tiny(meta: frozenset[str] = frozenset()):
-    """FLUX.1 Kontext: FLUX's tiny transformer, VAE, CLIP + T5 and flow Euler, in FluxKontextPipeline."""
-    from diffusers import AutoencoderKL, FlowMatchEulerDiscreteScheduler, FluxKontextPipeline, FluxTransformer2DModel
-    from transformers import CLIPTextModel, T5Config, T5EncoderModel
+    """FLUX.1 Kontext: FLUX's tiny components (`flux.tiny_components`) in FluxKontextPipeline."""
+    from diffusers import FluxKontextPipeline
 
-    clip_tokenizer = character_tokenizer(model_max_length=77)
-    t5_tokenizer = character_tokenizer(model_max_length=512)
-    clip = seeded(0, lambda: CLIPTextModel(clip_config(len(clip_tokenizer))), "text_encoder", meta)
-    t5 = seeded(1, lambda: T5EncoderModel(T5Config(**t5_config(len(t5_tokenizer)))), "text_encoder_2", meta)
-    transformer = seeded(2, lambda: FluxTransformer2DModel(**tiny_configs.TINY_FLUX_TRANSFORMER), "transformer", meta)
-    vae = seeded(3, lambda: AutoencoderKL(**tiny_configs.TINY_FLUX_VAE))
-    scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096,
-                                                max_shift=1.15, use_dynamic_shifting=True, shift=3.0)
-    return FluxKontextPipeline(scheduler=scheduler, vae=vae, text_encoder=clip, tokenizer=clip_tokenizer,
-                               text_encoder_2=t5, tokenizer_2=t5_tokenizer, transformer=transformer)
+    return FluxKontextPipeline(**flux.tiny_components(meta))
 
 
 FAMILY = replace(

@@ -68,6 +68,12 @@ def _expands_timesteps(path: str) -> bool:
         return bool(json.load(handle).get("expand_timesteps"))
 
 
+def token_timesteps(mask, t):
+    """Wan 2.2 TI2V's one timestep per token, as its pipelines compute it: `t` scaled by the mask (0 on the
+    image's first frame), one per 2x2 patch. mask (b, 1 or c, f, h, w) -> (b, f * h/2 * w/2)."""
+    return (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(mask.shape[0], -1)
+
+
 class WanHooks(Family):
     name = "wan"
 
@@ -117,10 +123,8 @@ class WanHooks(Family):
 
         model = self.denoiser_at(pipe, trajectory, t)
         model_input = latents.to(self._transformer_dtype(pipe))
-        if pipe.config.expand_timesteps:
-            # Wan 2.2 TI2V: one timestep per token. (b, c, f, h, w) -> (b, f * h/2 * w/2)
-            mask = torch.ones(latents.shape, dtype=torch.float32, device=latents.device)
-            timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
+        if pipe.config.expand_timesteps:  # Wan 2.2 TI2V without an image: every token at t
+            timestep = token_timesteps(torch.ones(latents.shape, dtype=torch.float32, device=latents.device), t)
         else:
             timestep = t.expand(latents.shape[0])
         return model(hidden_states=model_input, timestep=timestep, return_dict=False, **branch)[0]

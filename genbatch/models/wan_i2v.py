@@ -95,7 +95,7 @@ class WanI2VHooks(wan.WanHooks):
         else:
             # TI2V: the image's latents as the first frame, whose tokens are at timestep 0. (b, f * h/2 * w/2)
             model_input = (1 - mask) * condition + mask * latents
-            timestep = (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(latents.shape[0], -1)
+            timestep = wan.token_timesteps(mask, t).expand(latents.shape[0], -1)
         return model(hidden_states=model_input.to(self._transformer_dtype(pipe)), timestep=timestep,
                      return_dict=False, **branch)[0]
 
