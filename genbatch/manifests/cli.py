@@ -76,6 +76,37 @@ def overrides_from_options(options: dict) -> JobOverrides:
     return JobOverrides(**{name: options.get(name) for name in names})
 
 
+def media_options(command: Callable) -> Callable:
+    """Add --media-allow --media-max-mib --media-refuse: what rows' media URLs may make a rank read."""
+    options = [
+        click.option("--media-allow", "media_allow", multiple=True, metavar="PREFIX",
+                     help="A URL prefix rows' images may be read from (a path, s3://bucket/prefix, "
+                          "https://host/path; repeatable) besides the manifest's own directory or bucket prefix and "
+                          "the Hugging Face cache. A row outside them is rejected alone."),
+        click.option("--media-max-mib", type=click.FloatRange(min=0, min_open=True), default=64, show_default=True,
+                     metavar="MIB", help="The most MiB one row's input image may have; a larger one is not read."),
+        click.option("--media-refuse", "media_refuse", multiple=True, metavar="CIDR",
+                     help="A network never read over http(s) (repeatable), besides link-local (169.254.0.0/16, "
+                          "fe80::/10) and metadata addresses (fd00:ec2::254, metadata.google.internal), "
+                          "which always are."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def media_policy_from(manifest: str, options: dict):
+    """The `MediaPolicy` of the options `media_options` added, for `manifest`."""
+    from genbatch.io.media_policy import MediaPolicy, parse_networks
+
+    try:
+        refuse = parse_networks(options.get("media_refuse") or ())
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--media-refuse") from None
+    return MediaPolicy.for_manifest(manifest, allow=tuple(options.get("media_allow") or ()),
+                                    max_mib=options.get("media_max_mib") or 64, refuse=refuse)
+
+
 def storage_options_from(pairs: Iterable[str]) -> dict[str, object]:
     """`--storage-option key=value` strings -> fsspec storage options (parsed by `genbatch.io`)."""
     from genbatch.io.options import parse_storage_options
@@ -97,7 +128,9 @@ def storage_options_from(pairs: Iterable[str]) -> dict[str, object]:
     help="fsspec option for the manifest's filesystem (repeatable; dotted keys nest).",
 )
 @click.option("--check-media/--no-check-media", default=True, show_default=True,
-              help="Check that every row's image exists (one listing per folder, not a read per row).")
+              help="Check that every row's image may be read (--media-allow) and exists (one listing per folder, "
+                   "not a read per row).")
+@media_options
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
 @click.pass_context
 def validate_command(
@@ -113,7 +146,7 @@ def validate_command(
     except ValueError as error:
         raise click.UsageError(str(error)) from None
     report = validate_manifest(manifest, overrides=overrides, storage_options=storage_options_from(storage_option),
-                               check_media=check_media)
+                               check_media=check_media, media_policy=media_policy_from(manifest, options))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=2, default=str))
     else:

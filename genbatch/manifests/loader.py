@@ -72,6 +72,7 @@ def read_jobs(
     storage_options: dict | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     check_media: bool = True,
+    media_policy=None,
 ) -> ManifestJobs:
     """Read and resolve a manifest from any fsspec URL.
 
@@ -87,9 +88,10 @@ def read_jobs(
         extra_schema = reader.schema.extra_schema
         jobs = JobTable(pa.Table.from_batches(batches)) if batches else JobTable.empty(extra_schema)
         if check_media:  # a row whose image does not exist is rejected alone (one listing per folder)
+            from genbatch.io.media_policy import MediaPolicy
             from genbatch.manifests.media_check import reject_missing
 
-            jobs, missing = reject_missing(jobs, storage_options)
+            jobs, missing = reject_missing(jobs, storage_options, media_policy or MediaPolicy.for_manifest(url))
             rejected = sorted(rejected + missing, key=lambda rejection: rejection.row) if missing else rejected
         return ManifestJobs(
             jobs=jobs,

@@ -1,10 +1,13 @@
-"""Do the rows' input images exist? Checked by one listing per distinct folder, never one read per row.
+"""May the rows' input images be read, and do they exist? Judged before any job runs, never one read per row.
 
-`missing_media(urls)` lists each distinct parent folder (or bucket prefix) of the URLs once, through fsspec with
-the manifest's storage options, and returns the URLs not found with the reason. A folder that cannot be listed
-(permissions, an endpoint down) leaves its URLs unjudged: the rank that reads such an image later names the
-problem for its job. `reject_missing` turns a manifest's valid rows with a missing image into rejections.
-Whether a file that exists is a decodable image is known only by reading it (`genbatch.io.media_input`).
+First the run's media policy (`genbatch.io.media_policy`): a URL outside the allowed prefixes (after `..` and
+symlinks are resolved), or an http(s) URL naming a refused address, is refused without being touched. Then
+`missing_media(urls)` lists each distinct parent folder (or bucket prefix) of the other URLs once, through
+fsspec with the manifest's storage options, and returns the URLs not found, or larger than `--media-max-mib`,
+with the reason. A folder that cannot be listed (permissions, an endpoint down) and an http(s) URL stay
+unjudged: the rank that reads such an image later judges it the same way for its job. `reject_missing` turns a
+manifest's valid rows with such an image into rejections. Whether a file that exists is a decodable image is
+known only by reading it (`genbatch.io.media_input`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from genbatch.io.media_policy import HTTP_SCHEMES, MediaPolicy, refused_address
 from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.jobs.spec import JobSpec
 from genbatch.jobs.table import JobTable
@@ -28,31 +32,64 @@ def _split(url: str) -> tuple[str, str]:
     return parent or "/", name
 
 
-def missing_media(urls: Iterable[str], storage_options: dict | None = None) -> dict[str, str]:
-    """URL -> why it is missing, for each of `urls` that its folder's listing does not hold."""
+def _is_http(url: str) -> bool:
+    return url.split("://", 1)[0].lower() in HTTP_SCHEMES if "://" in url else False
+
+
+def refused_media(urls: Iterable[str], policy: MediaPolicy) -> dict[str, str]:
+    """URL -> why the policy refuses it, without touching it: outside the allowed prefixes, or an http(s) URL
+    whose host is a refused address (its lookup and its redirects are judged when it is read)."""
+    from urllib.parse import urlsplit
+
+    refused = {}
+    for url in set(urls):
+        reason = policy.outside(url)
+        if reason is None and _is_http(url):
+            host = urlsplit(url).hostname or ""
+            if refused_address(host, policy.refuse):
+                reason = f"{host} is a refused address (link-local, metadata service or --media-refuse)"
+        if reason is not None:
+            refused[url] = reason
+    return refused
+
+
+def missing_media(urls: Iterable[str], storage_options: dict | None = None,
+                  policy: MediaPolicy | None = None) -> dict[str, str]:
+    """URL -> why it cannot be read, for each of `urls` that its folder's listing does not hold, or holds at
+    more than the policy's `max_bytes`; http(s) URLs are left to the reading rank."""
     import fsspec
 
     folders: dict[str, list[str]] = {}
     for url in set(urls):
-        folders.setdefault(_split(url)[0], []).append(url)
+        if not _is_http(url):
+            folders.setdefault(_split(url)[0], []).append(url)
     missing = {}
     for folder, members in sorted(folders.items()):
         try:
             fs, root = fsspec.core.url_to_fs(folder, **(storage_options or {}))
-            names = {entry.rstrip("/").rpartition("/")[2] for entry in fs.ls(root, detail=False)}
+            sizes = {entry["name"].rstrip("/").rpartition("/")[2]: entry.get("size")
+                     for entry in fs.ls(root, detail=True)}
         except FileNotFoundError:
-            names = set()
+            sizes = {}
         except Exception:  # noqa: BLE001 - unlisted: the reading rank judges these URLs
             continue
-        missing.update({url: MISSING for url in members if _split(url)[1] not in names})
+        for url in members:
+            name = _split(url)[1]
+            if name not in sizes:
+                missing[url] = MISSING
+            elif policy is not None and (reason := policy.too_large(sizes[name])) is not None:
+                missing[url] = reason
     return missing
 
 
-def media_rejections(jobs: Iterable[JobSpec], storage_options: dict | None = None) -> dict[int, list[Rejection]]:
-    """Manifest row -> its rejections (column, URL), for each of `jobs` that names an image that does not exist."""
+def media_rejections(jobs: Iterable[JobSpec], storage_options: dict | None = None,
+                     policy: MediaPolicy | None = None) -> dict[int, list[Rejection]]:
+    """Manifest row -> its rejections (column, URL), for each of `jobs` that names an image the policy refuses
+    or that does not exist."""
     jobs = list(jobs)
-    missing = missing_media((getattr(job, column) for job in jobs for column in MEDIA_COLUMNS
-                             if getattr(job, column) is not None), storage_options)
+    urls = {getattr(job, column) for job in jobs for column in MEDIA_COLUMNS if getattr(job, column) is not None}
+    missing = refused_media(urls, policy) if policy is not None else {}
+    missing.update(missing_media(urls - set(missing), storage_options, policy))
     found = {}
     for job in jobs:
         faults = [Rejection(row=job.row, job_id=job.id, column=column, reason=missing[getattr(job, column)],
@@ -63,8 +100,10 @@ def media_rejections(jobs: Iterable[JobSpec], storage_options: dict | None = Non
     return found
 
 
-def reject_missing(jobs: JobTable, storage_options: dict | None = None) -> tuple[JobTable, list[Rejection]]:
-    """`jobs` without the rows whose image does not exist, and their rejections (`media_rejections`)."""
+def reject_missing(jobs: JobTable, storage_options: dict | None = None,
+                   policy: MediaPolicy | None = None) -> tuple[JobTable, list[Rejection]]:
+    """`jobs` without the rows whose image is refused or does not exist, and their rejections
+    (`media_rejections`)."""
     table = jobs.table
     names = np.zeros(table.num_rows, dtype=bool)
     for column in MEDIA_COLUMNS:
@@ -72,7 +111,7 @@ def reject_missing(jobs: JobTable, storage_options: dict | None = None) -> tuple
             names |= pc.is_valid(table.column(column)).to_numpy(zero_copy_only=False)
     if not names.any():
         return jobs, []
-    found = media_rejections(JobTable(table.take(pa.array(np.flatnonzero(names)))), storage_options)
+    found = media_rejections(JobTable(table.take(pa.array(np.flatnonzero(names)))), storage_options, policy)
     if not found:
         return jobs, []
     kept = table.filter(pc.invert(pc.is_in(table.column("row"), value_set=pa.array(list(found), pa.int64()))))

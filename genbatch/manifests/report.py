@@ -99,6 +99,7 @@ def validate_manifest(
     storage_options: dict | None = None,
     batch_rows: int = DEFAULT_BATCH_ROWS,
     check_media: bool = True,
+    media_policy=None,
 ) -> ValidationReport:
     """Check every row of a manifest without keeping its jobs: memory grows with the problems (and the rows
     that name images), not the rows.
@@ -125,7 +126,11 @@ def validate_manifest(
                     report.rejected += 1
                     report.problems.extend(outcome)
                     report.by_model.setdefault(outcome[0].model or "?", ModelCounts()).rejected += 1
-            _reject_missing_media(report, with_media, storage_options)
+            if with_media:
+                from genbatch.io.media_policy import MediaPolicy
+
+                policy = media_policy or MediaPolicy.for_manifest(str(url))
+                _reject_missing_media(report, with_media, storage_options, policy)
     except ManifestFileError as error:
         return ValidationReport(url=str(url), file_error=error)
     except RunOptionError as error:
@@ -133,13 +138,13 @@ def validate_manifest(
     return report
 
 
-def _reject_missing_media(report: ValidationReport, jobs: list[JobSpec], storage_options: dict | None) -> None:
-    """Move the rows among `jobs` whose image does not exist from valid to rejected, one problem per column."""
-    if not jobs:
-        return
+def _reject_missing_media(report: ValidationReport, jobs: list[JobSpec], storage_options: dict | None,
+                          policy) -> None:
+    """Move the rows among `jobs` whose image is refused by `policy` or does not exist from valid to rejected,
+    one problem per column."""
     from genbatch.manifests.media_check import media_rejections
 
-    found = media_rejections(jobs, storage_options)
+    found = media_rejections(jobs, storage_options, policy)
     for job in jobs:
         faults = found.get(job.row)
         if not faults:

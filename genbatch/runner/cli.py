@@ -8,7 +8,12 @@ import traceback
 import click
 
 from genbatch.jobs import exit_codes
-from genbatch.manifests.cli import job_override_options, overrides_from_options, storage_options_from
+from genbatch.manifests.cli import (
+    job_override_options,
+    media_options,
+    overrides_from_options,
+    storage_options_from,
+)
 from genbatch.parallel.flags import kernel_options, layout_options
 from genbatch.parallel.tensor.encoders import MODES as TEXT_ENCODER_MODES
 from genbatch.planner.memory import DECODE_CHOICES
@@ -70,6 +75,7 @@ def _layout_options(command):
               help="With --pipefusion: the patches of the latent streamed through the stages [default: the "
                    "stages].")
 @kernel_options
+@media_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the manifest and output filesystems (repeatable).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
@@ -132,6 +138,9 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
             from genbatch.parallel.dims import LayoutRequest
 
             layout = "auto" if options["layout"] == "auto" else LayoutRequest.from_flags(options)
+            from genbatch.io.media_policy import parse_networks
+
+            media_refuse = parse_networks(options["media_refuse"])
         except ValueError as error:
             raise UsageError(str(error)) from None
         run_options = RunOptions(
@@ -150,6 +159,8 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
             text_encoder_parallel=options["text_encoder_parallel"],
             compile_cache=options["compile_cache"], quiet=options["quiet"], max_attempts=options["max_attempts"],
             storage_timeout=options["storage_timeout"],
+            media_allow=tuple(options["media_allow"]), media_max_mib=options["media_max_mib"],
+            media_refuse=tuple(str(network) for network in media_refuse),
         )
         status = run(run_options, stop)
     except UsageError as error:  # nothing could start: bad options

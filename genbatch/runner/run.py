@@ -17,17 +17,15 @@ import time
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 
 from genbatch.io.retry import StorageError
 from genbatch.models import resolve_model
 from genbatch.jobs.schedule import OrderKeys, hand_out_positions, share_positions
 from genbatch.jobs.spec import JobOverrides
-from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.dims import LayoutRequest
 from genbatch.jobs import exit_codes
 from genbatch.runner.download import DownloadStopped, prepare_models
-from genbatch.runner.execute import CheckpointPolicy, JobExecutor, JobInterrupted
+from genbatch.runner.execute import CheckpointPolicy, JobInterrupted
 from genbatch.runner.failures import GroupFailure, describe_error, is_collective_error, record_failure
 from genbatch.runner.handout import HandOut, coordination_store
 from genbatch.runner.progress import RunProgress
@@ -72,6 +70,13 @@ class RunOptions:
     storage_timeout: float = 120.0
     """Seconds one storage operation may keep failing, every retry included, before the run stops with its state
     kept (exit 75); permanent errors (access denied, no such bucket) stop it at once (exit 2)."""
+    media_allow: tuple[str, ...] = ()
+    """URL prefixes rows' media may be read from besides the manifest's own directory and the hub cache
+    (`--media-allow`; `genbatch.io.media_policy`)."""
+    media_max_mib: float = 64.0
+    """The most MiB one row's input image may have (`--media-max-mib`)."""
+    media_refuse: tuple[str, ...] = ()
+    """Networks never read over http(s), besides link-local and metadata addresses (`--media-refuse`)."""
     dynamic_hand_out: bool = True
     """Hand jobs to whichever group is free (False: a static strided split)."""
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
@@ -92,6 +97,13 @@ class RunOptions:
     max_pending_writes: int = 4
     """Finished jobs whose uploads may be in flight while the next job runs."""
     quiet: bool = False
+
+    def media_policy(self):
+        """What this run's rows may read (`genbatch.io.media_policy.MediaPolicy`)."""
+        from genbatch.io.media_policy import MediaPolicy
+
+        return MediaPolicy.for_manifest(self.manifest, allow=self.media_allow, max_mib=self.media_max_mib,
+                                        refuse=self.media_refuse)
 
     def compile_cache_for(self, world: World):
         """The run's `CompileCache` for this layout (None without `compile`)."""
@@ -155,7 +167,8 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
         "options": {**_layout_flags(options.layout),
                     **{k: getattr(options, k) for k in ("warmup_steps", "patches", "share", "vae_decode",
                                                         "vae_memory_gib", "compile", "compile_backend", "attention",
-                                                        "compile_cache", "text_encoder_parallel")}},
+                                                        "compile_cache", "text_encoder_parallel", "media_allow",
+                                                        "media_max_mib", "media_refuse")}},
         "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},

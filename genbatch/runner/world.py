@@ -129,7 +129,7 @@ class World:
             nonlocal loaded
             try:
                 loaded = read_jobs(options.manifest, overrides=options.row_defaults(),
-                                   storage_options=options.storage_options)
+                                   storage_options=options.storage_options, media_policy=options.media_policy())
                 self._validate_layout(loaded.jobs.models())
                 patches = self.stale.patches if self.stale is not None else None
                 loaded.jobs, unfit = reject_unfit(loaded.jobs, self.ctx.dims, device_memory_bytes(self.ctx.device),
@@ -248,7 +248,7 @@ class World:
             run_id=run_id,
             stale=self.stale,
             media=MediaReader(storage_options=dict(options.storage_options),
-                              retry=RetryPolicy(timeout_s=options.storage_timeout)),
+                              retry=RetryPolicy(timeout_s=options.storage_timeout), policy=options.media_policy()),
         )
 
     def load_pipeline(self, spec):

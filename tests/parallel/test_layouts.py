@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from genbatch.models.hooks import to_uint8
 from genbatch.runner.timing import JobTimer

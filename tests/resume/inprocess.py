@@ -70,7 +70,7 @@ class Harness:
 @contextlib.contextmanager
 def executor_on(out: str, policy: CheckpointPolicy | None = None):
     """A fresh single-process JobExecutor (its own pipelines) writing to `out`; writes flushed on exit."""
-    options = RunOptions(manifest="unused", out=out,
+    options = RunOptions(manifest="unused", out=out, media_allow=("/",),
                          checkpoints=policy or CheckpointPolicy(every_steps=0, every_seconds=0))
     world = start_world(options)
     store = RecordingStore(out)

@@ -111,6 +111,7 @@ def job_executor(out: str, store=None, **layout):
     from genbatch.runner.world import start_world
 
     degrees = {name: layout.pop(name) for name in (*AXES, "fsdp") if name in layout}
+    layout.setdefault("media_allow", ("/",))  # tests read images from wherever they wrote them
     options = RunOptions(manifest="unused", out=out, layout=LayoutRequest.of(**degrees), **layout)
     world = start_world(options)
     executor = world.executor(options, store or RunStore(out), BackgroundWriter(max_pending=1), run_id="test")

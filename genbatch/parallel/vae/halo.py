@@ -98,7 +98,7 @@ class _Extended:
 
     def window(self, row0: int, row1: int, col0: int, col1: int) -> torch.Tensor:
         """Rows [row0, row1) and columns [col0, col1) of the extended tile (halo coordinates start at 0)."""
-        x, ph, pw = self.x, self.ph, self.pw
+        x, pw = self.x, self.pw
         w = x.shape[-1]
         parts = []
         if col0 < pw:
