@@ -50,9 +50,10 @@ def _body(response: http.client.HTTPResponse, url: str, policy: MediaPolicy) -> 
                                "it or raise --media-max-mib")
 
 
-def read_http(url: str, policy: MediaPolicy, timeout_s: float) -> bytes:
+def read_http(url: str, policy: MediaPolicy, timeout_s: float, body=None):
     """The body of `url`, every redirect hop judged by `policy`; MediaRefused, FileNotFoundError (404/410) or
-    OSError naming the URL and the status."""
+    OSError naming the URL and the status. `body(response, declared_size)`: reads the final response instead
+    of the policy's size-bounded read (an adapter is bounded by its own header, `genbatch.io.adapter_file`)."""
     current = url
     for _ in range(MAX_REDIRECTS + 1):
         reason = policy.refusal(current)
@@ -73,6 +74,9 @@ def read_http(url: str, policy: MediaPolicy, timeout_s: float) -> bytes:
                 raise FileNotFoundError(current)
             if response.status != 200:
                 raise OSError(f"HTTP {response.status} {response.reason}")
+            if body is not None:
+                declared = response.getheader("Content-Length")
+                return body(response, int(declared) if declared and declared.strip().isdigit() else None)
             return _body(response, url, policy)
         finally:
             connection.close()

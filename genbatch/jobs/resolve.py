@@ -75,6 +75,7 @@ def build_job(
     cache: str = "none",
     image: str | None = None,
     last_image: str | None = None,
+    lora: tuple = (),
 ) -> JobSpec:
     """A `JobSpec` from resolved settings that validation has already accepted (every required one present)."""
 
@@ -97,6 +98,7 @@ def build_job(
         cache=cache,
         image=image,
         last_image=last_image,
+        lora=tuple(lora),
         extra=extra,
         row=row,
     )

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from genbatch.jobs.cache import NONE, parse_cache
+from genbatch.jobs.lora import LoraRef, lora_text
 
 # The per-job settings a manifest row, a run-level option or the model's defaults can supply, in the order
 # results tables list them.
@@ -48,6 +49,10 @@ class JobSpec:
     directory, `genbatch.jobs.media`), or None."""
     last_image: str | None = None
     """First-and-last-frame video: the last frame's URL, or None."""
+    lora: tuple[LoraRef, ...] = ()
+    """The adapters the job applies, in order (the row's `lora`, else the run's `--lora`; `genbatch.jobs.lora`)."""
+    lora_sha256: tuple[str, ...] = field(default=(), compare=False, repr=False)
+    """The sha256 of each adapter's file, filled in by the executor when it applies them; () before."""
     media: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
     """The media the rank running the job read (column -> `genbatch.io.media_input.MediaInput`), filled in
     by the executor just before the job runs; empty in a job as validation builds it. Not recorded."""
@@ -71,6 +76,7 @@ class JobSpec:
         flat["cache"] = self.cache
         flat["image"] = self.image
         flat["last_image"] = self.last_image
+        flat["lora"] = lora_text(self.lora, self.lora_sha256)
         flat.update(self.extra)
         return flat
 
@@ -95,6 +101,8 @@ class JobOverrides:
     """Frames per second for video rows without one (ignored for image models)."""
     cache: str | None = None
     """The step-caching mode for rows without a `cache` value (`genbatch.jobs.cache`); None: `none`."""
+    lora: tuple[LoraRef, ...] = ()
+    """The adapters of rows whose `lora` is null (`--lora`, `--lora-scale`)."""
 
     def __post_init__(self) -> None:
         for name in ("width", "height", "num_frames", "num_inference_steps", "fps"):
@@ -112,6 +120,17 @@ class JobOverrides:
             raise ValueError(
                 "run-level model is empty; pass a preset name (tiny-wan, tiny-flux) or a pipeline directory"
             )
+
+    def record(self) -> dict[str, object]:
+        """The options as JSON values (run.json's `overrides`); `from_record` reads them back."""
+        return {name: [adapter.as_dict() for adapter in self.lora] if name == "lora" else getattr(self, name)
+                for name in self.__slots__}
+
+    @classmethod
+    def from_record(cls, values: dict) -> JobOverrides:
+        known = {name: values[name] for name in cls.__slots__ if name in values}
+        known["lora"] = tuple(LoraRef(**adapter) for adapter in known.get("lora") or ())
+        return cls(**known)
 
     def value(self, name: str) -> int | float | None:
         """The run-level value of one setting (see `SETTINGS`), None when not given."""

@@ -16,15 +16,17 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
+from genbatch.jobs.lora import from_text
 from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.jobs.seeds import job_seed
 from genbatch.jobs.spec import SETTINGS, JobSpec
 
-COLUMNS = ("id", "prompt", "negative_prompt", "model", *SETTINGS, "cache", *MEDIA_COLUMNS, "seed", "row")
+COLUMNS = ("id", "prompt", "negative_prompt", "model", *SETTINGS, "cache", *MEDIA_COLUMNS, "seed", "row", "lora")
 """The resolved columns, before the extra ones. `seed` is the row's own (null: derived from `id` when the
 job is built); `num_frames` and `fps` are null for image models; `cache` is the canonical step-caching mode;
-`image` and `last_image` are absolute URLs (null: none)."""
-_STRINGS = ("id", "prompt", "negative_prompt", "model", "cache", *MEDIA_COLUMNS)
+`image` and `last_image` are absolute URLs (null: none); `lora` is the adapters' canonical text
+(`genbatch.jobs.lora.lora_text`, null: none)."""
+_STRINGS = ("id", "prompt", "negative_prompt", "model", "cache", *MEDIA_COLUMNS, "lora")
 
 _ITER_ROWS = 4096
 """Rows turned into Python objects at a time when iterating."""
@@ -74,7 +76,8 @@ class JobTable(Sequence[JobSpec]):
             model=values["model"], width=values["width"], height=values["height"], num_frames=values["num_frames"],
             num_inference_steps=values["num_inference_steps"], guidance_scale=values["guidance_scale"],
             seed=job_seed(values["seed"], values["id"]), fps=values["fps"], cache=values["cache"],
-            image=values["image"], last_image=values["last_image"], extra=extra, row=values["row"],
+            image=values["image"], last_image=values["last_image"], lora=from_text(values["lora"]), extra=extra,
+            row=values["row"],
         )
 
     def __getitem__(self, index):

@@ -64,6 +64,11 @@ def job_override_options(command: Callable) -> Callable:
             help="Guidance scale for rows without `guidance_scale`.",
         ),
         click.option("--fps", type=click.IntRange(min=1), help="Frames per second for video rows without `fps`."),
+        click.option("--lora", "lora", multiple=True, metavar="URI",
+                     help="A LoRA adapter for rows whose `lora` is null (repeatable, applied in order): a hub id "
+                     "(org/name[@revision]), or a path or URL of a .safetensors file or its directory."),
+        click.option("--lora-scale", "lora_scale", multiple=True, type=float, metavar="S",
+                     help="The scale of each --lora, paired by order [default: 1.0]."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -72,8 +77,14 @@ def job_override_options(command: Callable) -> Callable:
 
 def overrides_from_options(options: dict) -> JobOverrides:
     """The `JobOverrides` of the options `job_override_options` added (other keys are ignored)."""
+    from genbatch.jobs.lora import run_loras
+
     names = ("model", "width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps", "cache")
-    return JobOverrides(**{name: options.get(name) for name in names})
+    try:
+        adapters = run_loras(options.get("lora") or (), options.get("lora_scale") or ())
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--lora") from None
+    return JobOverrides(**{name: options.get(name) for name in names}, lora=adapters)
 
 
 def media_options(command: Callable) -> Callable:

@@ -17,6 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from genbatch.jobs.lora import lora_text
 from genbatch.jobs.media import MEDIA_COLUMNS, media_url
 from genbatch.jobs.resolve import Resolved, resolve_model_name
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides
@@ -39,6 +40,7 @@ _SETTING_ORDER = {name: 10 + index for index, name in enumerate(SETTINGS)}
 _GEOMETRY_ORDER = {name: 20 + index for index, name in enumerate(_GEOMETRY)}
 _CACHE_ORDER = 30
 _MEDIA_ORDER = {name: 40 + index for index, name in enumerate(MEDIA_COLUMNS)}
+_LORA_ORDER = 50
 
 
 def _plain(array: pa.Array) -> pa.Array:
@@ -125,10 +127,12 @@ class ColumnChecker:
             self._check_group(group, names[code], models[code], raw, resolved, problems)
             self._media(group, names[code], models[code], strings, problems)
         caches = self._caches(raw.get("cache"), size, problems)
+        adapters = self._adapters(raw.get("lora"), size, problems)
         rejected = np.zeros(size, dtype=bool)
         rejected[[offset for offset, *_ in problems]] = True
         accepted = np.flatnonzero(~rejected)
         jobs = self._jobs(first_row, batch, strings, raw.get("seed"), codes, names, resolved, caches, accepted)
+        jobs = jobs.append_column("lora", adapters.take(pa.array(accepted, pa.int64())))
         return jobs, self._rejections(first_row, batch, strings["id"], codes, names, problems)
 
     # ---- row problems ---------------------------------------------------------------------------------
@@ -277,6 +281,22 @@ class ColumnChecker:
                 problems.extend((int(offset), _CACHE_ORDER, "cache", problem) for offset in np.flatnonzero(codes == code))
             canonical.append(None if problem else validate.job_cache(value, self.overrides))
         return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(canonical, pa.string())).dictionary_decode()
+
+    def _adapters(self, values: pa.Array | None, size: int, problems: list) -> pa.Array:
+        """The resolved `lora` column (`genbatch.jobs.lora.lora_text`; the run's `--lora` for nulls); only rows
+        that name adapters become Python values."""
+        default = lora_text(self.overrides.lora)
+        if values is None or pa.types.is_null(values.type) or values.null_count == len(values):
+            return pa.array([default] * size, pa.string())
+        texts = [default] * size
+        named = np.flatnonzero(~_flags(pc.is_null(values)))
+        for offset, value in zip(named.tolist(), values.take(pa.array(named, pa.int64())).to_pylist(), strict=True):
+            adapters = validate.job_adapters(value, self.overrides, self.media_base)
+            if isinstance(adapters, str):
+                problems.append((offset, _LORA_ORDER, "lora", adapters))
+            else:
+                texts[offset] = lora_text(adapters)
+        return pa.array(texts, pa.string())
 
     @staticmethod
     def _nulls(values: pa.Array | None, group: np.ndarray) -> np.ndarray:

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from genbatch.jobs.lora import LORA_TYPE
+
 MANIFEST_VERSION = 1
 
 
@@ -46,14 +48,18 @@ COLUMNS: dict[str, Column] = {
         Column("cache", "string", False, "step caching: none, fbc:THRESHOLD or taylorseer:INTERVAL; overrides --cache"),
         Column("image", "string", False, "the conditioning image: a path (relative to the manifest) or any fsspec URL"),
         Column("last_image", "string", False, "first-and-last-frame video: the last frame, as `image`"),
+        Column("lora", "lora", False, "LoRA adapters: a list of {uri, scale, weight_name}; null takes --lora"),
     )
 }
 
 RESERVED_EXTRA = {"row": "the results table's 0-based manifest row index"}
 """Names an extra column may not take, because the results table already uses them."""
 
-_EXAMPLES = {"string": "pa.string()", "int": "pa.int64()", "float": "pa.float64()"}
-_PANDAS_FIX = {"string": ".astype('string')", "int": ".astype('Int64')", "float": ".astype('float64')"}
+_EXAMPLES = {"string": "pa.string()", "int": "pa.int64()", "float": "pa.float64()",
+             "lora": "pa.list_(pa.struct([('uri', pa.string()), ('scale', pa.float64()), "
+                     "('weight_name', pa.string())]))"}
+_PANDAS_FIX = {"string": ".astype('string')", "int": ".astype('Int64')", "float": ".astype('float64')",
+               "lora": " as a list of dicts per row"}
 
 
 class ManifestFileError(ValueError):
@@ -76,6 +82,8 @@ def accepts(kind: str, arrow_type: pa.DataType) -> bool:
         return True
     if pa.types.is_dictionary(arrow_type):
         return accepts(kind, arrow_type.value_type)
+    if kind == "lora":
+        return _adapter_list(arrow_type)
     if kind == "string":
         return (
             pa.types.is_string(arrow_type)
@@ -85,6 +93,18 @@ def accepts(kind: str, arrow_type: pa.DataType) -> bool:
     if kind == "int":
         return pa.types.is_integer(arrow_type)
     return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
+
+
+def _adapter_list(arrow_type: pa.DataType) -> bool:
+    """list<struct<uri: string, ...>>, its other fields `scale` (a number) and `weight_name` (a string)."""
+    if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)):
+        return False
+    entry = arrow_type.value_type
+    if not pa.types.is_struct(entry) or entry.get_field_index("uri") < 0:
+        return False
+    kinds = {"uri": "string", "scale": "float", "weight_name": "string"}
+    return all(entry.field(index).name in kinds and accepts(kinds[entry.field(index).name], entry.field(index).type)
+               for index in range(entry.num_fields))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,7 +126,8 @@ class ManifestSchema:
 
 def _type_error(url: str, name: str, arrow_type: pa.DataType) -> ManifestFileError:
     kind = COLUMNS[name].kind
-    wanted = {"string": "a string", "int": "an integer", "float": "a float or integer"}[kind]
+    wanted = {"string": "a string", "int": "an integer", "float": "a float or integer",
+              "lora": f"the adapter list {LORA_TYPE}"}[kind]
     hint = ""
     if kind == "int" and pa.types.is_floating(arrow_type):
         hint = " (pandas turns integer columns with nulls into floats; Int64 keeps the nulls)"

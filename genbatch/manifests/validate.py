@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from genbatch.jobs.cache import cache_problem, canonical_cache
 from genbatch.models.spec import ModelSpec, UnknownModelError
+from genbatch.jobs.lora import LoraRef, parse_lora
 from genbatch.jobs.media import MEDIA_COLUMNS, media_url
 from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver, build_job, resolve_model_name
 from genbatch.jobs.seeds import INT64_MAX, INT64_MIN
@@ -110,6 +111,15 @@ def media_problems(spec: ModelSpec, model_name: str, values: Mapping[str, object
             problems.append((column, f"{model_name} takes no {column} ({takes}); drop the column's value, or "
                                      "run the row on an image-conditioned model (tiny-wan-i2v)"))
     return problems
+
+
+def job_adapters(value: object, overrides: JobOverrides, base: str | None) -> tuple[LoraRef, ...] | str:
+    """A row's adapters (its `lora`, else the run's `--lora`), or the reason its value cannot be used."""
+    try:
+        adapters = parse_lora(value, base)
+    except ValueError as error:
+        return f"{error}; or leave it null for the run's --lora"
+    return overrides.lora if adapters is None else adapters
 
 
 def job_cache(value: str | None, overrides: JobOverrides) -> str:
@@ -233,6 +243,9 @@ class RowChecker:
             problems.append(("cache", cache))
         if not isinstance(model, str):
             problems.extend(media_problems(model.spec, model_name, values))
+        adapters = job_adapters(get("lora"), self.overrides, self.media_base)
+        if isinstance(adapters, str):
+            problems.append(("lora", adapters))
         extra = {name: get(name) for name in self.extra_columns}
         if problems:
             ident = job_id if job_id else None
@@ -249,6 +262,7 @@ class RowChecker:
             settings=settings,
             extra=extra,
             cache=job_cache(get("cache"), self.overrides),
+            lora=adapters,
             **{column: media_url(get(column), self.media_base) for column in MEDIA_COLUMNS if get(column) is not None},
         )
 

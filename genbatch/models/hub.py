@@ -10,40 +10,10 @@ and only the runner calls it (one rank per node, see `genbatch.runner.download`)
 from __future__ import annotations
 
 import os
-import re
-from dataclasses import dataclass
 
-_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9._-]*"
-_HUB_ID = re.compile(rf"^(?P<repo>{_SEGMENT}/{_SEGMENT})(?:@(?P<revision>[^@\s/][^@\s]*))?$")
+from genbatch.jobs.hub_id import HubId, parse_hub_id  # noqa: F401 - spelled there, looked up here
 
 _FALSE = {"", "0", "false", "no", "off"}
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class HubId:
-    """A model on the Hugging Face hub, as a user names it: `org/name` or `org/name@revision`."""
-
-    repo: str
-    """The repository id, `org/name`."""
-    revision: str | None = None
-    """A branch, tag or commit hash; None for the default branch (`main`)."""
-
-    @property
-    def name(self) -> str:
-        return self.repo if self.revision is None else f"{self.repo}@{self.revision}"
-
-    def fill_command(self) -> str:
-        """The command that puts this model into the cache."""
-        revision = f" --revision {self.revision}" if self.revision else ""
-        return f"hf download {self.repo}{revision}"
-
-
-def parse_hub_id(name: str) -> HubId | None:
-    """The hub id `name` spells (`org/name`, `org/name@rev`), or None when it is no hub id (a path, a preset)."""
-    match = _HUB_ID.match(name)
-    if match is None:
-        return None
-    return HubId(repo=match["repo"], revision=match["revision"])
 
 
 def hub_cache_dir() -> str:

@@ -102,7 +102,7 @@ def shard(module: torch.nn.Module, mesh, ledger: CommLedger) -> None:
     _shard_uniform(module, mesh, ledger)
 
 
-def _fsdp_part(tensor: torch.Tensor, mesh) -> torch.Tensor:
+def fsdp_part(tensor: torch.Tensor, mesh) -> torch.Tensor:
     """This rank's FSDP shard of `tensor`: its chunk of dim 0 (torch.chunk's sizes; empty past the last)."""
     chunks = torch.chunk(tensor, mesh.size(), dim=0) if tensor.dim() else (tensor,)
     rank = mesh.get_local_rank() if tensor.dim() else 0
@@ -164,7 +164,7 @@ def _load_by_listing(module: torch.nn.Module, full_state: dict | None, group: Co
         local = stage_name(module, name)
         if local in params:
             part = tp_part(module, local, value, tp.rank, tp.size) if split else value
-            params[local].to_local().copy_(_fsdp_part(part, mesh))
+            params[local].to_local().copy_(fsdp_part(part, mesh))
         elif local in buffers:
             buffers[local].copy_(value)
         elif local in plain:

@@ -35,6 +35,7 @@ from genbatch.parallel.features import start_hooks
 from genbatch.parallel.job_hooks import JobStart, RunFeatures
 from genbatch.parallel.stale import EXACT, StaleConfig, label
 from genbatch.parallel.patch.session import STALE_BYTES
+from genbatch.runner.adapters import Adapters
 from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint
 from genbatch.runner.decode import Decoder
@@ -103,6 +104,9 @@ def fingerprint(job: JobSpec, approximation: str = EXACT) -> dict:
         "prompt": hashlib.sha256(f"{job.prompt}\0{job.negative_prompt}".encode()).hexdigest(),
         # a changed input image restarts the job (a text-only job's fingerprint has no such key)
         **({"media": {column: media.sha256 for column, media in sorted(job.media.items())}} if job.media else {}),
+        # so does a changed adapter, or another scale
+        **({"lora": [[ref.uri, ref.weight_name, ref.scale, digest] for ref, digest in
+                     zip(job.lora, job.lora_sha256, strict=True)]} if job.lora else {}),
     }
 
 
@@ -132,6 +136,8 @@ class JobExecutor:
     resumed job, whose resume re-warmed at these steps)."""
     media: MediaReader = field(default_factory=MediaReader)
     """Reads a job's input media (`image`, `last_image`) once, on the rank that runs it."""
+    adapters: Adapters = field(default_factory=Adapters)
+    """Prepares a job's LoRA adapters once each and switches them into its pipeline."""
 
     def __post_init__(self) -> None:
         if self.cache_group is None:
@@ -168,6 +174,15 @@ class JobExecutor:
             return job
         return replace(job, media={column: self.media.read(column, url) for column, url in named.items()})
 
+    def with_adapters(self, job: JobSpec, model: JobModel, timer: JobTimer) -> JobSpec:
+        """Switch the pipeline's weights to the job's adapters (the base weights for none; timed as
+        `lora_switch` when they change); `job` with each adapter's sha256. LoraError naming the adapter."""
+        if job.lora_sha256 or (not job.lora and not self.adapters.merged(model.pipe)):
+            return job  # applied already (`run` before `denoise`), or nothing to switch
+        with timer.stage("lora_switch"):
+            applied, _ = self.adapters.activate(job, model.spec, model.pipe, self.ctx.group)
+        return replace(job, lora_sha256=tuple(digest for _, digest in applied))
+
     def model_for(self, job: JobSpec) -> JobModel:
         """Resolve the job's model: its spec, its family's hooks and its pipeline (loaded on first use)."""
         spec = resolve_model(job.model)
@@ -199,6 +214,7 @@ class JobExecutor:
         identical on every rank of the group. `model`: the job's resolved model (None: resolved here)."""
         job = self.with_media(job)
         model = model or self.model_for(job)
+        job = self.with_adapters(job, model, timer)
         family, pipe = model.family, model.pipe
         device = self.ctx.device
         generator = torch.Generator("cpu").manual_seed(job.seed)
@@ -275,6 +291,7 @@ class JobExecutor:
         if any(getattr(job, column) is not None for column in MEDIA_COLUMNS):
             with timer.stage("read_media"):  # a row's input images, once, on this rank
                 job = self.with_media(job)
+        job = self.with_adapters(job, model, timer)
         try:
             frames = self.generate(job, timer, model)
         except JobInterrupted:

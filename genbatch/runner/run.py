@@ -169,7 +169,7 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
                                                         "vae_memory_gib", "compile", "compile_backend", "attention",
                                                         "compile_cache", "text_encoder_parallel", "media_allow",
                                                         "media_max_mib", "media_refuse")}},
-        "overrides": {k: getattr(options.overrides, k) for k in options.overrides.__slots__},
+        "overrides": options.overrides.record(),
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},
         "host": socket.gethostname(),

@@ -18,7 +18,7 @@ def run_status(out: str, *, manifest: str | None = None, storage_options: dict |
     if info is None and manifest is None:
         raise FileNotFoundError(f"{out} has no run.json: pass --manifest to count against a manifest")
     manifest = manifest or info["manifest"]
-    overrides = JobOverrides(**(info or {}).get("overrides", {})) if info else JobOverrides()
+    overrides = JobOverrides.from_record((info or {}).get("overrides", {})) if info else JobOverrides()
     if overrides.model is None and info and info.get("model"):  # the run's --model, as the run resolved rows
         overrides.model = info["model"]
     loaded = read_jobs(manifest, overrides=overrides, storage_options=storage_options)

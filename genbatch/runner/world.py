@@ -229,6 +229,7 @@ class World:
     def executor(self, options, store, writer, run_id: str, stop=None):
         """The job executor of this rank; `stop` is the run's installed StopRequest (a new one if None)."""
         from genbatch.io.media_input import MediaReader
+        from genbatch.runner.adapters import Adapters
         from genbatch.io.retry import RetryPolicy
         from genbatch.parallel.cfg import branch_exchange
         from genbatch.runner.decode import Decoder
@@ -249,6 +250,8 @@ class World:
             stale=self.stale,
             media=MediaReader(storage_options=dict(options.storage_options),
                               retry=RetryPolicy(timeout_s=options.storage_timeout), policy=options.media_policy()),
+            adapters=Adapters(policy=options.media_policy(), storage_options=dict(options.storage_options),
+                              timeout_s=options.storage_timeout),
         )
 
     def load_pipeline(self, spec):

@@ -26,6 +26,9 @@ from genbatch.parallel.marks import ModuleMark
 SHARDS: ModuleMark[dict] = ModuleMark("tp shards")
 """What a split module records: parameter name -> (dim, block sizes) of its tp split, or None for a
 parameter every rank keeps whole (`genbatch.parallel.tensor.loading` reads it)."""
+SPLIT_OVER: ModuleMark[tuple[int, int]] = ModuleMark("tp split rank")
+"""What a split module records of its group: (this rank's index, the group's size); the tp axis for a
+transformer, the job group for a text encoder (`genbatch.parallel.lora` takes its parts by it)."""
 
 
 def block_slice(full: torch.Tensor, dim: int, blocks: list[int], rank: int, size: int) -> torch.Tensor:
@@ -103,6 +106,7 @@ def apply_style(linear: torch.nn.Linear, style: str, mesh, comm: Comm) -> None:
     shards = split_sizes(style, linear)
     parallelize_module(linear, mesh, _torch_style(style))
     SHARDS.put(linear, shards)
+    SPLIT_OVER.put(linear, (comm.rank, comm.size))
     if style in (ROWWISE, PACKED_ROWWISE):
         linear.register_forward_hook(lambda module, args, output: comm.all_reduce(output, kind="tp_all_reduce"))
     elif style == GATHERED_COLWISE:
