@@ -28,12 +28,15 @@ SpecOf = Callable[[str], "ModelSpec"]
 
 def hand_out_order(jobs: Sequence[JobSpec], spec_of: SpecOf) -> list[JobSpec]:
     """Largest estimated cost first (longest-processing-time order), grouped by model so that each
-    group loads each model once; ties broken by manifest row, so the order is deterministic."""
-    first_row: dict[str, int] = {}
+    group loads each model once, and within a model by adapter set so that each group switches adapters
+    rarely; ties broken by manifest row, so the order is deterministic."""
+    first_row: dict[object, int] = {}
     for job in jobs:
         first_row.setdefault(job.model, job.row)
-    specs = {name: spec_of(name) for name in first_row}
-    return sorted(jobs, key=lambda job: (first_row[job.model], -estimated_flops(job, specs[job.model]), job.row))
+        first_row.setdefault((job.model, job.lora), job.row)
+    specs = {name: spec_of(name) for name in first_row if isinstance(name, str)}
+    return sorted(jobs, key=lambda job: (first_row[job.model], first_row[(job.model, job.lora)],
+                                         -estimated_flops(job, specs[job.model]), job.row))
 
 
 def select_share(jobs: Sequence[JobSpec], index: int, count: int, spec_of: SpecOf) -> list[JobSpec]:
@@ -53,9 +56,10 @@ _KEY_ROWS = 65_536
 
 
 class OrderKeys:
-    """What the hand-out order sorts a `JobTable`'s jobs by, one NumPy entry per job: model, cost, row."""
+    """What the hand-out order sorts a `JobTable`'s jobs by, one NumPy entry per job: model, adapter set,
+    cost, row."""
 
-    __slots__ = ("model", "models", "flops", "row")
+    __slots__ = ("model", "models", "adapters", "adapter_sets", "flops", "row")
 
     def __init__(self, jobs: JobTable, spec_of: SpecOf) -> None:
         import pyarrow.compute as pc
@@ -64,6 +68,8 @@ class OrderKeys:
         codes: dict[str, int] = {}
         specs: dict[str, ModelSpec] = {}
         model = np.zeros(table.num_rows, dtype=np.int64)
+        sets: dict[object, int] = {}
+        adapters = np.zeros(table.num_rows, dtype=np.int64)
         flops = np.zeros(table.num_rows, dtype=np.float64)
         for start in range(0, table.num_rows, _KEY_ROWS):  # a piece at a time: temporaries stay small
             piece = table.slice(start, _KEY_ROWS)
@@ -71,6 +77,9 @@ class OrderKeys:
             known = np.array([codes.setdefault(name, len(codes)) for name in encoded.dictionary.to_pylist()], np.int64)
             local = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
             model[start : start + piece.num_rows] = known[local]
+            loras = pc.dictionary_encode(piece.column("lora").combine_chunks(), null_encoding="encode")
+            set_codes = np.array([sets.setdefault(text, len(sets)) for text in loras.dictionary.to_pylist()], np.int64)
+            adapters[start : start + piece.num_rows] = set_codes[loras.indices.to_numpy(zero_copy_only=False)]
             numbers = {name: piece.column(name).fill_null(fill).to_numpy() for name, fill in (
                 ("width", 0), ("height", 0), ("num_frames", 1), ("num_inference_steps", 0), ("guidance_scale", 0.0))}
             has_negative = pc.is_valid(piece.column("negative_prompt")).to_numpy(zero_copy_only=False)
@@ -89,6 +98,10 @@ class OrderKeys:
         """Each job's model, as an index into `models`."""
         self.models: list[str] = list(codes)
         """The distinct models."""
+        self.adapters = adapters if whole else adapters[order]
+        """Each job's adapter set (its `lora` text), as an index into `adapter_sets`."""
+        self.adapter_sets: list[str | None] = list(sets)
+        """The distinct adapter sets (None: no adapter)."""
         self.row = jobs.numbers("row")
         """Each job's manifest row."""
         self.flops = flops if whole else flops[order]
@@ -97,11 +110,15 @@ class OrderKeys:
     def order(self, positions: np.ndarray) -> np.ndarray:
         """`positions` in hand-out order (as `hand_out_order` sorts those jobs)."""
         models, rows = self.model[positions], self.row[positions]
-        # each model ranks by the row of its first job in the given order (as hand_out_order's setdefault)
+        # each model ranks by the row of its first job in the given order (as hand_out_order's setdefault),
+        # and so does each (model, adapter set) within it
         present, first = np.unique(models, return_index=True)
         first_row = np.zeros(len(self.models), dtype=np.int64)
         first_row[present] = rows[first]
-        return positions[np.lexsort((rows, -self.flops[positions], first_row[models]))]
+        pairs = models * max(len(self.adapter_sets), 1) + self.adapters[positions]
+        _, first, inverse = np.unique(pairs, return_index=True, return_inverse=True)
+        pair_row = rows[first][inverse.reshape(-1)]
+        return positions[np.lexsort((rows, -self.flops[positions], pair_row, first_row[models]))]
 
 
 def hand_out_positions(keys: OrderKeys, positions: np.ndarray | None = None) -> np.ndarray:

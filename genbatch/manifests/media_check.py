@@ -84,17 +84,21 @@ def missing_media(urls: Iterable[str], storage_options: dict | None = None,
 
 def media_rejections(jobs: Iterable[JobSpec], storage_options: dict | None = None,
                      policy: MediaPolicy | None = None) -> dict[int, list[Rejection]]:
-    """Manifest row -> its rejections (column, URL), for each of `jobs` that names an image the policy refuses
-    or that does not exist."""
+    """Manifest row -> its rejections (column, URL), for each of `jobs` that names an image or an adapter the
+    policy refuses or that does not exist (an adapter's size is its header's to bound, when it is read)."""
     jobs = list(jobs)
     urls = {getattr(job, column) for job in jobs for column in MEDIA_COLUMNS if getattr(job, column) is not None}
-    missing = refused_media(urls, policy) if policy is not None else {}
+    adapters = {ref.uri for job in jobs for ref in job.lora if not ref.is_hub_id}
+    missing = refused_media(urls | adapters, policy) if policy is not None else {}
     missing.update(missing_media(urls - set(missing), storage_options, policy))
+    missing.update(missing_media(adapters - set(missing), storage_options))
     found = {}
     for job in jobs:
         faults = [Rejection(row=job.row, job_id=job.id, column=column, reason=missing[getattr(job, column)],
                             subject=getattr(job, column), model=job.model, extra=job.extra)
                   for column in MEDIA_COLUMNS if getattr(job, column) in missing]
+        faults += [Rejection(row=job.row, job_id=job.id, column="lora", reason=missing[ref.uri], subject=ref.uri,
+                             model=job.model, extra=job.extra) for ref in job.lora if ref.uri in missing]
         if faults:
             found[job.row] = faults
     return found
@@ -106,7 +110,7 @@ def reject_missing(jobs: JobTable, storage_options: dict | None = None,
     (`media_rejections`)."""
     table = jobs.table
     names = np.zeros(table.num_rows, dtype=bool)
-    for column in MEDIA_COLUMNS:
+    for column in (*MEDIA_COLUMNS, "lora"):
         if column in table.column_names:
             names |= pc.is_valid(table.column(column)).to_numpy(zero_copy_only=False)
     if not names.any():

@@ -120,7 +120,8 @@ def validate_manifest(
                 if isinstance(outcome, JobSpec):
                     report.valid += 1
                     report.by_model.setdefault(outcome.model, ModelCounts()).valid += 1
-                    if check_media and any(getattr(outcome, column) is not None for column in MEDIA_COLUMNS):
+                    named = outcome.lora or any(getattr(outcome, column) is not None for column in MEDIA_COLUMNS)
+                    if check_media and named:
                         with_media.append(outcome)
                 else:
                     report.rejected += 1

@@ -1,7 +1,8 @@
 """A job's LoRA adapters: found, read, converted by diffusers, checked against the model, and switched in.
 
     adapters = Adapters(policy=..., storage_options=..., timeout_s=...)
-    applied = adapters.activate(job, spec, pipe, group)     # [(LoraRef, sha256)], the weights switched
+    switch = adapters.plan(job, spec, pipe, group)          # prepared once per adapter
+    if switch.needed: switch.apply()                        # base + this set's deltas, in place
 
 Each distinct adapter (its URI, weight name and model) is prepared once, before the first job that uses it:
 the group leader finds its file (a hub id in the hub cache, a directory's only `.safetensors` or its
@@ -205,8 +206,8 @@ class Adapters:
         try:
             found = read_adapter(url, policy=self.policy, storage_options=self.storage_options,
                                  timeout_s=self.timeout_s)
-        except AdapterError as error:
-            raise LoraError(f"adapter {ref.uri}: {error}") from None
+        except AdapterError as error:  # it names the file
+            raise LoraError(f"adapter {error}") from None
         layers, stray = convert(pipe, found.tensors, found.metadata, ref.uri)
         if stray:
             raise LoraError(f"adapter {ref.uri}: {len(stray)} of its keys are no LoRA layer this loader merges "
@@ -239,15 +240,35 @@ class Adapters:
         weights = self._weights.get(pipe)
         return weights is not None and weights.active is not None
 
-    def activate(self, job: JobSpec, spec: ModelSpec, pipe, group: Comm | None = None
-                 ) -> tuple[list[tuple[LoraRef, str]], bool]:
-        """Merge the job's adapters into `pipe` (the base weights for none): ([(adapter, sha256)], whether the
-        weights changed); LoraError naming the adapter and the fix."""
+    def plan(self, job: JobSpec, spec: ModelSpec, pipe, group: Comm | None = None) -> AdapterSwitch:
+        """The job's adapters, prepared (once each), as a switch of `pipe`'s weights; LoraError naming the
+        adapter and the fix."""
         prepared = [(ref, self.prepare(ref, spec, pipe, group)) for ref in job.lora]
         weights = self._weights.setdefault(pipe, LoraWeights())
-        key = tuple((ref.uri, ref.weight_name, ref.scale, adapter.sha256) for ref, adapter in prepared)
+        key = tuple((ref.uri, ref.weight_name, ref.scale, adapter.sha256) for ref, adapter in prepared) or None
         layers = [LoraLayer(component=layer.component, module=layer.module, down=layer.down, up=layer.up,
                             bias=layer.bias, scale=layer.scale * ref.scale)
                   for ref, adapter in prepared for layer in adapter.layers]
-        changed = weights.switch(pipe, key, layers)
-        return [(ref, adapter.sha256) for ref, adapter in prepared], changed
+        return AdapterSwitch(pipe=pipe, weights=weights, key=key, layers=layers,
+                             sha256=tuple(adapter.sha256 for _, adapter in prepared))
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterSwitch:
+    """One job's adapter set for one pipeline, ready to switch in."""
+
+    pipe: object
+    weights: LoraWeights
+    key: tuple | None
+    """What names the set (None: no adapter)."""
+    layers: list[LoraLayer]
+    sha256: tuple[str, ...]
+    """Each adapter's file sha256, in the job's order."""
+
+    @property
+    def needed(self) -> bool:
+        """Whether the pipeline holds another set now."""
+        return self.weights.active != self.key
+
+    def apply(self) -> None:
+        self.weights.switch(self.pipe, self.key, self.layers)

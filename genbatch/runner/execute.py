@@ -179,9 +179,11 @@ class JobExecutor:
         `lora_switch` when they change); `job` with each adapter's sha256. LoraError naming the adapter."""
         if job.lora_sha256 or (not job.lora and not self.adapters.merged(model.pipe)):
             return job  # applied already (`run` before `denoise`), or nothing to switch
-        with timer.stage("lora_switch"):
-            applied, _ = self.adapters.activate(job, model.spec, model.pipe, self.ctx.group)
-        return replace(job, lora_sha256=tuple(digest for _, digest in applied))
+        switch = self.adapters.plan(job, model.spec, model.pipe, self.ctx.group)
+        if switch.needed:
+            with timer.stage("lora_switch"):
+                switch.apply()
+        return replace(job, lora_sha256=switch.sha256)
 
     def model_for(self, job: JobSpec) -> JobModel:
         """Resolve the job's model: its spec, its family's hooks and its pipeline (loaded on first use)."""

@@ -1,0 +1,191 @@
+"""LoRA per row: a job with adapters equals the diffusers pipeline with the same adapters loaded by its own
+`load_lora_weights` (the diffusers/peft layout and the original Wan `diffusion_model.*` layout, each scale
+as diffusers' adapter weight), a job without one after it gets the base weights back bit for bit, and under
+--tp, --fsdp and PipeFusion each rank merges only its own part and equals one process. End to end, `gen run`
+applies each row's adapters, records them with their sha256, groups the hand-out by adapter set, and rejects
+or fails the bad ones alone (a pickle, a file outside the manifest's directory, another architecture, a
+pickle under a .safetensors name), never showing their bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from dataclasses import replace
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from genbatch.jobs.lora import LoraRef, run_loras
+from genbatch.models import resolve_model
+from genbatch.runner.loading import load_pipeline
+from genbatch.runner.timing import JobTimer
+from tests.support.lora import peft_lora, wan_original_lora
+from tests.support.runs import job, job_executor, run_cli, write_manifest
+
+FLUX_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "proj_out", "proj_mlp", "net.0.proj")
+"""Column-wise, row-wise and packed row-wise (the single blocks' proj_out) Linears under --tp."""
+SECRET = b"SECRET-ADAPTER-BYTES"
+
+
+@pytest.fixture(scope="module")
+def flux_lora(tmp_path_factory):
+    return peft_lora("tiny-flux", tmp_path_factory.mktemp("flux-lora"), FLUX_TARGETS)
+
+
+def _pipeline_output(spec_job, lora: str | None = None, scale: float = 1.0) -> np.ndarray:
+    pipe = load_pipeline(resolve_model(spec_job.model), torch.device("cpu"), torch.float32)
+    if lora is not None:
+        pipe.load_lora_weights(lora, adapter_name="row")
+        pipe.set_adapters("row", scale)
+    call = dict(prompt=spec_job.prompt, height=spec_job.height, width=spec_job.width,
+                num_inference_steps=spec_job.num_inference_steps, guidance_scale=spec_job.guidance_scale,
+                generator=torch.Generator("cpu").manual_seed(spec_job.seed), output_type="np")
+    if spec_job.num_frames is not None:
+        return pipe(num_frames=spec_job.num_frames, **call).frames[0]
+    return pipe(**call).images[0]
+
+
+def test_a_lora_job_equals_diffusers_and_the_next_job_gets_the_base_weights_back(flux_lora, tmp_path):
+    plain = job("tiny-flux", num_inference_steps=3, seed=5)
+    styled, half = (replace(plain, lora=(LoraRef(flux_lora, scale=scale),)) for scale in (1.0, 0.5))
+    with job_executor(str(tmp_path / "out")) as (world, executor):
+        timer = JobTimer(world.ctx.device)
+        ours = {name: executor.generate(spec, timer) for name, spec in
+                (("styled", styled), ("plain", plain), ("half", half), ("styled again", styled))}
+        weights = executor.adapters._weights[executor.model_for(plain).pipe]
+        kept = weights.kept_bytes
+    switches = [row for row in timer.rows() if row["stage"] == "lora_switch"]
+    assert len(switches) == 4  # on, off, another scale, back
+    reference = _pipeline_output(plain)
+    np.testing.assert_array_equal(ours["plain"], reference)  # the base weights, bit for bit
+    for name, scale in (("styled", 1.0), ("half", 0.5)):
+        theirs = _pipeline_output(plain, flux_lora, scale)
+        assert np.abs(ours[name] - theirs).max() <= 1e-4, name
+        assert np.abs(theirs - reference).max() > 0.05, "the adapter must move the output"
+    np.testing.assert_array_equal(ours["styled again"], ours["styled"])
+    assert 0 < kept < sum(p.numel() * 4 for p in load_pipeline(resolve_model("tiny-flux"), torch.device("cpu"),
+                                                                 torch.float32).transformer.parameters())
+
+
+def test_the_original_wan_layout_is_converted_as_diffusers_converts_it(tmp_path):
+    lora = wan_original_lora(tmp_path / "wan" / "lightx2v_style.safetensors")
+    spec = job("tiny-wan", num_inference_steps=3, seed=5, num_frames=5)
+    with job_executor(str(tmp_path / "out")) as (world, executor):
+        ours = executor.generate(replace(spec, lora=(LoraRef(lora, scale=0.7),)), JobTimer(world.ctx.device))
+    theirs = _pipeline_output(spec, lora, 0.7)
+    assert np.abs(ours - theirs).max() <= 1e-4
+    assert np.abs(theirs - _pipeline_output(spec)).max() > 0.05
+
+
+def test_run_level_loras_pair_each_scale_by_order(tmp_path):
+    first, second = run_loras(("a/b", "./x.safetensors"), (0.5,))
+    assert (first.uri, first.scale, second.scale) == ("a/b", 0.5, 1.0)
+    assert second.uri == os.path.join(os.getcwd(), "x.safetensors")
+    with pytest.raises(ValueError, match="one scale per adapter"):
+        run_loras(("a/b",), (0.5, 0.7))
+
+
+def _layouts_on_rank(rank, world_size, styled, plain, layouts, out):
+    from genbatch.parallel.stale import PIPEFUSION, StaleConfig
+
+    results = []
+    for index, layout in enumerate(layouts):
+        layout = dict(layout)
+        stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=styled.num_inference_steps) \
+            if layout.get("pp") else None
+        with job_executor(f"{out}/{index}", **layout) as (world, executor):
+            executor.stale = stale
+            latents = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
+        results.append(latents)
+    return results
+
+
+def test_sharded_layouts_merge_their_own_parts_and_equal_one_process(flux_lora, tmp_path):
+    from tests.support.distributed import run_on_ranks
+
+    plain = job("tiny-flux", num_inference_steps=2, seed=9)
+    styled = replace(plain, lora=(LoraRef(flux_lora, scale=0.8),))
+    with job_executor(str(tmp_path / "one")) as (world, executor):
+        reference = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
+    layouts = [{"tp": 2}, {"ulysses": 2, "fsdp": True}, {"pp": 2}, {"pp": 2, "fsdp": True}]
+    per_rank = run_on_ranks(_layouts_on_rank, 2, args=(styled, plain, layouts, str(tmp_path / "ranks")),
+                            timeout_s=90)
+    assert (reference[0] - reference[1]).abs().max() > 1e-2
+    for rank, results in enumerate(per_rank):
+        for layout, latents in zip(layouts, results, strict=True):
+            for name, ours, theirs in zip(("styled", "plain"), latents, reference, strict=True):
+                diff = (ours - theirs).abs().max().item()
+                # 1e-5 of the latents' scale: the x40 adapter takes them to about 50
+                assert diff <= 1e-5 * max(1.0, theirs.abs().max().item()), f"{layout} rank {rank} {name}: {diff}"
+
+
+def test_gen_run_applies_records_groups_and_refuses_bad_adapters_alone(flux_lora, tmp_path):
+    from safetensors.torch import save_file
+
+    root = tmp_path / "batch"
+    loras = root / "loras"
+    loras.mkdir(parents=True)
+    shutil.copytree(flux_lora, loras / "style")  # a copy: a symlink out of the manifest's directory is refused
+    (loras / "evil.bin").write_bytes(SECRET * 8)
+    torch.save({"weight": torch.zeros(2), "note": SECRET.decode()}, loras / "disguised.safetensors")
+    alien = peft_lora("tiny-sd3", tmp_path / "sd3-lora", ("to_q",))
+    shutil.copy(os.path.join(alien, "pytorch_lora_weights.safetensors"), loras / "sd3.safetensors")
+    from safetensors.torch import load_file
+
+    widened = load_file(os.path.join(flux_lora, "pytorch_lora_weights.safetensors"))
+    first = sorted(key for key in widened if key.endswith("lora_A.weight"))[0]
+    widened[first] = torch.zeros(widened[first].shape[0], widened[first].shape[1] * 2)
+    save_file(widened, loras / "widened.safetensors")
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    save_file({"x": torch.zeros(1)}, outside / "secret.safetensors")
+    style = [{"uri": "./loras/style"}]
+    rows = [
+        {"id": "styled-a", "lora": style, "seed": 1},
+        {"id": "plain-a", "seed": 2},
+        {"id": "half", "lora": [{"uri": "./loras/style", "scale": 0.5}], "seed": 3},
+        {"id": "styled-b", "lora": style, "seed": 4},
+        {"id": "plain-b", "lora": [], "seed": 5},
+        {"id": "pickled", "lora": [{"uri": "loras/evil.bin"}], "seed": 6},
+        {"id": "outside", "lora": [{"uri": str(outside / "secret.safetensors")}], "seed": 7},
+        {"id": "alien", "lora": [{"uri": "loras/sd3.safetensors"}], "seed": 8},
+        {"id": "disguised", "lora": [{"uri": "loras/disguised.safetensors"}], "seed": 9},
+        {"id": "widened", "lora": [{"uri": "loras/widened.safetensors"}], "seed": 10},
+    ]
+    manifest = write_manifest(str(root / "manifest.parquet"), [{"prompt": "a lighthouse at dusk", **row} for row in rows])
+    out = str(tmp_path / "out")
+    result = run_cli("run", manifest, "--out", out, "--model", "tiny-flux", "--steps", "2", "-q")
+    assert result.returncode == 1, result.stderr[-3000:]
+    table = pq.read_table(os.path.join(out, "results")).to_pylist()
+    by_id = {row["id"]: row for row in table}
+    assert {name: row["status"] for name, row in by_id.items()} == {
+        "styled-a": "done", "plain-a": "done", "half": "done", "styled-b": "done", "plain-b": "done",
+        "pickled": "rejected", "outside": "rejected", "alien": "failed", "disguised": "failed",
+        "widened": "failed"}
+    rejected = {row["id"]: row for row in pq.read_table(os.path.join(out, "rejected")).to_pylist()}
+    assert rejected["pickled"]["column"] == "lora" and "convert it to safetensors" in rejected["pickled"]["reason"]
+    assert rejected["outside"]["column"] == "lora" and "--media-allow" in rejected["outside"]["reason"]
+    assert "1 of its layers match no module of tiny-flux (first: transformer.transformer_blocks.1.attn.to_q)" \
+        in by_id["alien"]["error"], by_id["alien"]["error"]
+    assert "is for another architecture than tiny-flux" in by_id["widened"]["error"], by_id["widened"]["error"]
+    assert first.removesuffix(".lora_A.weight") in by_id["widened"]["error"]
+    assert all("use a LoRA trained for tiny-flux" in by_id[name]["error"] for name in ("alien", "widened"))
+    assert "not a safetensors file" in by_id["disguised"]["error"], by_id["disguised"]["error"]
+    recorded = json.loads(by_id["styled-a"]["lora"])
+    assert recorded[0]["uri"] == str(loras / "style") and recorded[0]["scale"] == 1.0
+    assert len(recorded[0]["sha256"]) == 64
+    assert by_id["plain-a"]["lora"] is None and by_id["plain-b"]["lora"] is None
+    # the hand-out puts each adapter set's jobs together (style at 1.0, none, style at 0.5; the bad ones fail
+    # before any switch): one switch per change of set, none between styled-a and styled-b
+    timings = pq.read_table(os.path.join(out, "timings")).to_pylist()
+    switches = [row["job_id"] for row in timings if row["stage"] == "lora_switch"]
+    assert switches == ["styled-a", "plain-a", "half"], switches
+    everything = result.stdout + result.stderr
+    for root_dir, _, files in os.walk(out):
+        for name in files:
+            with open(os.path.join(root_dir, name), "rb") as handle:
+                assert SECRET not in handle.read(), name
+    assert SECRET.decode() not in everything
