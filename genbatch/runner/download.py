@@ -61,6 +61,29 @@ def manifest_model_names(url: str, storage_options: dict | None = None) -> list[
         return []
 
 
+def manifest_adapter_ids(url: str, storage_options: dict | None = None) -> list[str]:
+    """The distinct hub ids the manifest's `lora` column names (`org/name[@revision]`), to download as models
+    are; empty when it has none or cannot be read."""
+    import pyarrow.compute as pc
+
+    from genbatch.jobs.lora import is_hub_uri
+    from genbatch.manifests import ManifestReader
+
+    try:
+        with ManifestReader(url, storage_options=storage_options) as reader:
+            if "lora" not in reader.schema.arrow.names:
+                return []
+            values: set[str] = set()
+            for batch in reader.column_batches(["lora"]):
+                entries = pc.list_flatten(batch.column(0))
+                uris = pc.struct_field(entries, "uri") if len(entries) else []
+                values.update(value.strip() for value in pc.unique(uris).to_pylist()
+                              if isinstance(value, str) and is_hub_uri(value.strip()))
+            return sorted(values)
+    except Exception:  # noqa: BLE001 - a missing or broken manifest is reported by the manifest reader
+        return []
+
+
 @dataclass(kw_only=True, slots=True)
 class ModelFetch:
     """One node's share of getting hub models into the cache before a run validates its manifest."""
@@ -154,8 +177,10 @@ def prepare_models(options, ctx, run_id: str, stop=None) -> None:
                          stopped=(lambda: stop.requested) if stop is not None else (lambda: False),
                          quiet=options.quiet)
     fetcher.run(
-        names=lambda: [options.model, options.overrides.model, *manifest_model_names(options.manifest,
-                                                                                      options.storage_options)],
+        names=lambda: [options.model, options.overrides.model,
+                       *manifest_model_names(options.manifest, options.storage_options),
+                       *(adapter.uri for adapter in options.overrides.lora if adapter.is_hub_id),
+                       *manifest_adapter_ids(options.manifest, options.storage_options)],
         store=coordination_store(ctx) if ctx.distributed else None,
         key=f"genbatch/{run_id}/hub",
         rank=ctx.rank,

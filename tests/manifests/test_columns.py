@@ -11,6 +11,7 @@ import pytest
 
 from genbatch.jobs.schedule import OrderKeys, hand_out_order, hand_out_positions, select_share, share_positions
 from genbatch.jobs.media import manifest_base
+from genbatch.jobs.lora import LoraRef
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests import ManifestReader, RowChecker, read_jobs
 from genbatch.manifests.columns import WHITESPACE
@@ -36,6 +37,11 @@ MEDIA_POOLS = {  # drawn apart (their own generator), so the other columns' draw
     "image": [None] * 90 + ["a.png", "frames/../b.png", "/abs/c.png", "s3://bucket/d.png", "", " "],
     "last_image": [None] * 120 + ["z.png", ""],
 }
+LORA_POOL = [None] * 200 + [[], [{"uri": "org/style"}], [{"uri": "./loras/a.safetensors", "scale": 0.5}],
+                            [{"uri": "org/a"}, {"uri": "org/b", "scale": 2.0, "weight_name": "b.safetensors"}],
+                            [{"uri": "loras/x.bin"}], [{"uri": ""}], [{"uri": "org/c", "scale": float("nan")}]]
+"""The `lora` column's values, drawn apart too: good sets, none, and three kinds of bad entry."""
+LORA_TYPE = pa.list_(pa.struct([("uri", pa.string()), ("scale", pa.float64()), ("weight_name", pa.string())]))
 PLAIN = {"seed": pa.uint64(), "width": pa.int64(), "height": pa.int64(), "num_frames": pa.int64(),
          "num_inference_steps": pa.int64(), "fps": pa.int64(), "guidance_scale": pa.float64()}
 ODD = {"seed": pa.uint64(), "width": pa.int8(), "height": pa.int16(), "num_frames": pa.int32(),
@@ -58,6 +64,8 @@ def _manifest(path, types, drop=()) -> str:
     media_rng = np.random.default_rng(11)
     for name, pool in MEDIA_POOLS.items():
         columns[name] = [pool[k] for k in media_rng.integers(0, len(pool), ROWS)]
+    lora_rng = np.random.default_rng(13)
+    columns["lora"] = [LORA_POOL[k] for k in lora_rng.integers(0, len(LORA_POOL), ROWS)]
     for index, row in enumerate(media_rng.choice(ROWS, ROWS // 20, replace=False).tolist()):
         columns["model"][row] = ("tiny-wan-i2v", "tiny-wan-flf2v")[index % 2]  # image-conditioned models
     for name in ("width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps"):
@@ -67,7 +75,7 @@ def _manifest(path, types, drop=()) -> str:
     for name, values in columns.items():
         if name in drop:
             continue
-        kind = types.get(name, pa.string())
+        kind = LORA_TYPE if name == "lora" else types.get(name, pa.string())
         arrays[name] = pa.nulls(ROWS, kind) if kind == pa.null() else pa.array(values, kind)
     if types is ODD:
         arrays["id"] = arrays["id"].dictionary_encode()
@@ -98,7 +106,7 @@ def _reference(url, overrides, batch_rows):
         (PLAIN, (), JobOverrides(model="tiny-wan")),
         (ODD, (), JobOverrides(model="tiny-flux", width=72, num_inference_steps=2, cache="taylorseer:3")),
         (PLAIN, ("negative_prompt", "seed", "fps"), JobOverrides(model="tiny-wan", height=40, guidance_scale=0.5)),
-        (ODD, ("model",), JobOverrides(model="tiny-sd3", num_frames=5)),
+        (ODD, ("model",), JobOverrides(model="tiny-sd3", num_frames=5, lora=(LoraRef("org/run-level", 0.3),))),
         (PLAIN, (), JobOverrides(model="no-such-model")),
     ],
     ids=["plain", "odd-types", "missing-columns", "no-model-column", "bad-run-model"],
@@ -106,13 +114,15 @@ def _reference(url, overrides, batch_rows):
 def test_column_checks_equal_the_row_rules(tmp_path, types, drop, overrides):
     url = _manifest(tmp_path / "m.parquet", types, drop)
     expected_jobs, expected_rejected = _reference(url, overrides, batch_rows=512)
-    result = read_jobs(url, overrides=overrides, batch_rows=512)
+    result = read_jobs(url, overrides=overrides, batch_rows=512, check_media=False)  # the row rules only
     assert list(result.jobs) == expected_jobs
     assert [result.jobs[i] for i in (0, -1)] == [expected_jobs[0], expected_jobs[-1]] if expected_jobs else True
     assert result.rejected == expected_rejected
     # every kind of problem is there (the test covers what it claims)
     columns = {rejection.column for rejection in result.rejected}
-    assert {"id", "prompt", "width"} <= columns and len(result.rejected_rows) < ROWS
+    assert {"id", "prompt", "width", "lora"} <= columns and len(result.rejected_rows) < ROWS
+    sets = {job.lora for job in result.jobs}
+    assert ((LoraRef("org/run-level", 0.3),) in sets) == bool(overrides.lora)  # null rows take --lora
     if "cache" not in drop:
         assert "cache" in columns
         modes = {job.cache for job in result.jobs}
@@ -122,8 +132,10 @@ def test_column_checks_equal_the_row_rules(tmp_path, types, drop, overrides):
         for part in ("duplicate id", "cannot name an output file", "bytes long", "empty prompt", "int64",
                      "not a preset", "empty model name", "video models only", "must be positive", "is negative",
                      "not a finite number", "not a multiple of", "not of the form", "is not a cache mode",
-                     "the teacache threshold", "the fbc threshold", "the taylorseer interval"):
+                     "the teacache threshold", "the fbc threshold", "the taylorseer interval",
+                     "is a pickle file", "has no uri", "has scale nan"):
             assert part in reasons, part
+        assert () in sets and any(sets - {()})  # rows with adapters, rows with none
 
     # the hand-out order and every share, from the columns, equal those of the JobSpecs
     keys = OrderKeys(result.jobs, resolve_model)

@@ -8,6 +8,7 @@ pickle under a .safetensors name), never showing their bytes."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -78,6 +79,15 @@ def test_the_original_wan_layout_is_converted_as_diffusers_converts_it(tmp_path)
     theirs = _pipeline_output(spec, lora, 0.7)
     assert np.abs(ours - theirs).max() <= 1e-4
     assert np.abs(theirs - _pipeline_output(spec)).max() > 0.05
+
+
+def test_a_changed_adapter_or_scale_restarts_a_checkpointed_job():
+    from genbatch.runner.execute import fingerprint
+
+    styled = replace(job("tiny-flux"), lora=(LoraRef("/a/style.safetensors"),), lora_sha256=("1" * 64,))
+    assert fingerprint(styled) != fingerprint(replace(styled, lora_sha256=("2" * 64,)))
+    assert fingerprint(styled) != fingerprint(replace(styled, lora=(LoraRef("/a/style.safetensors", 0.5),)))
+    assert "lora" not in fingerprint(job("tiny-flux"))  # a job without adapters keeps its old fingerprint
 
 
 def test_run_level_loras_pair_each_scale_by_order(tmp_path):
@@ -189,3 +199,24 @@ def test_gen_run_applies_records_groups_and_refuses_bad_adapters_alone(flux_lora
             with open(os.path.join(root_dir, name), "rb") as handle:
                 assert SECRET not in handle.read(), name
     assert SECRET.decode() not in everything
+
+
+def test_a_hub_id_adapter_resolves_from_the_hub_cache_as_models_do(flux_lora, tmp_path, monkeypatch):
+    from tests.support.hub import add_snapshot
+
+    cache = str(tmp_path / "hub")
+    add_snapshot(cache, "org/style", flux_lora, "c" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", cache)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "hub", "prompt": "a lighthouse", "seed": 1}])
+    out = tmp_path / "out"
+    result = run_cli("run", manifest, "--out", str(out), "--model", "tiny-flux", "--steps", "2", "-q",
+                     "--lora", "org/style", "--lora-scale", "0.5", "--no-download")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (row,) = pq.read_table(out / "results").to_pylist()
+    (recorded,) = json.loads(row["lora"])
+    with open(os.path.join(flux_lora, "pytorch_lora_weights.safetensors"), "rb") as handle:
+        digest = hashlib.sha256(handle.read()).hexdigest()
+    assert (recorded["uri"], recorded["scale"], recorded["sha256"]) == ("org/style", 0.5, digest)
+    options = json.loads((out / "run.json").read_text())["overrides"]
+    assert options["lora"] == [{"uri": "org/style", "scale": 0.5, "weight_name": None}]
