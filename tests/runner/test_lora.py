@@ -1,4 +1,4 @@
-"""LoRA per row: a job with adapters equals the diffusers pipeline with the same adapters loaded by its own
+"""LoRA per row (under --compile a switch compiles nothing): a job with adapters equals the diffusers pipeline with the same adapters loaded by its own
 `load_lora_weights` (the diffusers/peft layout and the original Wan `diffusion_model.*` layout, each scale
 as diffusers' adapter weight), a job without one after it gets the base weights back bit for bit, and under
 --tp, --fsdp and PipeFusion each rank merges only its own part and equals one process. End to end, `gen run`
@@ -220,3 +220,25 @@ def test_a_hub_id_adapter_resolves_from_the_hub_cache_as_models_do(flux_lora, tm
     assert (recorded["uri"], recorded["scale"], recorded["sha256"]) == ("org/style", 0.5, digest)
     options = json.loads((out / "run.json").read_text())["overrides"]
     assert options["lora"] == [{"uri": "org/style", "scale": 0.5, "weight_name": None}]
+
+
+def test_under_compile_a_switch_changes_tensors_in_place_and_compiles_nothing(flux_lora, tmp_path):
+    from torch._dynamo.utils import counters
+
+    from genbatch.parallel.compile import CLOCK
+
+    plain = job("tiny-flux", num_inference_steps=2, seed=3)
+    styled = replace(plain, lora=(LoraRef(flux_lora),))
+    with job_executor(str(tmp_path / "eager")) as (world, executor):
+        eager = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
+    torch._dynamo.reset()
+    counters.clear()
+    CLOCK.counts.clear()
+    with job_executor(str(tmp_path / "compiled"), compile=True, compile_backend="aot_eager") as (world, executor):
+        first = executor.denoise(plain, JobTimer(world.ctx.device))
+        graphs = counters["stats"]["unique_graphs"]
+        compiled = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain, styled)]
+    assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs  # three switches, no new graph
+    for ours, theirs in zip(compiled, (eager[0], eager[1], eager[0]), strict=True):
+        assert (ours - theirs).abs().max().item() <= 1e-4 * max(1.0, theirs.abs().max().item())
+    assert (first - eager[1]).abs().max().item() <= 1e-4
