@@ -61,10 +61,11 @@ class _Header:
 
 def _header(prefix: bytes, read, url: str) -> _Header:
     """The checked header, given its first 8 bytes and `read(n)` for the rest."""
-    if len(prefix) < 8 or prefix.startswith(_PICKLE_MAGIC):
-        raise AdapterError(f"{url}: not a safetensors file (it looks like a pickle or zip archive); {TO_SAFETENSORS}")
     (length,) = struct.unpack("<Q", prefix[:8])
-    if not 2 <= length <= MAX_HEADER_BYTES:
+    if not 2 <= length <= MAX_HEADER_BYTES:  # a header length of 0x0280 starts b"\x80\x02" too: judge it first
+        if prefix.startswith(_PICKLE_MAGIC):
+            raise AdapterError(f"{url}: not a safetensors file (it looks like a pickle or zip archive); "
+                               f"{TO_SAFETENSORS}")
         raise AdapterError(f"{url}: not a safetensors file (a header of {length} bytes); {TO_SAFETENSORS}")
     raw = read(length)
     try:

@@ -32,6 +32,14 @@ def _header_file(tmp_path, header: dict, data: bytes = b"") -> str:
     return _file(tmp_path, "adapter.safetensors", struct.pack("<Q", len(raw)) + raw + data)
 
 
+def test_a_header_whose_length_starts_like_a_pickle_still_reads(tmp_path):
+    for length in (0x280, 0x380, 0x480, 0x580):  # little-endian: b"\x80\x02" .. b"\x80\x05" first
+        header = json.dumps({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}}).encode()
+        path = _file(tmp_path, f"{length}.safetensors",
+                     struct.pack("<Q", length) + header.ljust(length) + b"\0" * 4)  # safetensors pads with spaces
+        assert read_adapter(path, policy=None).tensors["w"].shape == (1,)
+
+
 def test_a_good_file_reads_with_its_sha256_and_metadata(tmp_path):
     tensors = {"a.lora_A.weight": torch.randn(2, 3), "a.lora_B.weight": torch.randn(4, 2)}
     path = str(tmp_path / "good.safetensors")
