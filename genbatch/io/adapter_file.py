@@ -147,18 +147,26 @@ def read_adapter(url: str, *, policy: MediaPolicy | None, storage_options: dict 
         reason = policy.refusal(url)
         if reason is not None:
             raise AdapterError(f"{url}: {reason}")
-    protocol = url.split("://", 1)[0] if "://" in url else "file"
-    try:
-        if protocol in HTTP_SCHEMES:
-            from genbatch.io.http_read import read_http
+    from genbatch.io.retry import RetryPolicy, call_with_retries
 
+    protocol = url.split("://", 1)[0] if "://" in url else "file"
+    if protocol in HTTP_SCHEMES:
+        from genbatch.io.http_read import read_http
+
+        def read() -> AdapterFile:
             return read_http(url, policy or MediaPolicy(allow=("/",)), timeout_s,
                              body=lambda response, size: _read_stream(response.read, url, size))
+    else:
         import fsspec
 
         where = canonical_url(url) if protocol == "file" else url  # what the policy judged is what is read
-        with fsspec.open(where, "rb", **(storage_options or {})) as handle:
-            return _read_stream(handle.read, url, getattr(handle, "size", None))
+
+        def read() -> AdapterFile:
+            with fsspec.open(where, "rb", **(storage_options or {})) as handle:
+                return _read_stream(handle.read, url, getattr(handle, "size", None))
+    try:  # transient storage errors retried for at most --storage-timeout, as every read of the run
+        return call_with_retries(RetryPolicy(timeout_s=timeout_s), "reading", url, read,
+                                 passthrough=(FileNotFoundError, IsADirectoryError, MediaRefused, AdapterError))
     except MediaRefused as refused:
         raise AdapterError(f"{url}: {refused}") from None
     except FileNotFoundError:

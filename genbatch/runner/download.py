@@ -42,46 +42,44 @@ def hub_ids(names: Iterable[str | None]) -> list[HubId]:
     return list(found.values())
 
 
-def manifest_model_names(url: str, storage_options: dict | None = None) -> list[str]:
-    """The distinct values of the manifest's `model` column (empty when it has none or cannot be read: the
-    manifest's own reading reports that)."""
-    import pyarrow.compute as pc
-
+def _column_values(url: str, column: str, storage_options: dict | None, values_of) -> list[str]:
+    """The sorted distinct strings `values_of(batch column)` gives over the manifest's `column` (empty when it
+    has no such column or cannot be read: the manifest's own reading reports that)."""
     from genbatch.manifests import ManifestReader
 
     try:
         with ManifestReader(url, storage_options=storage_options) as reader:
-            if "model" not in reader.schema.arrow.names:
+            if column not in reader.schema.arrow.names:
                 return []
             values: set[str] = set()
-            for batch in reader.column_batches(["model"]):
-                values.update(value for value in pc.unique(batch.column(0)).to_pylist() if isinstance(value, str))
+            for batch in reader.column_batches([column]):
+                values.update(values_of(batch.column(0)))
             return sorted(values)
     except Exception:  # noqa: BLE001 - a missing or broken manifest is reported by the manifest reader
         return []
+
+
+def manifest_model_names(url: str, storage_options: dict | None = None) -> list[str]:
+    """The distinct values of the manifest's `model` column."""
+    import pyarrow.compute as pc
+
+    return _column_values(url, "model", storage_options, lambda values: (
+        value for value in pc.unique(values).to_pylist() if isinstance(value, str)))
 
 
 def manifest_adapter_ids(url: str, storage_options: dict | None = None) -> list[str]:
     """The distinct hub ids the manifest's `lora` column names (`org/name[@revision]`), to download as models
-    are; empty when it has none or cannot be read."""
+    are."""
     import pyarrow.compute as pc
 
     from genbatch.jobs.lora import is_hub_uri
-    from genbatch.manifests import ManifestReader
 
-    try:
-        with ManifestReader(url, storage_options=storage_options) as reader:
-            if "lora" not in reader.schema.arrow.names:
-                return []
-            values: set[str] = set()
-            for batch in reader.column_batches(["lora"]):
-                entries = pc.list_flatten(batch.column(0))
-                uris = pc.struct_field(entries, "uri") if len(entries) else []
-                values.update(value.strip() for value in pc.unique(uris).to_pylist()
-                              if isinstance(value, str) and is_hub_uri(value.strip()))
-            return sorted(values)
-    except Exception:  # noqa: BLE001 - a missing or broken manifest is reported by the manifest reader
-        return []
+    def hub_uris(values):
+        entries = pc.list_flatten(values)
+        uris = pc.unique(pc.struct_field(entries, "uri")).to_pylist() if len(entries) else []
+        return (uri.strip() for uri in uris if isinstance(uri, str) and is_hub_uri(uri.strip()))
+
+    return _column_values(url, "lora", storage_options, hub_uris)
 
 
 @dataclass(kw_only=True, slots=True)

@@ -96,6 +96,12 @@ def test_run_level_loras_pair_each_scale_by_order(tmp_path):
     assert second.uri == os.path.join(os.getcwd(), "x.safetensors")
     with pytest.raises(ValueError, match="one scale per adapter"):
         run_loras(("a/b",), (0.5, 0.7))
+    from genbatch.runner.download import manifest_adapter_ids
+
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [
+        {"id": "a", "prompt": "p", "lora": [{"uri": "org/x@v1"}, {"uri": "./a.safetensors"}]},
+        {"id": "b", "prompt": "p", "lora": [{"uri": "org/y", "scale": 2.0}]}, {"id": "c", "prompt": "p"}])
+    assert manifest_adapter_ids(manifest) == ["org/x@v1", "org/y"]  # downloaded with the models
 
 
 def _layouts_on_rank(rank, world_size, styled, plain, layouts, out):
