@@ -54,7 +54,6 @@ class AdapterFile:
 @dataclass(frozen=True, slots=True)
 class _Header:
     length: int
-    entries: dict
     metadata: dict
     data_bytes: int
 
@@ -100,7 +99,7 @@ def _header(prefix: bytes, read, url: str) -> _Header:
     if position > MAX_ADAPTER_BYTES:
         raise AdapterError(f"{url}: declares {position / 2**30:.1f} GiB of tensors, more than the "
                            f"{MAX_ADAPTER_BYTES >> 30} GiB an adapter may have")
-    return _Header(length=length, entries=header, metadata=dict(metadata), data_bytes=position)
+    return _Header(length=length, metadata=dict(metadata), data_bytes=position)
 
 
 def _read_exactly(read, count: int, url: str) -> bytes:

@@ -80,10 +80,18 @@ def refused_address(address: str, extra_networks=()) -> bool:
                for network in REFUSED_NETWORKS + _networks(extra_networks))
 
 
-def host_refusal(host: str, port: int | None, extra_networks=()) -> str | None:
-    """Why `host` may not be read over http(s) (its name, or any address it resolves to, is refused), or None."""
+def literal_refusal(host: str, extra_networks=()) -> str | None:
+    """Why `host` as written (a refused name or literal address, no lookup) may not be read over http(s)."""
     if refused_address(host, extra_networks):
         return f"{host} is a refused address (link-local, metadata service or --media-refuse)"
+    return None
+
+
+def host_refusal(host: str, port: int | None, extra_networks=()) -> str | None:
+    """Why `host` may not be read over http(s) (its name, or any address it resolves to, is refused), or None."""
+    reason = literal_refusal(host, extra_networks)
+    if reason is not None:
+        return reason
     try:
         ipaddress.ip_address(host.strip("[]").split("%", 1)[0])
         return None  # a literal address that passed

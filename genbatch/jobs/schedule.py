@@ -30,12 +30,13 @@ def hand_out_order(jobs: Sequence[JobSpec], spec_of: SpecOf) -> list[JobSpec]:
     """Largest estimated cost first (longest-processing-time order), grouped by model so that each
     group loads each model once, and within a model by adapter set so that each group switches adapters
     rarely; ties broken by manifest row, so the order is deterministic."""
-    first_row: dict[object, int] = {}
+    first_row: dict[str, int] = {}
+    first_set_row: dict[tuple, int] = {}
     for job in jobs:
         first_row.setdefault(job.model, job.row)
-        first_row.setdefault((job.model, job.lora), job.row)
-    specs = {name: spec_of(name) for name in first_row if isinstance(name, str)}
-    return sorted(jobs, key=lambda job: (first_row[job.model], first_row[(job.model, job.lora)],
+        first_set_row.setdefault((job.model, job.lora), job.row)
+    specs = {name: spec_of(name) for name in first_row}
+    return sorted(jobs, key=lambda job: (first_row[job.model], first_set_row[(job.model, job.lora)],
                                          -estimated_flops(job, specs[job.model]), job.row))
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from genbatch.io.media_policy import HTTP_SCHEMES, MediaPolicy, refused_address
+from genbatch.io.media_policy import HTTP_SCHEMES, MediaPolicy, literal_refusal
 from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.jobs.spec import JobSpec
 from genbatch.jobs.table import JobTable
@@ -45,9 +45,7 @@ def refused_media(urls: Iterable[str], policy: MediaPolicy) -> dict[str, str]:
     for url in set(urls):
         reason = policy.outside(url)
         if reason is None and _is_http(url):
-            host = urlsplit(url).hostname or ""
-            if refused_address(host, policy.refuse):
-                reason = f"{host} is a refused address (link-local, metadata service or --media-refuse)"
+            reason = literal_refusal(urlsplit(url).hostname or "", policy.refuse)
         if reason is not None:
             refused[url] = reason
     return refused

@@ -62,9 +62,10 @@ def _fsdp_mesh_part(tensor: torch.Tensor, param: torch.Tensor) -> torch.Tensor:
 
 
 def local_factors(model: torch.nn.Module, module: str, up: torch.Tensor, down: torch.Tensor,
-                  sharded: set[int] | None = None) -> tuple[str, torch.Tensor, torch.Tensor] | None:
+                  sharded: set[int]) -> tuple[str, torch.Tensor, torch.Tensor] | None:
     """(the Linear's name on this rank, B's rows, A's columns) for the part of `module.weight` this rank holds;
-    None when it holds none of it (another PipeFusion stage's block)."""
+    None when it holds none of it (another PipeFusion stage's block). `sharded`: ids of the model's
+    FSDP-managed parameters (`_fsdp_params`)."""
     local = stage_name(model, f"{module}.weight")
     if local is None:
         return None
@@ -79,7 +80,7 @@ def local_factors(model: torch.nn.Module, module: str, up: torch.Tensor, down: t
                 up = block_slice(up, 0, blocks, rank, size)
             else:  # row-wise, packed row-wise: this rank's input columns, block by block
                 down = block_slice(down, 1, blocks, rank, size)
-    if id(param) in (sharded if sharded is not None else _fsdp_params(model)):
+    if id(param) in sharded:
         up = _fsdp_mesh_part(up, param)
     return owner, up, down
 

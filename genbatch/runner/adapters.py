@@ -36,6 +36,7 @@ _PREFERRED = "pytorch_lora_weights.safetensors"
 """The file diffusers' `save_lora_weights` writes, taken first in a directory that holds several."""
 _SHOWN = 3
 """Keys or shapes a message names."""
+_FIX = "name a .safetensors file, or a directory that holds one"
 _FACTORS = re.compile(r"^(?P<component>[^.]+)\.(?P<module>.+)\.(?P<part>lora_A\.weight|lora_B\.weight|lora_B\.bias)$")
 
 
@@ -55,13 +56,13 @@ def adapter_file(ref: LoraRef, storage_options: dict | None = None) -> str:
             raise LoraError(f"adapter {ref.uri}: {error}") from None
     else:
         root = ref.uri
-    if root.endswith(".safetensors") and ref.weight_name is None:
+    if ref.weight_name is not None:
+        return f"{root.rstrip('/')}/{ref.weight_name}"
+    if root.endswith(".safetensors"):
         return root
     import fsspec
 
     fs, path = fsspec.core.url_to_fs(root, **(storage_options or {}))
-    if ref.weight_name is not None:
-        return f"{root.rstrip('/')}/{ref.weight_name}"
     if not fs.isdir(path):
         if fs.exists(path):
             problem = pickle_problem(root)
@@ -78,9 +79,6 @@ def adapter_file(ref: LoraRef, storage_options: dict | None = None) -> str:
                "convert to safetensors)" if pickles else "holds no .safetensors file")
         raise LoraError(f"adapter {ref.uri}: {why}")
     return f"{root.rstrip('/')}/{found[0]}"
-
-
-_FIX = "name a .safetensors file, or a directory that holds one"
 
 
 def _alpha(metadata: dict, component: str, module: str, alphas: dict) -> float | None:

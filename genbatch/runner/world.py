@@ -236,6 +236,7 @@ class World:
         from genbatch.runner.execute import JobExecutor
         from genbatch.runner.signals import StopRequest
 
+        policy = options.media_policy()  # what rows' images and adapters may read
         return JobExecutor(
             ctx=self.ctx,
             pipelines=PipelineCache(load=self.load_pipeline),
@@ -249,8 +250,8 @@ class World:
             run_id=run_id,
             stale=self.stale,
             media=MediaReader(storage_options=dict(options.storage_options),
-                              retry=RetryPolicy(timeout_s=options.storage_timeout), policy=options.media_policy()),
-            adapters=Adapters(policy=options.media_policy(), storage_options=dict(options.storage_options),
+                              retry=RetryPolicy(timeout_s=options.storage_timeout), policy=policy),
+            adapters=Adapters(policy=policy, storage_options=dict(options.storage_options),
                               timeout_s=options.storage_timeout),
         )
 
