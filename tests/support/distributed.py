@@ -75,8 +75,25 @@ def run_on_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 30.0)
     return rank_pool(world_size).run(fn, args, timeout_s)
 
 
-def run_on_fresh_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 30.0) -> list:
-    """Run `fn(rank, world_size, *args)` on `world_size` new gloo processes; return their results by rank."""
+def _join_every_rank(context, timeout_s: float) -> None:
+    """Wait for each rank to end on its own (no rank is terminated because a peer failed), then fail as
+    `context.join` would, naming the first rank that did not exit 0."""
+    for process in context.processes:
+        process.join(timeout_s)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for index, process in enumerate(context.processes):
+        if process.exitcode:
+            raise RuntimeError(f"process {index} terminated with exit code {process.exitcode}")
+
+
+def run_on_fresh_ranks(fn, world_size: int, args: tuple = (), timeout_s: float = 30.0,
+                       survivors_finish: bool = False) -> list:
+    """Run `fn(rank, world_size, *args)` on `world_size` new gloo processes; return their results by rank.
+
+    A rank that fails makes the others be terminated at once, unless `survivors_finish`: then each rank
+    runs to its own end (a test of what the survivors of a lost rank do)."""
     with tempfile.TemporaryDirectory() as result_dir:
         context = mp.start_processes(
             _worker,
@@ -86,6 +103,8 @@ def run_on_fresh_ranks(fn, world_size: int, args: tuple = (), timeout_s: float =
             start_method="spawn",
         )
         try:
+            if survivors_finish:
+                _join_every_rank(context, timeout_s * 4)
             while not context.join(timeout=timeout_s * 4):
                 pass
         except Exception as exc:  # a rank failed: report every rank's error
