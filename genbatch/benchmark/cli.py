@@ -39,10 +39,22 @@ from genbatch.planner.memory import DECODE_CHOICES
                    "[default: each method's].")
 @click.option("--patches", type=click.IntRange(min=1), default=None, metavar="M",
               help="The patches of the PipeFusion layouts (gen run --patches) [default: their stages].")
+@click.option("--lora", "lora", multiple=True, metavar="URI",
+              help="A few-step night: every layout runs the suite with this distilled LoRA (repeatable; a hub id, "
+                   "or a path or URL of a .safetensors file or its directory), scored against the base model.")
+@click.option("--lora-scale", "lora_scale", multiple=True, type=float, metavar="S",
+              help="The scale of each --lora, paired by order [default: 1.0].")
+@click.option("--lora-steps", type=click.IntRange(min=1), default=None,
+              help="The steps of a few-step night's rows (with --lora) [default: 4].")
+@click.option("--lora-guidance", type=click.FloatRange(min=0), default=None,
+              help="The guidance scale of a few-step night's rows (with --lora; 1 runs one branch a step) "
+                   "[default: 1].")
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
                   model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
                   compile: bool, compile_backend: str, attention: str, compile_cache: str | None,
-                  cache: str | None, vae_decode: str, warmup_steps: int | None, patches: int | None) -> None:
+                  cache: str | None, vae_decode: str, warmup_steps: int | None, patches: int | None,
+                  lora: tuple[str, ...], lora_scale: tuple[float, ...], lora_steps: int | None,
+                  lora_guidance: float | None) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
 
     Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
@@ -55,8 +67,19 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
              3 a regression beyond --threshold against --baseline.
     \b
     Nightly: gen bench --suite cpu --out runs/bench/$(date +%F) --baseline runs/bench/$(date -d yesterday +%F)
+    Few-step: gen bench --suite cpu --out runs/bench/4step --lora loras/wan_4step.safetensors --lora-steps 4
     """
     from genbatch.benchmark.nightly import BenchOptions, run_bench
+    from genbatch.benchmark.recipe import FewStepRecipe
+    from genbatch.jobs.lora import run_loras
+
+    recipe = None
+    if lora or lora_scale or lora_steps is not None or lora_guidance is not None:
+        try:
+            recipe = FewStepRecipe(lora=run_loras(lora, lora_scale), steps=4 if lora_steps is None else lora_steps,
+                                   guidance=1.0 if lora_guidance is None else lora_guidance)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--lora") from None
 
     options = BenchOptions(out=out, suite=suite, layouts=layouts, baseline=baseline, threshold=threshold,
                            model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
@@ -64,5 +87,6 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
                                      *(("--cache", cache) if cache else ()),
                                      *(("--vae-decode", vae_decode) if vae_decode != "auto" else ())),
                            stale_args=(*(("--warmup-steps", str(warmup_steps)) if warmup_steps is not None else ()),
-                                       *(("--patches", str(patches)) if patches is not None else ())))
+                                       *(("--patches", str(patches)) if patches is not None else ())),
+                           recipe=recipe)
     sys.exit(run_bench(options))

@@ -43,6 +43,7 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
         f"- model: `{info['model']}` ({info['model_detail']})  ",
         f"- work: {manifest['jobs']} jobs of {manifest['width']}x{manifest['height']}{frames}, "
         f"{manifest['num_inference_steps']} steps, guidance {manifest['guidance_scale']}, dtype {info['dtype']}  ",
+        *([f"- recipe: {info['recipe']}  "] if info.get("recipe") else []),
         f"- machine: {info['host']}, {info['cpus']} CPUs, {info['accelerators']}, load average "
         f"{info['load_average']:.2f} at the end (other work on the machine slows every layout)  ",
         "- versions: " + ", ".join(f"{name} {version}" for name, version in info["versions"].items()),
@@ -69,7 +70,13 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
     lines += _table(["layout", "MiB sent per step per rank", "VAE decode peak MiB (largest rank)"],
                     [[name, _mib(m.bytes_per_step), _mib(m.peak_decode_bytes)] for name, m in metrics.items()])
     scored = scored_layouts(metrics)
-    if scored:
+    if scored and info.get("recipe"):
+        lines += ["## Quality against the base model's full-step output", "",
+                  "Outputs against those of one run of the base model (no LoRA, the suite's own steps and "
+                  "guidance, no `--cache`) of the same seeds: mean PSNR and SSIM over the jobs. The distilled LoRA "
+                  "is a different model, not a cache: these say how far its outputs are from the base model's. A "
+                  "PSNR drop of more than 1 dB against the baseline is a regression.", ""]
+    elif scored:
         lines += ["## Quality against the exact configuration", "",
                   "Outputs against those of one exact run (no `--cache`) of the same seeds: mean PSNR (identical "
                   "outputs count as 100 dB) and SSIM over the jobs. A PSNR drop of more than 1 dB against the "

@@ -13,6 +13,7 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from genbatch.benchmark.recipe import FewStepRecipe
 from genbatch.jobs import exit_codes
 
 REGRESSION = 3
@@ -47,6 +48,8 @@ class BenchOptions:
     """More `gen run` arguments for every layout (`--compile`, `--attention`: `genbatch.parallel.flags.kernel_args`)."""
     stale_args: tuple[str, ...] = ()
     """`gen run` arguments for the stale-K/V layouts only (`--warmup-steps W`, `--patches M`)."""
+    recipe: FewStepRecipe | None = None
+    """A few-step night: every layout runs this distilled LoRA at its steps, scored against the base model."""
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
     """Where progress and the comparison are printed."""
 
@@ -78,10 +81,15 @@ def _prepare(options: BenchOptions):
     return suite, layouts, baseline, storage
 
 
+BASE_MANIFEST = "base-manifest.parquet"
+"""A few-step night's reference manifest in OUT: the suite's own rows (its steps and guidance)."""
+
+
 def _quality(options: BenchOptions, runner, layouts, runs: dict, metrics: dict, failures: dict, storage) -> dict:
-    """With an approximate configuration (a `--cache` mode, or layouts on stale K/V: PipeFusion, DistriFusion):
-    one exact run (same seeds) under OUT/exact, of the first exact layout (one process when every layout is
-    stale), and each approximate layout's PSNR / SSIM against it, in its metrics and OUT/quality.json. {} when
+    """With an approximate configuration (a `--cache` mode, or layouts on stale K/V: PipeFusion, DistriFusion)
+    or another model (a few-step recipe's LoRA): one exact run (same seeds) under OUT/exact, of the first exact
+    layout (one process when every layout is stale), of the base model at the suite's own steps for a recipe,
+    and each approximate layout's PSNR / SSIM against it, in its metrics and OUT/quality.json. {} when
     nothing is approximate."""
     import json
     from dataclasses import replace
@@ -92,13 +100,17 @@ def _quality(options: BenchOptions, runner, layouts, runs: dict, metrics: dict, 
     from genbatch.parallel.dims import ParallelDims
 
     mode = cache_mode(options.run_args)
-    approximate = {layout_name(layout) for layout in layouts if mode is not None or stale(layout)}
+    approximate = {layout_name(layout) for layout in layouts
+                   if options.recipe is not None or mode is not None or stale(layout)}
     if not approximate:
         return {}
-    left_out = f"--cache {mode} left out" if mode is not None else "exact attention"
+    left_out = ", ".join(([] if options.recipe is None else ["the base model at the suite's steps, no LoRA"])
+                         + ([f"--cache {mode} left out"] if mode is not None else []) + ["exact attention"])
     options.say(f"gen bench: the exact configuration ({left_out}), for the outputs' quality ...")
     reference = next((layout for layout in layouts if not stale(layout)), ParallelDims())
-    exact_runner = replace(runner, out=f"{runner.out}/exact", run_args=without_cache(options.run_args))
+    exact_runner = replace(runner, out=f"{runner.out}/exact", run_args=without_cache(options.run_args),
+                           manifest_url=runner.manifest_url if options.recipe is None else
+                           f"{runner.out}/{BASE_MANIFEST}")
     (exact,) = exact_runner.run_all([reference])
     quality = {}
     if exact.status != 0:
@@ -151,10 +163,17 @@ def run_bench(options: BenchOptions) -> int:
     model_dir = materialize(suite.model, options.model_cache)
     fs, root, url = open_filesystem(options.out, storage)
     fs.makedirs(root, exist_ok=True)
-    fs.pipe_file(f"{root}/manifest.parquet", to_parquet_bytes(records_to_table(suite.manifest_rows())))
+    rows = suite.manifest_rows()
+    recipe = options.recipe
+    if recipe is not None:
+        say(f"gen bench: few-step night: {recipe.describe(rows[0]['num_inference_steps'], rows[0]['guidance_scale'])}")
+        fs.pipe_file(f"{root}/{BASE_MANIFEST}", to_parquet_bytes(records_to_table(rows)))
+        rows = recipe.rows(rows)
+    fs.pipe_file(f"{root}/manifest.parquet", to_parquet_bytes(records_to_table(rows)))
     runner = SuiteRunner(suite=suite, manifest_url=f"{url}/manifest.parquet", model_dir=model_dir, out=url,
                          storage_args=options.storage_args, storage_options=storage, dtype=options.dtype, say=say,
-                         run_args=options.run_args, stale_args=options.stale_args)
+                         run_args=(*options.run_args, *(recipe.run_args() if recipe else ())),
+                         stale_args=options.stale_args)
     runs = runner.run_all(layouts)
     timings = concat([run.timings for run in runs]) if runs else pa.table({})
     metrics = report_metrics(timings)
@@ -170,6 +189,10 @@ def run_bench(options: BenchOptions) -> int:
         comparison.changes += _quality_changes(quality, options.baseline, storage)
     info = machine_info(suite=suite, model_dir=model_dir, dtype=options.dtype)
     info["cache"] = cache_mode(options.run_args) or "none"  # the step caching every layout ran with
+    if recipe is not None:
+        base = info["manifest"]
+        info["recipe"] = recipe.describe(base["num_inference_steps"], base["guidance_scale"])
+        info["manifest"] = {**base, "num_inference_steps": recipe.steps, "guidance_scale": recipe.guidance}
     report_url = write_report(url, timings=timings, metrics=metrics, info=info, comparison=comparison,
                               failures=failures, storage_options=storage)
     for name, item in metrics.items():

@@ -17,6 +17,8 @@ class HubId:
     """The repository id, `org/name`."""
     revision: str | None = None
     """A branch, tag or commit hash; None for the default branch (`main`)."""
+    files: tuple[str, ...] = ()
+    """Only these files of the repository (an adapter's `weight_name` in a repository of many); (): all of it."""
 
     @property
     def name(self) -> str:
@@ -25,7 +27,8 @@ class HubId:
     def fill_command(self) -> str:
         """The command that puts this model into the cache."""
         revision = f" --revision {self.revision}" if self.revision else ""
-        return f"hf download {self.repo}{revision}"
+        files = "".join(f" {name}" for name in self.files)
+        return f"hf download {self.repo}{files}{revision}"
 
 
 def parse_hub_id(name: str) -> HubId | None:

@@ -17,9 +17,9 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
-from genbatch.jobs.hub_id import parse_hub_id
+from genbatch.jobs.hub_id import HubId, parse_hub_id
 from genbatch.jobs.media import media_url
 
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
@@ -49,6 +49,15 @@ class LoraRef:
 
     def as_dict(self) -> dict[str, object]:
         return {"uri": self.uri, "scale": self.scale, "weight_name": self.weight_name}
+
+
+def adapter_hub_id(uri: str, weight_name: str | None) -> HubId:
+    """The hub id of an adapter `uri` (a hub id), scoped to its `weight_name` file when it names one: a LoRA
+    in a repository of many files is the one file to download and look up."""
+    hub = parse_hub_id(uri.strip())
+    if hub is None:
+        raise ValueError(f"adapter {uri!r} is no hub id (org/name or org/name@revision)")
+    return replace(hub, files=(weight_name,)) if weight_name else hub
 
 
 def is_hub_uri(uri: str) -> bool:

@@ -60,7 +60,8 @@ def cached_snapshot(hub: HubId, cache: str | None = None) -> str:
 
     cache = cache or hub_cache_dir()
     try:
-        return snapshot_download(hub.repo, revision=hub.revision, cache_dir=cache, local_files_only=True)
+        return snapshot_download(hub.repo, revision=hub.revision, cache_dir=cache, local_files_only=True,
+                                 allow_patterns=list(hub.files) or None)
     except LocalEntryNotFoundError as error:  # IncompleteSnapshotError too: files of the listing are missing
         raise HubModelMissing(miss_message(hub, cache, isinstance(error, IncompleteSnapshotError))) from None
 
@@ -69,4 +70,5 @@ def fetch_snapshot(hub: HubId, cache: str | None = None) -> str:
     """Download `hub` into the cache with huggingface_hub (files already there are kept); its snapshot path."""
     from huggingface_hub import snapshot_download
 
-    return snapshot_download(hub.repo, revision=hub.revision, cache_dir=cache or hub_cache_dir())
+    return snapshot_download(hub.repo, revision=hub.revision, cache_dir=cache or hub_cache_dir(),
+                             allow_patterns=list(hub.files) or None)

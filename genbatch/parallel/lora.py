@@ -109,6 +109,8 @@ class LoraWeights:
         self._base: dict[tuple[str, str], tuple[torch.Tensor, torch.Tensor]] = {}
         """(component, local parameter name) -> (the parameter's local tensor, its base values on the host)."""
         self._changed: set[tuple[str, str]] = set()
+        self.elements = 0
+        """Elements of the deltas this rank merged for the active set: its own parts only."""
 
     @property
     def kept_bytes(self) -> int:
@@ -155,5 +157,6 @@ class LoraWeights:
         for index, value in merged.items():
             self._base[index][0].copy_(value)
         self._changed = set(merged)
+        self.elements = sum(value.numel() for value in merged.values())
         self.active = key
         return True

@@ -24,8 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from genbatch.io.adapter_file import AdapterError, read_adapter
-from genbatch.jobs.hub_id import parse_hub_id
-from genbatch.jobs.lora import LoraRef, pickle_problem
+from genbatch.jobs.lora import LoraRef, adapter_hub_id, pickle_problem
 from genbatch.jobs.spec import JobSpec
 from genbatch.models.spec import ModelSpec
 from genbatch.parallel.comm import Comm
@@ -51,7 +50,7 @@ def adapter_file(ref: LoraRef, storage_options: dict | None = None) -> str:
         from genbatch.models.hub import HubModelMissing, cached_snapshot
 
         try:
-            root = cached_snapshot(parse_hub_id(ref.uri))
+            root = cached_snapshot(adapter_hub_id(ref.uri, ref.weight_name))
         except HubModelMissing as error:
             raise LoraError(f"adapter {ref.uri}: {error}") from None
     else:
@@ -107,6 +106,35 @@ def _adapter_metadata(raw: dict) -> dict:
     return nested
 
 
+_TEXT_ENCODERS = ("text_encoder", "text_encoder_2", "text_encoder_3")
+
+
+def _text_encoders_in_peft_names(pipe, state: dict) -> dict:
+    """`state` with each text encoder's keys in peft names, as diffusers' text-encoder loader makes them:
+    `convert_state_dict_to_diffusers` (the old `to_q_lora.down` names kohya's CLIP attention layers convert
+    to, told apart from its MLPs' `lora_linear_layer` names), then `convert_state_dict_to_peft`, and a
+    `text_model.` prefix the loaded encoder has no module for dropped."""
+    from diffusers.utils.state_dict_utils import (StateDictType, convert_state_dict_to_diffusers,
+                                                  convert_state_dict_to_peft)
+
+    kept, encoders = {}, {}
+    for key, value in state.items():
+        component, _, rest = key.partition(".")
+        if component in _TEXT_ENCODERS:
+            encoders.setdefault(component, {})[rest] = value
+        else:
+            kept[key] = value
+    for component, part in encoders.items():
+        if not all(".lora_A." in key or ".lora_B." in key for key in part):
+            old = any("_lora.down." in key or "_lora.up." in key for key in part)
+            part = convert_state_dict_to_peft(convert_state_dict_to_diffusers(
+                part, original_type=StateDictType.DIFFUSERS_OLD if old else None))
+        if not hasattr(getattr(pipe, component, None), "text_model"):
+            part = {key.removeprefix("text_model."): value for key, value in part.items()}
+        kept.update({f"{component}.{key}": value for key, value in part.items()})
+    return kept
+
+
 def convert(pipe, tensors: dict, metadata: dict, uri: str) -> tuple[list[LoraLayer], list[str]]:
     """The adapter's layers in diffusers keys (`lora_state_dict` of the pipeline's class), and the keys that
     are no LoRA factor this loader merges."""
@@ -120,7 +148,8 @@ def convert(pipe, tensors: dict, metadata: dict, uri: str) -> tuple[list[LoraLay
             state, alphas = loader(dict(tensors)), None
     except (ValueError, KeyError, RuntimeError) as error:
         raise LoraError(f"adapter {uri}: diffusers cannot convert it ({error}); use a LoRA trained for this model") from None
-    alphas = {key if key.split(".", 1)[0] in ("transformer", "text_encoder", "text_encoder_2") else f"transformer.{key}": value
+    state = _text_encoders_in_peft_names(pipe, state)
+    alphas = {key if key.split(".", 1)[0] in ("transformer", *_TEXT_ENCODERS) else f"transformer.{key}": value
               for key, value in (alphas or {}).items()}
     config = _adapter_metadata(metadata)
     parts: dict[tuple[str, str], dict[str, torch.Tensor]] = {}

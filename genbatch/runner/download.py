@@ -1,6 +1,7 @@
 """Hub models into each node's cache before the manifest is validated: one rank per node downloads.
 
-    rank 0        names = the hub ids among --model and the manifest's `model` column -> store
+    rank 0        names = the hub ids among --model and the manifest's `model` column, and the adapters' (only
+                  their `weight_name` file when a row names one) -> store
     LOCAL_RANK 0  (one per node) for each name not in this node's cache: fetch (huggingface_hub), if allowed
     every rank    waits on the store until every rank is ready, then resolves offline from the cache
 
@@ -18,7 +19,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from genbatch.models.hub import HubId, HubModelMissing, cached_snapshot, download_allowed, fetch_snapshot, parse_hub_id
 
@@ -27,34 +28,38 @@ class DownloadStopped(Exception):
     """A stop signal arrived while this rank waited for models (nothing half-done is kept but the cache's)."""
 
 
-def hub_ids(names: Iterable[str | None]) -> list[HubId]:
-    """The distinct hub ids among `names`, in first-seen order (presets and existing directories are none)."""
+def hub_ids(names: Iterable[str | HubId | None]) -> list[HubId]:
+    """The distinct hub ids among `names` (spelled, or already parsed), in first-seen order (presets and
+    existing directories are none)."""
     from genbatch.models import preset_names
 
     presets = set(preset_names())
-    found: dict[str, HubId] = {}
+    found: dict[HubId, None] = {}
     for name in names:
-        if not name or name in presets or name in found or os.path.isdir(os.path.expanduser(name)):
+        if isinstance(name, HubId):
+            found.setdefault(name)
+            continue
+        if not name or name in presets or os.path.isdir(os.path.expanduser(name)):
             continue
         hub = parse_hub_id(name)
         if hub is not None:
-            found[name] = hub
-    return list(found.values())
+            found.setdefault(hub)
+    return list(found)
 
 
-def _column_values(url: str, column: str, storage_options: dict | None, values_of) -> list[str]:
-    """The sorted distinct strings `values_of(batch column)` gives over the manifest's `column` (empty when it
-    has no such column or cannot be read: the manifest's own reading reports that)."""
+def _column_values(url: str, column: str, storage_options: dict | None, values_of) -> list:
+    """The sorted distinct values (strings, hub ids) `values_of(batch column)` gives over the manifest's
+    `column` (empty when it has no such column or cannot be read: the manifest's own reading reports that)."""
     from genbatch.manifests import ManifestReader
 
     try:
         with ManifestReader(url, storage_options=storage_options) as reader:
             if column not in reader.schema.arrow.names:
                 return []
-            values: set[str] = set()
+            values: set = set()
             for batch in reader.column_batches([column]):
                 values.update(values_of(batch.column(0)))
-            return sorted(values)
+            return sorted(values, key=repr)
     except Exception:  # noqa: BLE001 - a missing or broken manifest is reported by the manifest reader
         return []
 
@@ -67,19 +72,24 @@ def manifest_model_names(url: str, storage_options: dict | None = None) -> list[
         value for value in pc.unique(values).to_pylist() if isinstance(value, str)))
 
 
-def manifest_adapter_ids(url: str, storage_options: dict | None = None) -> list[str]:
-    """The distinct hub ids the manifest's `lora` column names (`org/name[@revision]`), to download as models
-    are."""
+def manifest_adapter_ids(url: str, storage_options: dict | None = None) -> list[HubId]:
+    """The distinct hub ids the manifest's `lora` column names (`org/name[@revision]`, with its `weight_name`),
+    to download as models are."""
     import pyarrow.compute as pc
 
-    from genbatch.jobs.lora import is_hub_uri
+    from genbatch.jobs.lora import adapter_hub_id, is_hub_uri
 
-    def hub_uris(values):
+    def hub_adapters(values):
         entries = pc.list_flatten(values)
-        uris = pc.unique(pc.struct_field(entries, "uri")).to_pylist() if len(entries) else []
-        return (uri.strip() for uri in uris if isinstance(uri, str) and is_hub_uri(uri.strip()))
+        if not len(entries):
+            return []
+        names = [field.name for field in entries.type]
+        uris = pc.struct_field(entries, "uri").to_pylist()
+        weights = pc.struct_field(entries, "weight_name").to_pylist() if "weight_name" in names else [None] * len(uris)
+        return (adapter_hub_id(uri, weight) for uri, weight in dict.fromkeys(zip(uris, weights, strict=True))
+                if isinstance(uri, str) and is_hub_uri(uri.strip()))
 
-    return _column_values(url, "lora", storage_options, hub_uris)
+    return _column_values(url, "lora", storage_options, hub_adapters)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -149,7 +159,7 @@ class ModelFetch:
             time.sleep(pause)
             pause = min(pause * 2, 0.5)
 
-    def run(self, *, names: Callable[[], list[str]], store, key: str, rank: int, local_rank: int,
+    def run(self, *, names: Callable[[], list[str | HubId]], store, key: str, rank: int, local_rank: int,
             world_size: int) -> dict[str, str]:
         """Every rank calls this: rank 0 computes `names()`, each node's LOCAL_RANK 0 fills its cache, and all
         return once every node is done. `store` is the process group's (None: one process). {name: why not}."""
@@ -157,11 +167,12 @@ class ModelFetch:
             return self.fill_cache(hub_ids(names()))
         names_key, ready_key = f"{key}/names", f"{key}/ready"
         if rank == 0:
-            store.set(names_key, json.dumps([hub.name for hub in hub_ids(names())]))
+            store.set(names_key, json.dumps([asdict(hub) for hub in hub_ids(names())]))
         if local_rank == 0:
             self.wait_until(lambda: store.check([names_key]))
             listed = json.loads(store.get(names_key))
-            self.fill_cache(hub for hub in (parse_hub_id(name) for name in listed) if hub is not None)
+            self.fill_cache(HubId(repo=hub["repo"], revision=hub["revision"], files=tuple(hub["files"]))
+                            for hub in listed)
         store.add(ready_key, 1)
         self.wait_until(lambda: store.add(ready_key, 0) >= world_size)
         return dict(self.failures)
@@ -169,6 +180,8 @@ class ModelFetch:
 
 def prepare_models(options, ctx, run_id: str, stop=None) -> None:
     """Get the run's hub models into every node's cache (see the module docstring); raises `DownloadStopped`."""
+    from genbatch.jobs.lora import adapter_hub_id
+
     from genbatch.runner.handout import coordination_store
 
     fetcher = ModelFetch(allowed=download_allowed(getattr(options, "download", None)),
@@ -177,7 +190,8 @@ def prepare_models(options, ctx, run_id: str, stop=None) -> None:
     fetcher.run(
         names=lambda: [options.model, options.overrides.model,
                        *manifest_model_names(options.manifest, options.storage_options),
-                       *(adapter.uri for adapter in options.overrides.lora if adapter.is_hub_id),
+                       *(adapter_hub_id(adapter.uri, adapter.weight_name) for adapter in options.overrides.lora
+                         if adapter.is_hub_id),
                        *manifest_adapter_ids(options.manifest, options.storage_options)],
         store=coordination_store(ctx) if ctx.distributed else None,
         key=f"genbatch/{run_id}/hub",

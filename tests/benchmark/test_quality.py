@@ -103,3 +103,43 @@ def test_gen_bench_scores_stale_layouts_against_an_exact_one(tmp_path):
     assert result.returncode == 0, result.stderr
     quality = json.loads((tmp_path / "a" / "quality.json").read_text())
     assert list(quality) == ["pp2"] and quality["pp2"]["jobs"] == 2 and 0 < quality["pp2"]["ssim"] <= 1
+
+
+def test_a_few_step_night_runs_the_lora_and_scores_it_against_the_base_model(tiny_report, tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from genbatch.benchmark.quality import PSNR_CAP_DB
+    from tests.support.lora import wan_original_lora
+    from tests.support.runs import run_cli
+
+    lora = wan_original_lora(tmp_path / "loras" / "wan_2step.safetensors")
+    out = tmp_path / "night"
+    result = run_cli("bench", "--suite", "tiny", "--layouts", "single", "--out", str(out),
+                     "--model-cache", tiny_report.model_cache, "--lora", lora, "--lora-scale", "0.5",
+                     "--lora-steps", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    scores = json.loads((out / "quality.json").read_text())["single"]
+    assert scores["psnr_db"] < PSNR_CAP_DB - 1 and 0 < scores["ssim"] < 1 and scores["jobs"] == 2
+    steps = {}
+    for run in ("runs/single", "exact/runs/single"):
+        for row in pq.read_table(out / run / "timings").to_pylist():
+            if row["stage"] == "denoise_step":
+                steps.setdefault(run, {}).setdefault(row["job_id"], set()).add(row["step"])
+    assert {len(done) for done in steps["runs/single"].values()} == {2}  # the recipe's steps
+    assert {len(done) for done in steps["exact/runs/single"].values()} == {4}  # the base model's own
+    (recorded,) = {row["lora"] for row in pq.read_table(out / "runs" / "single" / "results").to_pylist()}
+    assert [(item["uri"], item["scale"]) for item in json.loads(recorded)] == [(lora, 0.5)]
+    assert all(row["lora"] is None for row in pq.read_table(out / "exact" / "runs" / "single" / "results").to_pylist())
+    report = (out / "report.md").read_text()
+    assert "## Quality against the base model's full-step output" in report
+    assert "2 steps, guidance 1: a different (distilled) model from the base, not a cache" in report
+    assert "2 steps, guidance 1.0" in report  # the work line: what the layouts ran
+
+
+def test_few_step_flags_need_their_lora():
+    from tests.support.runs import run_cli
+
+    result = run_cli("bench", "--suite", "tiny", "--out", "/tmp/never", "--lora-steps", "4")
+    assert result.returncode == 2 and "pass --lora URI" in result.stderr, result.stderr

@@ -165,3 +165,22 @@ def test_an_image_row_resumes_to_the_same_latents_and_a_changed_image_starts_ove
     Image.new("RGB", (64, 48), (10, 120, 230)).save(image)  # the same URL, other pixels: another sha256
     _, steps = _resume(str(tmp_path / "changed"), spec)
     assert steps == list(range(STEPS))  # started over
+
+
+def test_a_lora_row_resumes_to_the_same_latents_and_another_scale_starts_over(tmp_path):
+    from dataclasses import replace
+
+    from genbatch.jobs.lora import LoraRef
+    from tests.support.lora import peft_lora
+
+    lora = peft_lora("tiny-flux", tmp_path / "style", ("to_q", "to_v", "proj_mlp"))
+    spec = replace(JOBS["tiny-flux"], id="styled", lora=(LoraRef(lora, scale=0.8),))
+    with executor_on(str(tmp_path / "straight")) as harness:
+        straight = harness.executor.denoise(spec, JobTimer(harness.device))
+    assert _stop_after(str(tmp_path / "styled"), spec, 3) == [0, 1, 2]
+    latents, steps = _resume(str(tmp_path / "styled"), spec)  # a new executor: the adapter switched in again
+    assert steps == list(range(3, STEPS))
+    assert torch.equal(latents, straight)
+    _stop_after(str(tmp_path / "rescaled"), spec, 3)
+    _, steps = _resume(str(tmp_path / "rescaled"), replace(spec, lora=(LoraRef(lora, scale=0.5),)))
+    assert steps == list(range(STEPS))  # the checkpoint was of another adapter scale: started over

@@ -23,7 +23,7 @@ from genbatch.jobs.lora import LoraRef, run_loras
 from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
-from tests.support.lora import peft_lora, wan_original_lora
+from tests.support.lora import kohya_flux_lora, peft_lora, peft_text_encoder_lora, wan_original_lora
 from tests.support.runs import job, job_executor, run_cli, write_manifest
 
 FLUX_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "proj_out", "proj_mlp", "net.0.proj")
@@ -71,6 +71,18 @@ def test_a_lora_job_equals_diffusers_and_the_next_job_gets_the_base_weights_back
                                                                  torch.float32).transformer.parameters())
 
 
+def test_a_none_b_none_in_one_run_equals_four_separate_runs(flux_lora, tmp_path):
+    other = peft_lora("tiny-flux", tmp_path / "other", ("to_k", "proj_mlp", "ff.net.2"), seed=7)
+    plain = job("tiny-flux", num_inference_steps=2, seed=8)
+    sequence = [replace(plain, lora=(LoraRef(flux_lora),)), plain, replace(plain, lora=(LoraRef(other, 0.7),)), plain]
+    with job_executor(str(tmp_path / "one")) as (world, executor):
+        together = [executor.generate(spec, JobTimer(world.ctx.device)) for spec in sequence]
+    for index, spec in enumerate(sequence):
+        with job_executor(str(tmp_path / f"alone-{index}")) as (world, executor):
+            np.testing.assert_array_equal(together[index], executor.generate(spec, JobTimer(world.ctx.device)))
+    assert np.abs(together[0] - together[1]).max() > 0.05 and np.abs(together[2] - together[1]).max() > 0.05
+
+
 def test_the_original_wan_layout_is_converted_as_diffusers_converts_it(tmp_path):
     lora = wan_original_lora(tmp_path / "wan" / "lightx2v_style.safetensors")
     spec = job("tiny-wan", num_inference_steps=3, seed=5, num_frames=5)
@@ -79,6 +91,32 @@ def test_the_original_wan_layout_is_converted_as_diffusers_converts_it(tmp_path)
     theirs = _pipeline_output(spec, lora, 0.7)
     assert np.abs(ours - theirs).max() <= 1e-4
     assert np.abs(theirs - _pipeline_output(spec)).max() > 0.05
+
+
+def test_kohya_flux_and_text_encoder_loras_equal_diffusers(tmp_path):
+    """kohya's sd-scripts FLUX layout (packed qkv split by diffusers, CLIP layers under lora_te1_) and a
+    diffusers-layout text-encoder LoRA: each equals the pipeline with its own load_lora_weights, and each
+    changes the text encoder's weights, which the job after it gets back."""
+    kohya = kohya_flux_lora(tmp_path / "kohya" / "flux_style.safetensors")
+    encoder = peft_text_encoder_lora("tiny-flux", tmp_path / "clip", ("q_proj", "v_proj", "fc1"), seed=3)
+    spec = job("tiny-flux", num_inference_steps=2, seed=6)
+    with job_executor(str(tmp_path / "out")) as (world, executor):
+        pipe = executor.model_for(spec).pipe
+        base = {name: param.clone() for name, param in pipe.text_encoder.named_parameters()}
+        ours = {}
+        for name, path, scale in (("kohya", kohya, 0.8), ("encoder", encoder, 1.0)):
+            ours[name] = executor.generate(replace(spec, lora=(LoraRef(path, scale=scale),)),
+                                           JobTimer(world.ctx.device))
+            changed = [key for key, param in pipe.text_encoder.named_parameters() if not torch.equal(param, base[key])]
+            assert changed, f"{name}: the text encoder's layers were not merged"
+        plain = executor.generate(spec, JobTimer(world.ctx.device))
+        assert all(torch.equal(param, base[key]) for key, param in pipe.text_encoder.named_parameters())
+    reference = _pipeline_output(spec)
+    np.testing.assert_array_equal(plain, reference)
+    for name, path, scale in (("kohya", kohya, 0.8), ("encoder", encoder, 1.0)):
+        theirs = _pipeline_output(spec, path, scale)
+        assert np.abs(ours[name] - theirs).max() <= 1e-4, name
+        assert np.abs(theirs - reference).max() > 0.05, f"{name}: the adapter must move the output"
 
 
 def test_a_changed_adapter_or_scale_restarts_a_checkpointed_job():
@@ -100,8 +138,12 @@ def test_run_level_loras_pair_each_scale_by_order(tmp_path):
 
     manifest = write_manifest(str(tmp_path / "m.parquet"), [
         {"id": "a", "prompt": "p", "lora": [{"uri": "org/x@v1"}, {"uri": "./a.safetensors"}]},
-        {"id": "b", "prompt": "p", "lora": [{"uri": "org/y", "scale": 2.0}]}, {"id": "c", "prompt": "p"}])
-    assert manifest_adapter_ids(manifest) == ["org/x@v1", "org/y"]  # downloaded with the models
+        {"id": "b", "prompt": "p", "lora": [{"uri": "org/y", "scale": 2.0},
+                                            {"uri": "org/many", "weight_name": "loras/fast_4step.safetensors"}]},
+        {"id": "c", "prompt": "p"}])
+    # downloaded with the models; one of a repository of many files is that file alone
+    assert [(hub.name, hub.files) for hub in manifest_adapter_ids(manifest)] == [
+        ("org/many", ("loras/fast_4step.safetensors",)), ("org/x@v1", ()), ("org/y", ())]
 
 
 def _layouts_on_rank(rank, world_size, styled, plain, layouts, out):
@@ -114,8 +156,10 @@ def _layouts_on_rank(rank, world_size, styled, plain, layouts, out):
             if layout.get("pp") else None
         with job_executor(f"{out}/{index}", **layout) as (world, executor):
             executor.stale = stale
-            latents = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
-        results.append(latents)
+            latents = [executor.denoise(styled, JobTimer(world.ctx.device))]
+            elements = executor.adapters._weights[executor.model_for(styled).pipe].elements
+            latents.append(executor.denoise(plain, JobTimer(world.ctx.device)))
+        results.append((latents, elements))
     return results
 
 
@@ -126,12 +170,24 @@ def test_sharded_layouts_merge_their_own_parts_and_equal_one_process(flux_lora, 
     styled = replace(plain, lora=(LoraRef(flux_lora, scale=0.8),))
     with job_executor(str(tmp_path / "one")) as (world, executor):
         reference = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
-    layouts = [{"tp": 2}, {"ulysses": 2, "fsdp": True}, {"pp": 2}, {"pp": 2, "fsdp": True}]
+        executor.denoise(styled, JobTimer(world.ctx.device))
+        whole = executor.adapters._weights[executor.model_for(styled).pipe].elements
+    layouts = [{"ulysses": 2}, {"tp": 2}, {"ulysses": 2, "fsdp": True}, {"pp": 2}, {"pp": 2, "fsdp": True}]
     per_rank = run_on_ranks(_layouts_on_rank, 2, args=(styled, plain, layouts, str(tmp_path / "ranks")),
                             timeout_s=90)
     assert (reference[0] - reference[1]).abs().max() > 1e-2
+    # each rank merges its own part only (about half of the set's delta elements: a top-level layer kept whole
+    # is merged on both ranks under tp and PipeFusion), and together the ranks merge all of it
+    for index, layout in enumerate(layouts):
+        counts = [results[index][1] for results in per_rank]
+        if layout == {"ulysses": 2}:
+            assert counts == [whole, whole]  # the weights are whole on each rank, and so is their delta
+            continue
+        assert all(0 < count <= 0.55 * whole for count in counts) and sum(counts) >= whole, (layout, counts, whole)
+        if layout.get("fsdp") and not layout.get("pp"):
+            assert sum(counts) == whole, (layout, counts, whole)  # FSDP shards every weight: nothing twice
     for rank, results in enumerate(per_rank):
-        for layout, latents in zip(layouts, results, strict=True):
+        for layout, (latents, _) in zip(layouts, results, strict=True):
             for name, ours, theirs in zip(("styled", "plain"), latents, reference, strict=True):
                 diff = (ours - theirs).abs().max().item()
                 # 1e-5 of the latents' scale: the x40 adapter takes them to about 50
@@ -212,20 +268,45 @@ def test_a_hub_id_adapter_resolves_from_the_hub_cache_as_models_do(flux_lora, tm
 
     cache = str(tmp_path / "hub")
     add_snapshot(cache, "org/style", flux_lora, "c" * 40)
+    many = tmp_path / "many"  # a repository of many files: the row names its LoRA by weight_name
+    (many / "loras").mkdir(parents=True)
+    shutil.copy(os.path.join(flux_lora, "pytorch_lora_weights.safetensors"), many / "loras" / "fast.safetensors")
+    shutil.copy(os.path.join(flux_lora, "pytorch_lora_weights.safetensors"), many / "loras" / "other.safetensors")
+    add_snapshot(cache, "org/many", str(many), "d" * 40)
     monkeypatch.setenv("HF_HUB_CACHE", cache)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "hub", "prompt": "a lighthouse", "seed": 1}])
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [
+        {"id": "hub", "prompt": "a lighthouse", "seed": 1},
+        {"id": "named", "prompt": "a lighthouse", "seed": 1,
+         "lora": [{"uri": "org/many", "weight_name": "loras/fast.safetensors", "scale": 0.5}]}])
     out = tmp_path / "out"
     result = run_cli("run", manifest, "--out", str(out), "--model", "tiny-flux", "--steps", "2", "-q",
                      "--lora", "org/style", "--lora-scale", "0.5", "--no-download")
     assert result.returncode == 0, result.stderr[-3000:]
-    (row,) = pq.read_table(out / "results").to_pylist()
-    (recorded,) = json.loads(row["lora"])
+    rows = {row["id"]: row for row in pq.read_table(out / "results").to_pylist()}
     with open(os.path.join(flux_lora, "pytorch_lora_weights.safetensors"), "rb") as handle:
         digest = hashlib.sha256(handle.read()).hexdigest()
-    assert (recorded["uri"], recorded["scale"], recorded["sha256"]) == ("org/style", 0.5, digest)
+    for name, uri in (("hub", "org/style"), ("named", "org/many")):
+        (recorded,) = json.loads(rows[name]["lora"])
+        assert (recorded["uri"], recorded["scale"], recorded["sha256"]) == (uri, 0.5, digest)
+    outputs = {name: (out / "outputs" / f"{name}.png").read_bytes() for name in rows}
+    assert outputs["hub"] == outputs["named"]  # the same adapter, scale and seed
     options = json.loads((out / "run.json").read_text())["overrides"]
     assert options["lora"] == [{"uri": "org/style", "scale": 0.5, "weight_name": None}]
+
+
+def test_a_hub_adapter_with_a_weight_name_downloads_that_file_alone(tmp_path, monkeypatch):
+    from genbatch.jobs.lora import adapter_hub_id
+    from genbatch.runner.download import ModelFetch
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    fetched = []
+    failures = ModelFetch(allowed=True, fetch=fetched.append, quiet=True).run(
+        names=lambda: ["org/model", adapter_hub_id("org/many", "loras/fast.safetensors"), "org/model"],
+        store=None, key="k", rank=0, local_rank=0, world_size=1)
+    assert failures == {}
+    assert [(hub.repo, hub.files) for hub in fetched] == [("org/model", ()), ("org/many", ("loras/fast.safetensors",))]
+    assert fetched[1].fill_command() == "hf download org/many loras/fast.safetensors"
 
 
 def test_under_compile_a_switch_changes_tensors_in_place_and_compiles_nothing(flux_lora, tmp_path):

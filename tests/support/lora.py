@@ -58,3 +58,66 @@ def wan_original_lora(path, preset: str = "tiny-wan", *, rank: int = 4, alpha: f
     os.makedirs(os.path.dirname(str(path)), exist_ok=True)
     save_file(state, str(path))
     return str(path)
+
+
+def peft_text_encoder_lora(preset: str, directory, targets: tuple[str, ...], *, rank: int = 4, alpha: float = 8.0,
+                           seed: int = 0) -> str:
+    """A random LoRA of `preset`'s first text encoder on the modules named `targets`, in the diffusers/peft
+    layout (`text_encoder.<module>.lora_A.weight`) with its peft metadata, saved by the pipeline's own
+    `save_lora_weights` into `directory`; the directory. (Injected with peft directly: transformers' own
+    `add_adapter` asks for a newer peft than the one diffusers loads with.)"""
+    from peft import LoraConfig, inject_adapter_in_model
+    from peft.utils import get_peft_model_state_dict
+
+    pipe = load_pipeline(resolve_model(preset), torch.device("cpu"), torch.float32)
+    torch.manual_seed(seed)
+    config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=False, target_modules=list(targets))
+    inject_adapter_in_model(config, pipe.text_encoder)
+    state = {key: value * UP_SCALE if "lora_B" in key else value
+             for key, value in get_peft_model_state_dict(pipe.text_encoder).items()}
+    type(pipe).save_lora_weights(str(directory), text_encoder_lora_layers=state,
+                                 text_encoder_lora_adapter_metadata={"r": rank, "lora_alpha": alpha,
+                                                                     "target_modules": list(targets)})
+    return str(directory)
+
+
+_KOHYA_FLUX_DOUBLE = {"img_attn_qkv": 3, "img_attn_proj": 1, "img_mlp_0": 1, "txt_attn_qkv": 3}
+"""kohya's FLUX double-block layers the LoRA below adapts -> how many Linears each packs (q, k, v)."""
+_KOHYA_CLIP = {f"self_attn_{name}": f"self_attn.{name}" for name in ("q_proj", "k_proj", "v_proj", "out_proj")} | \
+    {"mlp_fc1": "mlp.fc1", "mlp_fc2": "mlp.fc2"}
+"""kohya's CLIP layer names -> the text encoder's module names."""
+
+
+def kohya_flux_lora(path, preset: str = "tiny-flux", *, rank: int = 4, alpha: float = 2.0, seed: int = 0) -> str:
+    """A random LoRA of `preset`'s FLUX transformer and CLIP text encoder in kohya's sd-scripts layout
+    (`lora_unet_double_blocks_0_img_attn_qkv.lora_down.weight`, `lora_unet_single_blocks_0_linear2...`,
+    `lora_te1_text_model_encoder_layers_0_self_attn_q_proj...`, each with its `.alpha`), which diffusers'
+    FLUX loader converts; written to the file `path`. (A single block's `linear1` is left out: diffusers
+    splits it at FLUX.1's real widths.)"""
+    from safetensors.torch import save_file
+
+    pipe = load_pipeline(resolve_model(preset), torch.device("cpu"), torch.float32)
+    transformer, clip = pipe.transformer, pipe.text_encoder
+    width = transformer.transformer_blocks[0].attn.to_q.weight.shape[1]
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+
+    def add(name: str, out: int, width: int) -> None:
+        state[f"{name}.lora_down.weight"] = torch.randn(rank, width, generator=generator) * 0.3
+        state[f"{name}.lora_up.weight"] = torch.randn(out, rank, generator=generator) * 0.3 * UP_SCALE / 10
+        state[f"{name}.alpha"] = torch.tensor(alpha)
+
+    for block in range(len(transformer.transformer_blocks)):
+        ff = transformer.transformer_blocks[block].ff.net[0].proj.weight.shape[0]
+        for layer, packed in _KOHYA_FLUX_DOUBLE.items():
+            add(f"lora_unet_double_blocks_{block}_{layer}", ff if layer == "img_mlp_0" else width * packed, width)
+    for block in range(len(transformer.single_transformer_blocks)):
+        out, wide = transformer.single_transformer_blocks[block].proj_out.weight.shape
+        add(f"lora_unet_single_blocks_{block}_linear2", out, wide)
+    for layer in range(len(clip.encoder.layers)):
+        for name, module in _KOHYA_CLIP.items():
+            out, wide = clip.get_submodule(f"encoder.layers.{layer}.{module}").weight.shape
+            add(f"lora_te1_text_model_encoder_layers_{layer}_{name}", out, wide)
+    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
+    save_file(state, str(path))
+    return str(path)
