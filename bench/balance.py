@@ -80,9 +80,10 @@ def adapter_blind_order(jobs: list[JobSpec]) -> list[JobSpec]:
 
 def durations(jobs: list[JobSpec], unit_s: float, sigma: float, seed: int) -> dict[str, float]:
     """Seconds each job takes: proportional to its estimate (a 5-step job = unit_s), times noise."""
-    per_flop = unit_s / estimated_flops(JobSpec(**{**_fields(jobs[0]), "num_inference_steps": 5}))
+    spec = resolve_model(jobs[0].model)
+    per_flop = unit_s / estimated_flops(JobSpec(**{**_fields(jobs[0]), "num_inference_steps": 5}), spec)
     rng = random.Random(seed)
-    return {job.id: estimated_flops(job) * per_flop * math.exp(rng.gauss(0.0, sigma)) for job in jobs}
+    return {job.id: estimated_flops(job, spec) * per_flop * math.exp(rng.gauss(0.0, sigma)) for job in jobs}
 
 
 def _fields(job: JobSpec) -> dict:

@@ -146,10 +146,13 @@ def main() -> None:
     rows += [(f"job: {opts.steps} steps x 2 forwards", full), ("job: 4 steps x 1 forward", few)]
     for name, seconds in rows:
         print(f"{name:<34}{seconds:>9.3f}{seconds / full:>21.1%}{seconds / few:>17.1%}")
-    print("\nprepare: once per adapter and run (the group leader reads and converts it). switch: base + the new "
+    tokens = ((opts.frames - 1) // 4 + 1) * (opts.size // 16) ** 2
+    print(f"\nprepare: once per adapter and run (the group leader reads and converts it). switch: base + the new "
           "set's deltas written over the adapted weights in place, on every rank, when a job's adapter set "
-          "differs from the last job's; the first also copies those weights' base to the host. A job at 720p "
-          "has many times these tokens, a switch the same cost: the shares here are an upper bound.")
+          f"differs from the last job's; the first also copies those weights' base to the host. A switch's work "
+          f"is its deltas' GEMMs, 2 x rank x adapted parameters ({2 * opts.rank * adapted / 1e3:.0f} GFLOP here), "
+          f"whatever the job's size; a job's grows with its tokens ({tokens} here; Wan at 480p, 81 frames: 32760). "
+          "The shares here are an upper bound for real sizes.")
 
 
 if __name__ == "__main__":
