@@ -38,6 +38,9 @@ from genbatch.planner.shapes import PUBLISHED
 @click.option("--height", type=int, default=None, help="Output height (default: the model's).")
 @click.option("--frames", type=int, default=None, help="Video frames (default: the model's).")
 @click.option("--steps", type=int, default=None, help="Denoising steps (default: the model's).")
+@click.option("--guidance", type=float, default=None,
+              help="The jobs' guidance scale (default: the model's); 1 or less runs one forward a step (a distilled "
+                   "LoRA's recipe), so no layout splits CFG.")
 @click.option("--offload-text-encoder", is_flag=True,
               help="Text encoders leave the GPU after encoding (less memory, a reload per job).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="throughput", show_default=True,
@@ -59,7 +62,7 @@ from genbatch.planner.shapes import PUBLISHED
               help="Price layouts with this calibration profile (NAME or PATH) where it measured, published "
               "figures elsewhere.")
 def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
-                 steps, offload_text_encoder, objective, max_latency, decode, top, as_json, calibrate, profile_out,
+                 steps, guidance, offload_text_encoder, objective, max_latency, decode, top, as_json, calibrate, profile_out,
                  profile_name, **layout) -> None:
     """Rank every legal parallel layout (dp, cfg, distrifusion, pp, ring, ulysses, tp, fsdp) by
     estimated seconds per job and jobs per hour, showing compute, communication and memory per rank.
@@ -89,7 +92,7 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
             gpu = profile.device if profile is not None and profile.device in GPUS else "h100"
         result = plan(model, gpus, nodes=nodes, interconnect=interconnect, intra_node=intra_node,
                       network_gbps=network_gbps, gpu=gpu, gpu_mem=gpu_mem, width=width, height=height, frames=frames,
-                      steps=steps, offload_text_encoder=offload_text_encoder, objective=objective,
+                      steps=steps, guidance=guidance, offload_text_encoder=offload_text_encoder, objective=objective,
                       max_latency=max_latency, constraints=LayoutConstraints(**layout), profile=profile,
                       decode=decode)
     except (UnknownModelError, ValueError) as error:

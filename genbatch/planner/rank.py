@@ -10,7 +10,7 @@ rejected with the runner's own check (`stale_fit`), so the planner never ranks a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from genbatch.models.spec import ModelSpec
 from genbatch.parallel.axes import layout_problems
@@ -202,6 +202,7 @@ def plan(
     height: int | None = None,
     frames: int | None = None,
     steps: int | None = None,
+    guidance: float | None = None,
     offload_text_encoder: bool = False,
     objective: str = "throughput",
     max_latency: float | None = None,
@@ -211,7 +212,9 @@ def plan(
     cache: bool = False,
 ) -> Plan:
     """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs,
-    priced with `profile`'s fitted parameters where it has them, the VAE decoded in mode `decode`."""
+    priced with `profile`'s fitted parameters where it has them, the VAE decoded in mode `decode`. `steps` and
+    `guidance` are the jobs' (None: the model's); a guidance of 1 or less runs one branch a step (a distilled
+    LoRA's recipe), so no layout splits CFG."""
     if profile is not None and profile.device in GPUS and profile.device != gpu.lower():
         raise ValueError(f"profile {profile.name!r} was measured on {profile.device}, not {gpu}; "
                          f"plan with --gpu {profile.device}, or calibrate on {gpu}")
@@ -222,7 +225,10 @@ def plan(
     else:
         cluster = make_cluster(gpus, nodes=nodes, gpu=gpu, gpu_mem=gpu_mem, interconnect=interconnect,
                                intra_node=intra_node, network_gbps=network_gbps)
-    work = make_workload(resolve_shape(model), width=width, height=height, frames=frames, steps=steps,
+    shape = resolve_shape(model)
+    if guidance is not None and guidance <= 1.0 and shape.uses_cfg:
+        shape = replace(shape, uses_cfg=False)  # one forward a step, as the model runs such a row
+    work = make_workload(shape, width=width, height=height, frames=frames, steps=steps,
                          offload_text_encoder=offload_text_encoder)
     return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile,
                 decode=decode, cache=cache)

@@ -52,7 +52,8 @@ class Workload:
 
     def describe(self) -> str:
         size = f"{self.width}x{self.height}" + (f"x{self.frames}f" if self.frames else "")
-        return f"{self.shape.name} {size} {self.steps} steps ({self.sequence} tokens)"
+        branches = "2 branches (CFG)" if self.shape.uses_cfg else "1 branch"
+        return f"{self.shape.name} {size} {self.steps} steps x {branches} ({self.sequence} tokens)"
 
 
 def make_workload(

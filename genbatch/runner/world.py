@@ -320,8 +320,9 @@ def start_world(options, stop=None) -> World:
         if options.layout == "auto":
             from genbatch.runner.auto_layout import auto_dims
 
+            overrides = options.overrides
             dims = auto_dims(options.model, world_size, device, profile=options.profile, decode=options.vae_decode,
-                             cache=cache)
+                             cache=cache, steps=overrides.num_inference_steps, guidance=overrides.guidance_scale)
             dims.check(cache=cache)
         else:
             dims = options.layout.resolve(world_size, cache=cache)

@@ -43,3 +43,20 @@ def test_shipped_manifest_mixes_video_and_image_rows_and_is_valid():
     assert CliRunner().invoke(main, [*validate, "--model", "tiny-wan"]).exit_code == 0  # as `make demo` runs it
     without = CliRunner().invoke(main, validate)  # its video rows name no model: the run must
     assert without.exit_code == 2 and "3 of 8 rows have no `model` value" in without.output
+
+
+def test_the_few_step_example_is_what_its_script_writes_and_runs_its_lora_at_4_steps_without_cfg(tmp_path):
+    spec = importlib.util.spec_from_file_location("few_step", EXAMPLES / "make_few_step_manifest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    shipped = EXAMPLES / "few_step_wan.parquet"
+    assert pq.read_table(module.main(str(tmp_path / "f.parquet"))).equals(pq.read_table(shipped))
+    result = read_jobs(str(shipped), overrides=JobOverrides(model="tiny-wan"))
+    assert not result.rejected and len(result.jobs) == 6
+    fast = [job for job in result.jobs if job.lora]
+    assert len(fast) == 4 and {(job.num_inference_steps, job.guidance_scale) for job in fast} == {(4, 1.0)}
+    (ref,) = fast[0].lora
+    assert ref.is_hub_id and ref.weight_name.endswith(".safetensors")
+    base = [job for job in result.jobs if not job.lora]
+    assert {(job.num_inference_steps, job.guidance_scale) for job in base} == {(50, 5.0)}
+    assert {job.seed for job in base} <= {job.seed for job in fast}  # each base row pairs with a fast one

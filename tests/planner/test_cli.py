@@ -99,7 +99,7 @@ def test_table_shows_the_why():
     result = _gen("--model", "flux.1-dev", "--gpus", "8", "--gpu", "l40", "--objective", "latency", "--top", "4")
     assert result.exit_code == 0, result.output
     lines = result.output.splitlines()
-    assert lines[0] == "flux.1-dev 1024x1024 28 steps (4608 tokens)"
+    assert lines[0] == "flux.1-dev 1024x1024 28 steps x 1 branch (4608 tokens)"
     header = lines[3].split()
     for column in ("dp", "uly", "pp", "fsdp", "s/job", "s/step", "jobs/h", "compute", "exposed", "GB/step", "GiB/rank"):
         assert column in header

@@ -125,3 +125,16 @@ def test_the_best_layout_is_one_the_runner_accepts():
     dims.validate(world_size=8, num_heads=40, uses_cfg=True)
     assert ParallelDims(ulysses=4, fsdp=True).fsdp_size == 4  # the planner's fsdp degree is the runner's
     assert ParallelDims(pp=2) in enumerate_layouts(2)  # PipeFusion's patch pipeline runs as estimated
+
+
+def test_a_few_step_recipe_is_priced_at_its_own_steps_and_one_branch():
+    full = plan("wan2.1-14b", 8, objective="latency")
+    fast = plan("wan2.1-14b", 8, objective="latency", steps=4, guidance=1.0)
+    assert full.best.layout.cfg == 2 and fast.best.layout.cfg == 1  # no branch to split: the ranks go to ulysses
+    assert all(candidate.layout.cfg == 1 for candidate in fast.ranked)
+    same = plan("wan2.1-14b", 8, objective="latency", steps=4, guidance=5.0)
+    denoise = {name: result.best.estimate.seconds_per_job - result.best.estimate.decode_s
+               for name, result in (("fast", fast), ("same", same), ("full", full))}
+    assert 0.4 < denoise["fast"] / denoise["same"] < 0.6  # one forward a step instead of two, on the same 8 ranks
+    assert denoise["same"] < denoise["full"] * 4 / 50 * 1.05  # the model's 50 steps against the row's 4
+    assert best_layout("wan2.1-14b", 8, objective="latency", steps=4, guidance=1.0)["cfg"] == 1
