@@ -122,6 +122,12 @@ class LoraWeights:
             self._base[key] = (local, local.detach().to("cpu", copy=True))
         return self._base[key][1]
 
+    def _total(self, merged: dict, index: tuple[str, str], local: torch.Tensor) -> torch.Tensor:
+        """The fp32 sum being built for one parameter: its base (kept on first use), then each delta added."""
+        if index not in merged:
+            merged[index] = self._keep(index, local).to(local.device, torch.float32, copy=True)
+        return merged[index]
+
     @torch.no_grad()
     def switch(self, pipe, key: object, layers: Sequence[LoraLayer]) -> bool:
         """Make `pipe`'s weights base + `layers`' deltas (`key` names that set; () or None: the base); False
@@ -138,19 +144,22 @@ class LoraWeights:
             if factors is None:
                 continue
             owner, up, down = factors
-            targets = [(f"{owner}.weight", (up.float() @ down.float()) * layer.scale)]
+            name = f"{owner}.weight"
+            local = _local(model.get_parameter(name))
+            if (up.shape[0], down.shape[1]) != local.shape:
+                raise RuntimeError(f"the LoRA part of {layer.component}.{name} is {(up.shape[0], down.shape[1])} but "
+                                   f"this rank holds {tuple(local.shape)}")
+            # W' = W + s B A in one fused pass over the fp32 sum (B (out, r) @ A (r, in))
+            total = self._total(merged, (layer.component, name), local)
+            total.addmm_(up.to(local.device, torch.float32), down.to(local.device, torch.float32), alpha=layer.scale)
             if layer.bias is not None:
-                targets.append((f"{owner}.bias", _local_vector(model, f"{owner}.bias", layer.bias.float(), fsdp)
-                                * layer.scale))
-            for name, delta in targets:
+                name = f"{owner}.bias"
                 local = _local(model.get_parameter(name))
+                delta = _local_vector(model, name, layer.bias.float(), fsdp)
                 if delta.shape != local.shape:
                     raise RuntimeError(f"the LoRA part of {layer.component}.{name} is {tuple(delta.shape)} but this "
                                        f"rank holds {tuple(local.shape)}")
-                index = (layer.component, name)
-                base = self._keep(index, local)
-                merged[index] = (merged[index] if index in merged else base.to(local.device, torch.float32)) \
-                    + delta.to(local.device)
+                self._total(merged, (layer.component, name), local).add_(delta.to(local.device), alpha=layer.scale)
         for index in self._changed - merged.keys():  # back to the base, exactly
             local, base = self._base[index]
             local.copy_(base)
