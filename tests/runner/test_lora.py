@@ -1,10 +1,13 @@
-"""LoRA per row (under --compile a switch compiles nothing): a job with adapters equals the diffusers pipeline with the same adapters loaded by its own
-`load_lora_weights` (the diffusers/peft layout and the original Wan `diffusion_model.*` layout, each scale
-as diffusers' adapter weight), a job without one after it gets the base weights back bit for bit, and under
---tp, --fsdp and PipeFusion each rank merges only its own part and equals one process. End to end, `gen run`
-applies each row's adapters, records them with their sha256, groups the hand-out by adapter set, and rejects
-or fails the bad ones alone (a pickle, a file outside the manifest's directory, another architecture, a
-pickle under a .safetensors name), never showing their bytes."""
+"""LoRA per row: a job with adapters equals the diffusers pipeline with the same adapters loaded by its own
+`load_lora_weights` (the diffusers/peft layout; the converted ones: the original Wan `diffusion_model.*`
+layout, kohya's FLUX layout with its CLIP layers, the ComfyUI Qwen-Image layout; a text-encoder LoRA; two
+adapters at two scales), each scale as diffusers' adapter weight. A job without one after it gets the base
+weights back bit for bit, and A, none, B, none in one run equals four separate runs. Under ulysses, --tp,
+--fsdp and PipeFusion each rank merges only its own part (its elements counted) and equals one process; under
+--compile a switch compiles nothing. End to end, `gen run` applies each row's adapters, records them with their
+sha256, groups the hand-out by adapter set, resolves hub ids (a `weight_name` file alone), and rejects or fails
+the bad ones alone (a pickle, a file outside the manifest's directory, another architecture, a pickle under a
+.safetensors name), never showing their bytes."""
 
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from genbatch.jobs.lora import LoraRef, run_loras
 from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
-from tests.support.lora import kohya_flux_lora, peft_lora, peft_text_encoder_lora, wan_original_lora
+from tests.support.lora import kohya_flux_lora, peft_lora, peft_text_encoder_lora, qwen_comfy_lora, wan_original_lora
 from tests.support.runs import job, job_executor, run_cli, write_manifest
 
 FLUX_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "proj_out", "proj_mlp", "net.0.proj")
@@ -91,6 +94,17 @@ def test_the_original_wan_layout_is_converted_as_diffusers_converts_it(tmp_path)
     theirs = _pipeline_output(spec, lora, 0.7)
     assert np.abs(ours - theirs).max() <= 1e-4
     assert np.abs(theirs - _pipeline_output(spec)).max() > 0.05
+
+
+def test_the_comfyui_qwen_image_layout_is_converted_as_diffusers_converts_it(tmp_path):
+    lora = qwen_comfy_lora(tmp_path / "qwen" / "lightning_style.safetensors", alpha=16.0)
+    spec = job("tiny-qwen-image", num_inference_steps=2, seed=5)
+    with job_executor(str(tmp_path / "out")) as (world, executor):
+        ours = executor.generate(replace(spec, lora=(LoraRef(lora, scale=0.7),)), JobTimer(world.ctx.device))
+        base = executor.generate(spec, JobTimer(world.ctx.device))
+    theirs = _two_adapter_output(spec, [(lora, 0.7)])
+    assert np.abs(ours - theirs).max() <= 1e-4
+    assert np.abs(theirs - base).max() > 0.01  # the adapter moved it (100x the tolerance)
 
 
 def test_kohya_flux_and_text_encoder_loras_equal_diffusers(tmp_path):

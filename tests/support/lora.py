@@ -37,27 +37,46 @@ def peft_lora(preset: str, directory, targets: tuple[str, ...], *, rank: int = 4
 _WAN_ORIGINAL = {"self_attn.q": "attn1.to_q", "self_attn.v": "attn1.to_v", "cross_attn.k": "attn2.to_k",
                  "ffn.0": "ffn.net.0.proj"}
 """Original Wan module names -> diffusers' (what the LoRA below targets)."""
+_QWEN_COMFY = {name: name for name in ("attn.to_q", "attn.to_v", "attn.add_k_proj", "img_mlp.net.0.proj")}
+"""Qwen-Image's ComfyUI/Lightning module names -> diffusers' (the same names, under `diffusion_model.`)."""
+
+
+def _down_up_lora(path, preset: str, blocks: str, names: dict[str, str], head: str, *, rank: int, alpha: float,
+                  seed: int) -> str:
+    """A random LoRA of every block of `preset`'s transformer (`blocks`: its block list's attribute) on the modules
+    `names` maps (the file's name -> diffusers'), as `lora_down` / `lora_up` / `alpha` keys under
+    `head.N.<file's name>`; written to the file `path`."""
+    from safetensors.torch import save_file
+
+    transformer = load_pipeline(resolve_model(preset), torch.device("cpu"), torch.float32).transformer
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for block in range(len(getattr(transformer, blocks))):
+        for original, ours in names.items():
+            out, width = transformer.get_submodule(f"{blocks}.{block}.{ours}").weight.shape
+            key = f"{head}.{block}.{original}"
+            state[f"{key}.lora_down.weight"] = torch.randn(rank, width, generator=generator) * 0.3
+            state[f"{key}.lora_up.weight"] = torch.randn(out, rank, generator=generator) * 0.3 * UP_SCALE / 10
+            state[f"{key}.alpha"] = torch.tensor(alpha)
+    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
+    save_file(state, str(path))
+    return str(path)
 
 
 def wan_original_lora(path, preset: str = "tiny-wan", *, rank: int = 4, alpha: float = 2.0, seed: int = 0) -> str:
     """A random LoRA of `preset`'s Wan transformer in the original layout the LightX2V and ComfyUI LoRAs use
     (`diffusion_model.blocks.N.self_attn.q.lora_down.weight`, `.alpha`), which diffusers' Wan loader converts;
     written to the file `path`."""
-    from safetensors.torch import save_file
+    return _down_up_lora(path, preset, "blocks", _WAN_ORIGINAL, "diffusion_model.blocks", rank=rank, alpha=alpha,
+                         seed=seed)
 
-    transformer = load_pipeline(resolve_model(preset), torch.device("cpu"), torch.float32).transformer
-    generator = torch.Generator().manual_seed(seed)
-    state = {}
-    for block in range(len(transformer.blocks)):
-        for original, ours in _WAN_ORIGINAL.items():
-            out, width = transformer.get_submodule(f"blocks.{block}.{ours}").weight.shape
-            head = f"diffusion_model.blocks.{block}.{original}"
-            state[f"{head}.lora_down.weight"] = torch.randn(rank, width, generator=generator) * 0.3
-            state[f"{head}.lora_up.weight"] = torch.randn(out, rank, generator=generator) * 0.3 * UP_SCALE / 10
-            state[f"{head}.alpha"] = torch.tensor(alpha)
-    os.makedirs(os.path.dirname(str(path)), exist_ok=True)
-    save_file(state, str(path))
-    return str(path)
+
+def qwen_comfy_lora(path, preset: str = "tiny-qwen-image", *, rank: int = 4, alpha: float = 2.0, seed: int = 0) -> str:
+    """A random LoRA of `preset`'s Qwen-Image transformer in the ComfyUI layout the Qwen-Image-Lightning LoRAs
+    use (`diffusion_model.transformer_blocks.N.attn.to_q.lora_down.weight`, `.alpha`), which diffusers'
+    Qwen-Image loader converts; written to the file `path`."""
+    return _down_up_lora(path, preset, "transformer_blocks", _QWEN_COMFY, "diffusion_model.transformer_blocks",
+                         rank=rank, alpha=alpha, seed=seed)
 
 
 def peft_text_encoder_lora(preset: str, directory, targets: tuple[str, ...], *, rank: int = 4, alpha: float = 8.0,
