@@ -26,7 +26,7 @@ from genbatch.jobs.lora import LoraRef, run_loras
 from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
-from tests.support.lora import kohya_flux_lora, peft_lora, peft_text_encoder_lora, qwen_comfy_lora, wan_original_lora
+from tests.support.lora import kohya_flux_lora, peft_lora, qwen_comfy_lora, wan_original_lora
 from tests.support.runs import job, job_executor, run_cli, write_manifest
 
 FLUX_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "proj_out", "proj_mlp", "net.0.proj")
@@ -112,7 +112,7 @@ def test_kohya_flux_and_text_encoder_loras_equal_diffusers(tmp_path):
     diffusers-layout text-encoder LoRA: each equals the pipeline with its own load_lora_weights, and each
     changes the text encoder's weights, which the job after it gets back."""
     kohya = kohya_flux_lora(tmp_path / "kohya" / "flux_style.safetensors")
-    encoder = peft_text_encoder_lora("tiny-flux", tmp_path / "clip", ("q_proj", "v_proj", "fc1"), seed=3)
+    encoder = peft_lora("tiny-flux", tmp_path / "clip", ("q_proj", "v_proj", "fc1"), component="text_encoder", seed=3)
     spec = job("tiny-flux", num_inference_steps=2, seed=6)
     with job_executor(str(tmp_path / "out")) as (world, executor):
         pipe = executor.model_for(spec).pipe

@@ -15,22 +15,25 @@ UP_SCALE = 40.0
 """What lora_B is multiplied by (random peft adapters move a tiny FLUX by only a few levels otherwise)."""
 
 
-def peft_lora(preset: str, directory, targets: tuple[str, ...], *, rank: int = 4, alpha: float = 8.0,
-              seed: int = 0) -> str:
-    """A random LoRA of `preset`'s transformer on the modules named `targets`, saved by the pipeline's own
-    `save_lora_weights` (with its peft metadata: alpha / rank) into `directory`; the directory."""
-    from peft import LoraConfig
+def peft_lora(preset: str, directory, targets: tuple[str, ...], *, component: str = "transformer", rank: int = 4,
+              alpha: float = 8.0, seed: int = 0) -> str:
+    """A random LoRA of `preset`'s `component` (its transformer, or `text_encoder`) on the modules named `targets`,
+    in the diffusers/peft layout (`<component>.<module>.lora_A.weight`), saved by the pipeline's own
+    `save_lora_weights` (with its peft metadata: alpha / rank) into `directory`; the directory. (Injected with
+    peft directly, as diffusers' `add_adapter` does: transformers' own asks for a newer peft than diffusers'.)"""
+    from peft import LoraConfig, inject_adapter_in_model
     from peft.utils import get_peft_model_state_dict
 
     pipe = load_pipeline(resolve_model(preset), torch.device("cpu"), torch.float32)
+    model = getattr(pipe, component)
     torch.manual_seed(seed)
-    pipe.transformer.add_adapter(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=False,
-                                            target_modules=list(targets)))
+    inject_adapter_in_model(LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=False,
+                                       target_modules=list(targets)), model)
     state = {key: value * UP_SCALE if "lora_B" in key else value
-             for key, value in get_peft_model_state_dict(pipe.transformer).items()}
-    type(pipe).save_lora_weights(str(directory), transformer_lora_layers=state,
-                                 transformer_lora_adapter_metadata={"r": rank, "lora_alpha": alpha,
-                                                                    "target_modules": list(targets)})
+             for key, value in get_peft_model_state_dict(model).items()}
+    type(pipe).save_lora_weights(str(directory), **{
+        f"{component}_lora_layers": state,
+        f"{component}_lora_adapter_metadata": {"r": rank, "lora_alpha": alpha, "target_modules": list(targets)}})
     return str(directory)
 
 
@@ -77,27 +80,6 @@ def qwen_comfy_lora(path, preset: str = "tiny-qwen-image", *, rank: int = 4, alp
     Qwen-Image loader converts; written to the file `path`."""
     return _down_up_lora(path, preset, "transformer_blocks", _QWEN_COMFY, "diffusion_model.transformer_blocks",
                          rank=rank, alpha=alpha, seed=seed)
-
-
-def peft_text_encoder_lora(preset: str, directory, targets: tuple[str, ...], *, rank: int = 4, alpha: float = 8.0,
-                           seed: int = 0) -> str:
-    """A random LoRA of `preset`'s first text encoder on the modules named `targets`, in the diffusers/peft
-    layout (`text_encoder.<module>.lora_A.weight`) with its peft metadata, saved by the pipeline's own
-    `save_lora_weights` into `directory`; the directory. (Injected with peft directly: transformers' own
-    `add_adapter` asks for a newer peft than the one diffusers loads with.)"""
-    from peft import LoraConfig, inject_adapter_in_model
-    from peft.utils import get_peft_model_state_dict
-
-    pipe = load_pipeline(resolve_model(preset), torch.device("cpu"), torch.float32)
-    torch.manual_seed(seed)
-    config = LoraConfig(r=rank, lora_alpha=alpha, init_lora_weights=False, target_modules=list(targets))
-    inject_adapter_in_model(config, pipe.text_encoder)
-    state = {key: value * UP_SCALE if "lora_B" in key else value
-             for key, value in get_peft_model_state_dict(pipe.text_encoder).items()}
-    type(pipe).save_lora_weights(str(directory), text_encoder_lora_layers=state,
-                                 text_encoder_lora_adapter_metadata={"r": rank, "lora_alpha": alpha,
-                                                                     "target_modules": list(targets)})
-    return str(directory)
 
 
 _KOHYA_FLUX_DOUBLE = {"img_attn_qkv": 3, "img_attn_proj": 1, "img_mlp_0": 1, "txt_attn_qkv": 3}
