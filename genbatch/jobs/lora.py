@@ -1,14 +1,16 @@
 """A row's LoRA adapters: the `lora` column's value, the run's `--lora` defaults, and one canonical text of both.
 
-    lora: list<struct<uri: string, scale: double, weight_name: string>>     (only `uri` is required)
+    lora: list<struct<uri: string, scale: double, weight_name: string, expert: string>>   (only `uri` is required)
 
 A `uri` is one of
     - a hub id, `org/name` or `org/name@revision` (resolved from the Hugging Face cache as `--model` ids are);
     - a path (relative to the manifest's own directory; write `./dir/name` for a relative directory that
       would otherwise read as a hub id) or any fsspec URL, of a `.safetensors` file or of a directory that
       holds one (`weight_name` picks among several).
-`scale` multiplies the adapter's delta (default 1.0). A null value takes the run's `--lora`; an empty list
-means no adapter. Adapters load with safetensors only: a pickle file (`.bin`, `.pt`, ...) is refused, with the
+`scale` multiplies the adapter's delta (default 1.0). `expert` picks the transformer of a two-expert model
+(Wan 2.2 A14B) the adapter goes into: `high` (the high-noise expert, `transformer`: the default, as diffusers'
+`load_lora_weights`) or `low` (`transformer_2`, as its `load_into_transformer_2=True`); the Wan 2.2 distilled
+LoRAs ship one file per expert. A null value takes the run's `--lora`; an empty list means no adapter. Adapters load with safetensors only: a pickle file (`.bin`, `.pt`, ...) is refused, with the
 fix. Nothing is read here (`genbatch.runner.adapters` reads and applies them).
 """
 
@@ -25,8 +27,11 @@ from genbatch.jobs.media import media_url
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
 """File names genbatch never loads: formats that unpickle (run code) when read."""
 
-LORA_TYPE = "list<struct<uri: string, scale: double, weight_name: string>>"
+LORA_TYPE = "list<struct<uri: string, scale: double, weight_name: string, expert: string>>"
 """The `lora` column's Arrow type, as messages spell it."""
+
+EXPERTS = {"high": "transformer", "low": "transformer_2"}
+"""A two-expert model's experts -> the pipeline component each is (Wan 2.2: high noise first, then low)."""
 
 TO_SAFETENSORS = ("convert it to safetensors, e.g. safetensors.torch.save_file(torch.load(path, weights_only=True), "
                   "'adapter.safetensors'), and name that file")
@@ -42,13 +47,23 @@ class LoraRef:
     """The factor on the adapter's delta."""
     weight_name: str | None = None
     """The file to take in a directory or repository that holds several; None: its only one."""
+    expert: str | None = None
+    """`high` or `low`: the expert of a two-expert model it goes into (`EXPERTS`); None: the transformer."""
 
     @property
     def is_hub_id(self) -> bool:
         return is_hub_uri(self.uri)
 
+    @property
+    def component(self) -> str:
+        """The pipeline component its transformer layers go into."""
+        return EXPERTS[self.expert or "high"]
+
     def as_dict(self) -> dict[str, object]:
-        return {"uri": self.uri, "scale": self.scale, "weight_name": self.weight_name}
+        entry: dict[str, object] = {"uri": self.uri, "scale": self.scale, "weight_name": self.weight_name}
+        if self.expert is not None:  # absent otherwise: a set without experts keeps the text it always had
+            entry["expert"] = self.expert
+        return entry
 
 
 def adapter_hub_id(uri: str, weight_name: str | None) -> HubId:
@@ -91,9 +106,13 @@ def _entry(entry: object, index: int, base: str | None) -> LoraRef:
     problem = pickle_problem(weight_name or uri)
     if problem:
         raise ValueError(f"{where}: {problem}")
+    expert = entry.get("expert")
+    if expert is not None and expert not in EXPERTS:
+        raise ValueError(f"{where} ({uri}) has expert {expert!r}; give one of {', '.join(map(repr, EXPERTS))} (the "
+                         "high- or low-noise transformer of a two-expert model) or leave it null")
     if not is_hub_uri(uri):
         uri = media_url(uri, base)
-    return LoraRef(uri=uri, scale=float(scale), weight_name=weight_name)
+    return LoraRef(uri=uri, scale=float(scale), weight_name=weight_name, expert=expert)
 
 
 def parse_lora(value: object, base: str | None) -> tuple[LoraRef, ...] | None:
@@ -133,5 +152,5 @@ def from_text(text: str | None) -> tuple[LoraRef, ...]:
     """The adapters of `lora_text`'s text."""
     if not text:
         return ()
-    return tuple(LoraRef(uri=entry["uri"], scale=entry["scale"], weight_name=entry["weight_name"])
-                 for entry in json.loads(text))
+    return tuple(LoraRef(uri=entry["uri"], scale=entry["scale"], weight_name=entry["weight_name"],
+                         expert=entry.get("expert")) for entry in json.loads(text))

@@ -48,7 +48,7 @@ COLUMNS: dict[str, Column] = {
         Column("cache", "string", False, "step caching: none, fbc:THRESHOLD or taylorseer:INTERVAL; overrides --cache"),
         Column("image", "string", False, "the conditioning image: a path (relative to the manifest) or any fsspec URL"),
         Column("last_image", "string", False, "first-and-last-frame video: the last frame, as `image`"),
-        Column("lora", "lora", False, "LoRA adapters: a list of {uri, scale, weight_name}; null takes --lora"),
+        Column("lora", "lora", False, "LoRA adapters: a list of {uri, scale, weight_name, expert}; null takes --lora"),
     )
 }
 
@@ -96,13 +96,13 @@ def accepts(kind: str, arrow_type: pa.DataType) -> bool:
 
 
 def _adapter_list(arrow_type: pa.DataType) -> bool:
-    """list<struct<uri: string, ...>>, its other fields `scale` (a number) and `weight_name` (a string)."""
+    """list<struct<uri: string, ...>>, its other fields `scale` (a number), `weight_name` and `expert` (strings)."""
     if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)):
         return False
     entry = arrow_type.value_type
     if not pa.types.is_struct(entry) or entry.get_field_index("uri") < 0:
         return False
-    kinds = {"uri": "string", "scale": "float", "weight_name": "string"}
+    kinds = {"uri": "string", "scale": "float", "weight_name": "string", "expert": "string"}
     return all(entry.field(index).name in kinds and accepts(kinds[entry.field(index).name], entry.field(index).type)
                for index in range(entry.num_fields))
 

@@ -270,11 +270,18 @@ class Adapters:
     def plan(self, job: JobSpec, spec: ModelSpec, pipe, group: Comm | None = None) -> AdapterSwitch:
         """The job's adapters, prepared (once each), as a switch of `pipe`'s weights; LoraError naming the
         adapter and the fix."""
+        for ref in job.lora:
+            if ref.component != "transformer" and getattr(pipe, ref.component, None) is None:
+                raise LoraError(f"adapter {ref.uri}: expert {ref.expert!r} is the {ref.component} of a two-expert "
+                                f"model (Wan 2.2 A14B), and {spec.name} has one transformer; leave expert null")
         prepared = [(ref, self.prepare(ref, spec, pipe, group)) for ref in job.lora]
         weights = self._weights.setdefault(pipe, LoraWeights())
-        key = tuple((ref.uri, ref.weight_name, ref.scale, adapter.sha256) for ref, adapter in prepared) or None
-        layers = [LoraLayer(component=layer.component, module=layer.module, down=layer.down, up=layer.up,
-                            bias=layer.bias, scale=layer.scale * ref.scale)
+        key = tuple((ref.uri, ref.weight_name, ref.scale, ref.expert, adapter.sha256)
+                    for ref, adapter in prepared) or None
+        # an adapter for the low-noise expert: its transformer layers go into that transformer (same shapes)
+        layers = [LoraLayer(component=ref.component if layer.component == "transformer" else layer.component,
+                            module=layer.module, down=layer.down, up=layer.up, bias=layer.bias,
+                            scale=layer.scale * ref.scale)
                   for ref, adapter in prepared for layer in adapter.layers]
         return AdapterSwitch(pipe=pipe, weights=weights, key=key, layers=layers,
                              sha256=tuple(adapter.sha256 for _, adapter in prepared))

@@ -105,8 +105,8 @@ def fingerprint(job: JobSpec, approximation: str = EXACT) -> dict:
         # a changed input image restarts the job (a text-only job's fingerprint has no such key)
         **({"media": {column: media.sha256 for column, media in sorted(job.media.items())}} if job.media else {}),
         # so does a changed adapter, or another scale
-        **({"lora": [[ref.uri, ref.weight_name, ref.scale, digest] for ref, digest in
-                     zip(job.lora, job.lora_sha256, strict=True)]} if job.lora else {}),
+        **({"lora": [[ref.uri, ref.weight_name, ref.scale, digest, *([ref.expert] if ref.expert else [])]
+                     for ref, digest in zip(job.lora, job.lora_sha256, strict=True)]} if job.lora else {}),
     }
 
 

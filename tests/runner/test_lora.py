@@ -368,3 +368,54 @@ def test_two_adapters_at_two_scales_equal_diffusers(preset, tmp_path):
     theirs = _two_adapter_output(spec, adapters)
     assert np.abs(ours - theirs).max() <= 1e-4
     assert np.abs(ours - base).max() > 0.01  # the adapters moved it (100x the tolerance)
+
+
+def test_wan_2_2_adapters_go_into_the_expert_each_names(tmp_path):
+    from PIL import Image
+
+    from genbatch.runner.adapters import LoraError
+
+    image = tmp_path / "first.png"
+    Image.new("RGB", (64, 48), (250, 240, 20)).save(image)
+    high = wan_original_lora(tmp_path / "w22" / "high_noise.safetensors", "tiny-wan22-i2v", seed=1)
+    low = wan_original_lora(tmp_path / "w22" / "low_noise.safetensors", "tiny-wan22-i2v", seed=2)
+    spec = job("tiny-wan22-i2v", num_inference_steps=3, seed=21, num_frames=5, image=str(image), negative_prompt="grey")
+    refs = (LoraRef(high, 0.8, expert="high"), LoraRef(low, 0.6, expert="low"))
+    with job_executor(str(tmp_path / "out"), model="tiny-wan22-i2v") as (world, executor):
+        pipe = executor.model_for(spec).pipe
+        base = {name: param.clone() for name, param in pipe.transformer_2.named_parameters()}
+        ours = executor.generate(replace(spec, lora=refs), JobTimer(world.ctx.device))
+        assert any(not torch.equal(param, base[name]) for name, param in pipe.transformer_2.named_parameters())
+        only_high = executor.generate(replace(spec, lora=refs[:1]), JobTimer(world.ctx.device))
+        assert all(torch.equal(param, base[name]) for name, param in pipe.transformer_2.named_parameters())
+    reference = load_pipeline(resolve_model("tiny-wan22-i2v"), torch.device("cpu"), torch.float32)
+    reference.load_lora_weights(high, adapter_name="high")
+    reference.load_lora_weights(low, adapter_name="low", load_into_transformer_2=True)
+    reference.set_adapters(["high", "low"], [0.8, 0.6])
+    theirs = reference(prompt=spec.prompt, negative_prompt="grey", image=Image.open(image), height=spec.height,
+                       width=spec.width, num_frames=5, num_inference_steps=3, guidance_scale=spec.guidance_scale,
+                       generator=torch.Generator("cpu").manual_seed(21), output_type="np").frames[0]
+    assert np.abs(ours - theirs).max() <= 1e-4
+    assert np.abs(ours - only_high).max() > 0.01  # the low-noise expert's adapter moved it (100x the tolerance)
+    with job_executor(str(tmp_path / "one"), model="tiny-wan") as (world, executor):
+        with pytest.raises(LoraError, match="expert 'low' is the transformer_2 of a two-expert model"):
+            executor.generate(replace(job("tiny-wan", num_frames=5, num_inference_steps=2),
+                                      lora=(LoraRef(low, expert="low"),)), JobTimer(world.ctx.device))
+
+
+def test_the_expert_field_is_read_recorded_and_refused_when_unknown(tmp_path):
+    from genbatch.jobs.lora import from_text, lora_text
+    from genbatch.jobs.spec import JobOverrides
+    from genbatch.manifests import read_jobs
+
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [
+        {"id": "low", "prompt": "p", "lora": [{"uri": "org/w22", "weight_name": "low_noise.safetensors", "expert": "low"}]},
+        {"id": "mid", "prompt": "p", "lora": [{"uri": "org/w22", "expert": "mid"}]}])
+    result = read_jobs(manifest, overrides=JobOverrides(model="tiny-wan"))
+    (ref,) = result.jobs[0].lora
+    assert (ref.expert, ref.component) == ("low", "transformer_2")
+    assert from_text(lora_text((ref,))) == (ref,)
+    assert lora_text((LoraRef("org/x"),)) == '[{"uri":"org/x","scale":1.0,"weight_name":null}]'  # as before experts
+    (rejected,) = result.rejected
+    assert rejected.job_id == "mid" and rejected.column == "lora" and "expert 'mid'" in rejected.reason
+    assert "'high', 'low'" in rejected.reason
