@@ -210,24 +210,35 @@ def _args_without_nproc(argv: list[str]) -> list[str]:
 @click.option("--storage-timeout", type=click.FloatRange(min=0, min_open=True), default=120, show_default=True,
               metavar="SECONDS", help="How long one read of OUT may keep failing before the command gives up (exit 75).")
 @click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@click.option("--watch", is_flag=True, help="Print the line again every --interval seconds until nothing is pending "
+              "(Ctrl-C stops it).")
+@click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              metavar="SECONDS", help="With --watch: seconds between refreshes.")
 def status_command(out: str, manifest: str | None, storage_option: tuple[str, ...], storage_timeout: float,
-                   as_json: bool) -> None:
-    """Done / failed / rejected / pending counts of the run in OUT."""
+                   as_json: bool, watch: bool, interval: float) -> None:
+    """Done / failed / rejected / pending counts of the run in OUT, its jobs per hour and the ETA of what is
+    pending (from the timings; the time between a run and its rerun does not count)."""
+    import time
+
     from genbatch.io import StorageError
-    from genbatch.runner.status import run_status
+    from genbatch.runner.status import format_status, run_status
 
     options = storage_options_from(storage_option)
-    try:
-        counts = run_status(out, manifest=manifest, storage_options=options, storage_timeout=storage_timeout)
-    except StorageError as error:  # down past the bound: 75, try again later; refused for good: 2
-        click.echo(f"genbatch: {error}", err=True)
-        sys.exit(_storage_status(error))
-    except (FileNotFoundError, ValueError) as error:
-        click.echo(f"genbatch: {error}", err=True)
-        sys.exit(exit_codes.USAGE)
-    if as_json:
-        import json
+    while True:
+        try:
+            counts = run_status(out, manifest=manifest, storage_options=options, storage_timeout=storage_timeout)
+        except StorageError as error:  # down past the bound: 75, try again later; refused for good: 2
+            click.echo(f"genbatch: {error}", err=True)
+            sys.exit(_storage_status(error))
+        except (FileNotFoundError, ValueError) as error:
+            click.echo(f"genbatch: {error}", err=True)
+            sys.exit(exit_codes.USAGE)
+        if as_json:
+            import json
 
-        click.echo(json.dumps(counts))
-    else:
-        click.echo("  ".join(f"{key}: {value}" for key, value in counts.items()))
+            click.echo(json.dumps(counts))
+        else:
+            click.echo(format_status(counts))
+        if not watch or not counts.get("pending"):
+            return
+        time.sleep(interval)

@@ -1,9 +1,40 @@
-"""`gen status OUT`: what a run has done, against its manifest."""
+"""`gen status OUT`: what a run has done, against its manifest, and how fast.
+
+    run_status(out)   {"total", "done", "failed", "rejected", "pending", "jobs_per_hour", "eta_s"}
+
+Jobs per hour come from the timings: the jobs each run attempt wrote over the span of that attempt's timing
+rows (first start to last end), summed over attempts, so the hours between a preemption and its requeue do
+not count. The ETA is the pending jobs at that rate (None while nothing has been timed).
+"""
 
 from __future__ import annotations
 
-
 from genbatch.jobs.spec import JobOverrides
+
+WRITE_STAGE = "write"
+"""The timing stage of a job's output write: one per done job and attempt."""
+
+
+def throughput(timings) -> float | None:
+    """Jobs per hour of the timings (an Arrow table of timing rows): the jobs written over the spans of the
+    attempts that wrote them; None without a written job."""
+    import pyarrow.compute as pc
+
+    if timings.num_rows == 0 or "stage" not in timings.column_names:
+        return None
+    ends = pc.add(timings["start"], timings["seconds"])
+    written, hours = 0, 0.0
+    runs = timings["run_id"] if "run_id" in timings.column_names else None
+    for run in (pc.unique(runs).to_pylist() if runs is not None else [None]):
+        mask = pc.equal(runs, run) if run is not None else None
+        part, part_ends = (timings.filter(mask), ends.filter(mask)) if mask is not None else (timings, ends)
+        jobs = pc.count_distinct(part.filter(pc.equal(part["stage"], WRITE_STAGE))["job_id"]).as_py()
+        if jobs:
+            written += jobs
+            hours += (pc.max(part_ends).as_py() - pc.min(part["start"]).as_py()) / 3600.0
+    if not written or hours <= 0:
+        return None
+    return written / hours
 
 
 def run_status(out: str, *, manifest: str | None = None, storage_options: dict | None = None,
@@ -24,4 +55,25 @@ def run_status(out: str, *, manifest: str | None = None, storage_options: dict |
     loaded = read_jobs(manifest, overrides=overrides, storage_options=storage_options)
     counts = store.status_counts(job.id for job in loaded.jobs)
     counts["rejected"] = len(loaded.rejected)
-    return {"total": len(loaded.jobs) + len(loaded.rejected), **counts}
+    rate = throughput(store.read_timings())
+    pending = counts.get("pending", 0)
+    eta = None if rate is None else (0.0 if not pending else pending / rate * 3600.0)
+    return {"total": len(loaded.jobs) + len(loaded.rejected), **counts,
+            "jobs_per_hour": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta)}
+
+
+def format_status(counts: dict) -> str:
+    """One line: the counts, jobs per hour and the ETA (`-` until something was timed)."""
+    shown = {key: value for key, value in counts.items() if key not in ("jobs_per_hour", "eta_s")}
+    line = "  ".join(f"{key}: {value}" for key, value in shown.items())
+    rate, eta = counts.get("jobs_per_hour"), counts.get("eta_s")
+    return (f"{line}  jobs/hour: {'-' if rate is None else f'{rate:.1f}'}  eta: "
+            f"{'-' if eta is None else _duration(eta)}")
+
+
+def _duration(seconds: float) -> str:
+    """4h 05m, 12m 30s, 45s."""
+    seconds = int(round(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}h {minutes:02d}m" if hours else (f"{minutes}m {secs:02d}s" if minutes else f"{secs}s")

@@ -82,7 +82,13 @@ def test_rerun_skips_done_jobs(finished_run):
 def test_status(finished_run):
     manifest, out, _, _ = finished_run
     status = gen("status", str(out), "--json")
-    assert json.loads(status.stdout) == {"total": 4, "done": 2, "failed": 0, "rejected": 2, "pending": 0}
+    counts = json.loads(status.stdout)
+    assert {key: counts.pop(key) for key in ("total", "done", "failed", "rejected", "pending")} == {
+        "total": 4, "done": 2, "failed": 0, "rejected": 2, "pending": 0}
+    assert counts["jobs_per_hour"] > 0 and counts["eta_s"] == 0  # from the timings; nothing left to wait for
+    watched = gen("status", str(out), "--watch", "--interval", "0.01")  # nothing pending: one line, done
+    assert watched.returncode == 0 and len(watched.stdout.splitlines()) == 1
+    assert "pending: 0" in watched.stdout and "eta: 0s" in watched.stdout and "jobs/hour: " in watched.stdout
 
 
 def test_a_failing_job_is_recorded_and_the_run_goes_on(tmp_path):

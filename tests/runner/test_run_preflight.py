@@ -111,4 +111,5 @@ def test_status_counts_rows_against_the_runs_model(big_manifest, tmp_path):
 
     out = str(tmp_path / "out")
     RunStore(out).write_run_info({"manifest": big_manifest, "model": "tiny-wan", "overrides": {}})
-    assert run_status(out) == {"total": ROWS, "done": 0, "failed": 0, "pending": ROWS, "rejected": 0}
+    assert run_status(out) == {"total": ROWS, "done": 0, "failed": 0, "pending": ROWS, "rejected": 0,
+                               "jobs_per_hour": None, "eta_s": None}  # nothing timed yet
