@@ -1,7 +1,8 @@
-"""Patch-parallel VAE decode rules as data: decoder module class (qualified `module:Class`) -> rule kind.
+"""Patch-parallel VAE rules as data: decoder (and encoder) module class (qualified `module:Class`) -> rule kind.
 
-A family names its VAE classes and the rule kind of every module class met in their decoders
-(`ModelFamily.vae_classes`, `ModelFamily.vae_rules`); `genbatch.parallel.vae.plan` implements each kind.
+A family names its VAE classes and the rule kind of every module class met in their decoders, and in the
+encoders of those it encodes tile-parallel too (`ModelFamily.vae_classes`, `ModelFamily.vae_rules`);
+`genbatch.parallel.vae.plan` implements each kind.
 A class no family lists makes the VAE unsupported (it decodes on one rank), so a new upstream layer can
 never silently give a wrong image.
 """
@@ -17,7 +18,11 @@ UPSAMPLE = "upsample"
 WAN_RESAMPLE = "wan_resample"
 """A WanResample: local in its upsampling modes."""
 CONV2D = "conv2d"
-"""A zero-padded 'same' 2-D convolution: gets halos from the neighbouring tiles."""
+"""A zero-padded 'same' 2-D convolution: gets halos from the neighbouring tiles (or, unpadded with stride 2,
+runs on the tile its halo pad extended)."""
+HALO_PAD = "halo_pad"
+"""ZeroPad2d((0, 1, 0, 1)) before a stride-2 convolution (Wan's downsampling): the row below and the column to
+the right come from the neighbouring tiles, zeros only at the image's border."""
 CAUSAL_CONV3D = "causal_conv3d"
 """Wan's causal 3-D convolution: halos in height and width, its own causal padding in time."""
 GROUP_NORM = "group_norm"
@@ -27,7 +32,8 @@ WAN_ATTENTION = "wan_attention"
 IMAGE_ATTENTION = "image_attention"
 """diffusers' mid-block self-attention over pixels: keys and values gathered from every tile."""
 
-KINDS = (LOCAL, RESNET, UPSAMPLE, WAN_RESAMPLE, CONV2D, CAUSAL_CONV3D, GROUP_NORM, WAN_ATTENTION, IMAGE_ATTENTION)
+KINDS = (LOCAL, RESNET, UPSAMPLE, WAN_RESAMPLE, CONV2D, HALO_PAD, CAUSAL_CONV3D, GROUP_NORM, WAN_ATTENTION,
+         IMAGE_ATTENTION)
 
 TORCH_LAYERS: dict[str, str] = {
     **{f"torch.nn:{name}": LOCAL for name in ("Sequential", "ModuleList", "Identity", "Dropout", "SiLU", "GELU",
@@ -58,5 +64,9 @@ AUTOENCODER_KL_WAN: dict[str, str] = {
     f"{_WAN}:WanResample": WAN_RESAMPLE,
     f"{_WAN}:WanCausalConv3d": CAUSAL_CONV3D,
     f"{_WAN}:WanAttentionBlock": WAN_ATTENTION,
+    # the encoder's
+    **{f"{_WAN}:{name}": LOCAL for name in ("WanEncoder3d", "WanResidualDownBlock")},
+    f"{_WAN}:AvgDown3D": LOCAL,  # means over 2x2 (x2 in time) blocks: local on tiles whose edges are even
+    "torch.nn:ZeroPad2d": HALO_PAD,
 }
-"""The decoder of diffusers' `AutoencoderKLWan` (Wan 2.1 / 2.2)."""
+"""The decoder and encoder of diffusers' `AutoencoderKLWan` (Wan 2.1 / 2.2)."""

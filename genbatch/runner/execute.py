@@ -10,6 +10,7 @@ carried through its stages and checkpoints as a `JobModel`.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import time
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,7 @@ from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.features import start_hooks
 from genbatch.parallel.job_hooks import JobStart, RunFeatures
 from genbatch.parallel.stale import EXACT, StaleConfig, label
+from genbatch.parallel.vae import parallel_encoding
 from genbatch.parallel.patch.session import STALE_BYTES
 from genbatch.runner.adapters import Adapters
 from genbatch.runner.agreement import StopAgreement
@@ -224,7 +226,10 @@ class JobExecutor:
         with torch.no_grad():  # not inference_mode: FSDP2's DTensors need ordinary tensors
             with timer.stage("text_encode"):
                 conditioning = family.encode(pipe, job, device)
-            trajectory = family.trajectory(pipe, job, generator, device)
+            # an image row's VAE encode (in the pipeline's own prepare_latents) is split over the job group
+            with parallel_encoding(pipe.vae, self.ctx.group) if getattr(pipe, "vae", None) is not None \
+                    else contextlib.nullcontext():
+                trajectory = family.trajectory(pipe, job, generator, device)
             checkpoint = self._shared_checkpoint(job)
             start_step, latents = 0, None
             if checkpoint is not None:

@@ -1,9 +1,11 @@
-"""Patch-parallel VAE decode: every rank of a group decodes a tile of the latent; the result is exact.
+"""Patch-parallel VAE decode and encode: every rank of a group works on a tile; the result is exact.
 
     from genbatch.parallel.vae import supports_parallel_decode, parallel_decode, decode_fallback, peak_memory
+    from genbatch.parallel.vae import supports_parallel_encode, parallel_encode, parallel_encoding
 """
 
 from genbatch.parallel.vae.decode import decode_fallback, parallel_decode
+from genbatch.parallel.vae.encode import parallel_encode, parallel_encoding, supports_parallel_encode
 from genbatch.parallel.vae.memory import PeakMemory, peak_memory
 from genbatch.parallel.vae.plan import supports_parallel_decode, unsupported_reason
 
@@ -11,7 +13,10 @@ __all__ = [
     "PeakMemory",
     "decode_fallback",
     "parallel_decode",
+    "parallel_encode",
+    "parallel_encoding",
     "peak_memory",
     "supports_parallel_decode",
+    "supports_parallel_encode",
     "unsupported_reason",
 ]

@@ -133,3 +133,25 @@ def halo_conv(group: TileGroup, x: torch.Tensor, conv: ConvFn, ph: int, pw: int)
     if pw > 0 and right is not None:
         out[..., :, w - cols :] = conv(ext.window(0, full_h, max(0, full_w - 3 * pw), full_w), 0, 0)
     return out
+
+
+def _from_next(group: TileGroup, first: torch.Tensor, before: int | None, after: int | None, shape) -> torch.Tensor:
+    """Send `first` to rank `before`; receive a tensor of `shape` from rank `after` (zeros at the border)."""
+    got = first.new_empty(shape) if after is not None else first.new_zeros(shape)
+    sends = [(first.contiguous(), before)] if before is not None else []
+    recvs = [(got, after)] if after is not None else []
+    for work in group.comm.exchange(sends, recvs):
+        work.wait()
+    return got
+
+
+def pad_from_after(group: TileGroup, x: torch.Tensor) -> torch.Tensor:
+    """`ZeroPad2d((0, 1, 0, 1))` of the whole image, on this rank's tile `x` (..., h, w): one row more below, the
+    first row of the tile under it, and one column more to the right, the first column of the tile beside it
+    (the corner from that tile's own row below); zeros only at the image's border. A stride-2 convolution
+    on the result gives exactly this tile's rows of the whole image's (its edges even)."""
+    up, down, left, right = group.neighbors
+    lead, (h, w) = x.shape[:-2], x.shape[-2:]
+    rows = torch.cat([x, _from_next(group, x[..., :1, :], up, down, (*lead, 1, w))], dim=-2)  # (..., h + 1, w)
+    beside = _from_next(group, rows[..., :, :1], left, right, (*lead, h + 1, 1))
+    return torch.cat([rows, beside], dim=-1)  # (..., h + 1, w + 1)

@@ -1,5 +1,5 @@
-"""Which decoder modules need a tile-parallel forward, which run on a tile as they are, and the `with` block
-that swaps those forwards in and restores them.
+"""Which decoder (and encoder) modules need a tile-parallel forward, which run on a tile as they are, and the
+`with` block that swaps those forwards in and restores them.
 
 Which rule applies to which class is the model families' data (`ModelFamily.vae_classes` and
 `ModelFamily.vae_rules`: class -> rule kind, see `genbatch.models.vae_rules`); this module implements each
@@ -27,7 +27,7 @@ from torch import nn
 from genbatch.models import families, vae_rules
 from genbatch.parallel.vae.attention import image_attention, wan_attention
 from genbatch.parallel.vae.context import TileGroup
-from genbatch.parallel.vae.halo import convolution, halo_conv
+from genbatch.parallel.vae.halo import convolution, halo_conv, pad_from_after
 from genbatch.parallel.vae.norms import group_norm
 
 Check = Callable[[nn.Module], str | None]
@@ -58,7 +58,15 @@ def _same_padding(kernel, padding, dilation, stride) -> str | None:
 def _check_conv2d(conv: nn.Conv2d) -> str | None:
     if isinstance(conv.padding, str) or conv.padding_mode != "zeros":
         return f"padding {conv.padding!r} mode {conv.padding_mode!r} (only zero padding is tiled)"
+    if tuple(conv.stride) == (2, 2) and tuple(conv.padding) == (0, 0) and tuple(conv.kernel_size) == (3, 3):
+        return None  # Wan's downsampling: its input is the tile its halo pad extended by a row and a column
     return _same_padding(conv.kernel_size, conv.padding, conv.dilation, conv.stride)
+
+
+def _check_halo_pad(pad: nn.ZeroPad2d) -> str | None:
+    if tuple(pad.padding) != (0, 1, 0, 1):
+        return f"padding {tuple(pad.padding)} (only (0, 1, 0, 1), before a stride-2 convolution, is tiled)"
+    return None
 
 
 def _patch_conv2d(group: TileGroup, conv: nn.Conv2d):
@@ -119,7 +127,15 @@ def _check_upsample(up: Upsample2D) -> str | None:
 
 
 def _check_wan_resample(resample: wan.WanResample) -> str | None:
-    return None if resample.mode in ("upsample2d", "upsample3d", "none") else f"resample mode {resample.mode!r}"
+    if resample.mode in ("upsample2d", "upsample3d", "none"):
+        return None
+    if resample.mode in ("downsample2d", "downsample3d"):
+        layers = list(resample.resample)
+        if (len(layers) == 2 and isinstance(layers[0], nn.ZeroPad2d) and isinstance(layers[1], nn.Conv2d)
+                and tuple(layers[1].stride) == (2, 2)):
+            return None  # the halo pad, then the stride-2 convolution on the extended tile
+        return f"a {resample.mode} of {[type(layer).__name__ for layer in layers]} (only ZeroPad2d, Conv2d is tiled)"
+    return f"resample mode {resample.mode!r}"
 
 
 KIND_RULES: dict[str, Rule] = {
@@ -128,6 +144,7 @@ KIND_RULES: dict[str, Rule] = {
     vae_rules.UPSAMPLE: Rule(check=_check_upsample),
     vae_rules.WAN_RESAMPLE: Rule(check=_check_wan_resample),
     vae_rules.CONV2D: Rule(check=_check_conv2d, patch=_patch_conv2d),
+    vae_rules.HALO_PAD: Rule(check=_check_halo_pad, patch=lambda group, pad: lambda x: pad_from_after(group, x)),
     vae_rules.CAUSAL_CONV3D: Rule(check=_check_causal_conv, patch=_patch_causal_conv),
     vae_rules.GROUP_NORM: Rule(patch=lambda group, norm: lambda x: group_norm(group, norm, x)),
     vae_rules.WAN_ATTENTION: Rule(patch=lambda group, block: lambda x: wan_attention(group, block, x), descend=False),
@@ -164,11 +181,22 @@ VAE_CLASSES, RULES = _family_rules()
 """The VAE classes covered, and one rule per module class met in their decoders."""
 
 
-def _decoder_parts(vae: nn.Module) -> list[tuple[str, nn.Module]]:
+def decoder_parts(vae: nn.Module) -> list[tuple[str, nn.Module]]:
     parts = [("decoder", vae.decoder)]
     if getattr(vae, "post_quant_conv", None) is not None:
         parts.insert(0, ("post_quant_conv", vae.post_quant_conv))
     return parts
+
+
+def encoder_parts(vae: nn.Module) -> list[tuple[str, nn.Module]]:
+    parts = [("encoder", vae.encoder)]
+    if getattr(vae, "quant_conv", None) is not None:
+        parts.append(("quant_conv", vae.quant_conv))
+    return parts
+
+
+Parts = Callable[[nn.Module], list[tuple[str, nn.Module]]]
+"""The modules of a VAE one direction runs through (`decoder_parts`, `encoder_parts`)."""
 
 
 def _walk(name: str, module: nn.Module) -> Iterator[tuple[str, nn.Module, Rule | None]]:
@@ -179,11 +207,12 @@ def _walk(name: str, module: nn.Module) -> Iterator[tuple[str, nn.Module, Rule |
             yield from _walk(f"{name}.{child_name}", child)
 
 
-def unsupported_reason(vae: nn.Module) -> str | None:
-    """Why `vae` cannot be decoded tile-parallel (naming the first module in the way), or None if it can."""
+def unsupported_reason(vae: nn.Module, parts: Parts = decoder_parts) -> str | None:
+    """Why `vae` cannot be decoded (or with `encoder_parts`, encoded) tile-parallel, naming the first module in
+    the way; None if it can."""
     if not isinstance(vae, VAE_CLASSES):
         return f"{type(vae).__name__} is not {' or '.join(cls.__name__ for cls in VAE_CLASSES)}"
-    for part, root in _decoder_parts(vae):
+    for part, root in parts(vae):
         for name, module, rule in _walk(part, root):
             if rule is None:
                 return f"{name} is a {type(module).__name__}, which tile-parallel decode does not know"
@@ -204,19 +233,22 @@ _UNSET = object()
 
 
 @contextmanager
-def tile_parallel(vae: nn.Module, group: TileGroup) -> Iterator[None]:
-    """Within the block, `vae.decode(tile)` decodes this rank's latent tile as part of the whole image.
+def tile_parallel(vae: nn.Module, group: TileGroup, parts: Parts = decoder_parts) -> Iterator[None]:
+    """Within the block, `vae.decode(tile)` decodes this rank's latent tile as part of the whole image (with
+    `encoder_parts`: `vae.encode(tile)` encodes this rank's pixel tile as part of the whole latent).
 
     Swaps the forward of the modules that need it on this VAE instance and turns its own tiling off;
     everything is restored on exit, so the same VAE decodes normally afterwards.
     """
-    reason = unsupported_reason(vae)
+    reason = unsupported_reason(vae, parts)
     if reason is not None:
+        if parts is encoder_parts:
+            raise ValueError(f"cannot encode tile-parallel: {reason}; encode on one rank (vae.encode) instead")
         raise ValueError(f"cannot decode tile-parallel: {reason}; use decode_fallback(vae, latents) instead")
     swapped: list[tuple[nn.Module, object]] = []
     use_tiling = getattr(vae, "use_tiling", False)
     try:
-        for part, root in _decoder_parts(vae):
+        for part, root in parts(vae):
             for _, module, rule in _walk(part, root):
                 forward = rule.patch(group, module) if rule.patch is not None else None
                 if forward is not None:
