@@ -1,13 +1,15 @@
-"""Patch-parallel VAE decode side by side with a one-rank decode: seconds, peak memory per rank, ratios.
+"""Patch-parallel VAE decode (and Wan's encode) side by side with one rank's: seconds, peak memory per rank, ratios.
 
-    python bench/vae.py [--worlds 2 4] [--vae wan image]         # CPU: one rank, then gloo processes per world
+    python bench/vae.py [--worlds 2 4] [--vae wan image wan-encode]   # CPU: one rank, then gloo processes per world
     torchrun --nproc-per-node 4 bench/vae.py --device cuda       # GPUs: NCCL, that world size only
 
 For each VAE (a Wan 2.1-layout AutoencoderKLWan and an SD3/Flux-layout AutoencoderKL, random weights, a
 third of the real width) and each world size p it prints the decode seconds (slowest rank), the peak tensor
 memory of the decode on the leader and on the other ranks (CPU: live tensors seen by a dispatch mode; CUDA:
 max_memory_allocated), both as ratios to one rank, the bytes each rank sent, and the memory target:
-peak(p) <= 1.25/p * peak(1) + the output image (which the leader has to hold whole).
+peak(p) <= 1.25/p * peak(1) + the output image (which the leader has to hold whole). `wan-encode` encodes the
+pixels of the Wan latent's size (an image-to-video row's conditioning video, 5 frames) with the same VAE;
+every rank holds the whole latent after it, which is its output here.
 The processes run one thread each; with p above the free core count they share cores, so the wall-clock
 ratio only means something up to p = free cores; the CPU seconds of each rank's main thread (all of its
 compute) are the work ratio, whatever else runs on the machine.
@@ -35,15 +37,26 @@ CONFIGS = {
         norm_num_groups=32,
     ),
 }
-LATENTS = {"wan": (1, 16, 2, 24, 32), "image": (1, 16, 64, 64)}
+CONFIGS["wan-encode"] = CONFIGS["wan"]
+LATENTS = {"wan": (1, 16, 2, 24, 32), "image": (1, 16, 64, 64), "wan-encode": (1, 3, 5, 192, 256)}
+"""Each case's input: a latent to decode, or (wan-encode) the pixels to encode."""
 
 
-def _measure(vae, latents, comm, device: torch.device, reps: int) -> dict:
-    """Peak memory of one decode (which also warms up), then the median seconds of `reps` more."""
-    from genbatch.parallel.vae import parallel_decode, peak_memory
+def _run(name: str, vae, inputs, comm):
+    """The case's parallel work: the decoded image (on the leader), or the encoded latent's moments (everywhere)."""
+    from genbatch.parallel.vae import parallel_decode, parallel_encode
+
+    if name == "wan-encode":
+        return parallel_encode(vae, inputs, comm).parameters
+    return parallel_decode(vae, inputs, comm)
+
+
+def _measure(name: str, vae, latents, comm, device: torch.device, reps: int) -> dict:
+    """Peak memory of one decode or encode (which also warms up), then the median seconds of `reps` more."""
+    from genbatch.parallel.vae import peak_memory
 
     with peak_memory(device) as peak:
-        image = parallel_decode(vae, latents, comm)
+        image = _run(name, vae, latents, comm)
     out = 0 if image is None else image.numel() * image.element_size()
     del image
     sent = comm.ledger.take()
@@ -54,7 +67,7 @@ def _measure(vae, latents, comm, device: torch.device, reps: int) -> dict:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         start, start_cpu = time.perf_counter(), time.thread_time()
-        parallel_decode(vae, latents, comm)
+        _run(name, vae, latents, comm)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - start)
@@ -77,14 +90,16 @@ def bench(rank: int, world: int, opts: argparse.Namespace) -> dict[str, dict]:
     results = {}
     for name in opts.vae:
         torch.manual_seed(0)
-        vae = (AutoencoderKLWan if name == "wan" else AutoencoderKL)(**CONFIGS[name]).eval().to(device)
+        vae = (AutoencoderKL if name == "image" else AutoencoderKLWan)(**CONFIGS[name]).eval().to(device)
         latents = torch.randn(LATENTS[name], generator=torch.Generator().manual_seed(1)).to(device)
+        if name == "wan-encode":
+            latents = latents.clamp(-1, 1)  # pixels
         row = {}
         if opts.one_rank_too:
             if rank == 0:
-                row["one"] = _measure(vae, latents, Comm(None, CommLedger()), device, opts.reps)
+                row["one"] = _measure(name, vae, latents, Comm(None, CommLedger()), device, opts.reps)
             dist.barrier()
-        row["p"] = _measure(vae, latents, Comm(dist.group.WORLD, CommLedger()), device, opts.reps)
+        row["p"] = _measure(name, vae, latents, Comm(dist.group.WORLD, CommLedger()), device, opts.reps)
         results[name] = row
     return results
 
@@ -94,7 +109,7 @@ def report(ones: dict[str, dict], by_world: dict[int, list[dict[str, dict]]]) ->
     lines = []
     for name, base in ones.items():
         lines.append(
-            f"{name} latent {LATENTS[name]}: one rank {base['seconds']:.2f} s ({base['cpu']:.2f} s CPU), "
+            f"{name} {'pixels' if name == 'wan-encode' else 'latent'} {LATENTS[name]}: one rank {base['seconds']:.2f} s ({base['cpu']:.2f} s CPU), "
             f"peak {base['peak'] / 2**20:.1f} MiB"
         )
         for world, ranks in sorted(by_world.items()):
@@ -109,7 +124,7 @@ def report(ones: dict[str, dict], by_world: dict[int, list[dict[str, dict]]]) ->
                 f"peak leader {leader / 2**20:.1f} MiB ({leader / base['peak']:.3f}x), "
                 f"others {others / 2**20:.1f} MiB ({others / base['peak']:.3f}x), 1/p = {1 / world:.3f}; "
                 f"sent {max(r['sent'] for r in rows) / 2**20:.2f} MiB/rank; "
-                f"{verdict} 1.25/p * peak(1) + image = {target / 2**20:.1f} MiB"
+                f"{verdict} 1.25/p * peak(1) + output = {target / 2**20:.1f} MiB"
             )
     return lines
 
@@ -117,7 +132,7 @@ def report(ones: dict[str, dict], by_world: dict[int, list[dict[str, dict]]]) ->
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--worlds", type=int, nargs="+", default=[2, 4], help="world sizes to spawn on CPU (besides 1)")
-    parser.add_argument("--vae", nargs="+", choices=sorted(CONFIGS), default=["wan", "image"])
+    parser.add_argument("--vae", nargs="+", choices=sorted(CONFIGS), default=["wan", "image", "wan-encode"])
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--reps", type=int, default=1, help="timed decodes after the one measured for memory")
     opts = parser.parse_args()

@@ -201,11 +201,20 @@ def _gen_run(manifest: str, out: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "genbatch", "run", manifest, "--out", out, "-q", "--model", "tiny-wan", *args]
 
 
+def _own_session(pid: int) -> bool:
+    try:
+        return os.getsid(pid) == pid
+    except ProcessLookupError:
+        return False
+
+
 def test_gen_run_whose_launcher_dies_during_start_up_exits_75(launched, tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox", "model": "tiny-wan"}])
     run = launched([sys.executable, "-c", SPAWNER, *_gen_run(manifest, str(tmp_path / "out"))])
     deadline = time.monotonic() + 60
-    while not run.rank_pids():
+    # the rank in a session of its own: between its fork and its setsid it is still in the launcher's process
+    # group, which the kill below is sent to
+    while not (ranks := run.rank_pids()) or not all(_own_session(pid) for pid in ranks):
         assert time.monotonic() < deadline
         time.sleep(0.01)
     killed = run.kill_launcher()  # the rank is starting its interpreter or importing: its watcher sees the death
