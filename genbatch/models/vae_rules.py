@@ -20,6 +20,9 @@ WAN_RESAMPLE = "wan_resample"
 CONV2D = "conv2d"
 """A zero-padded 'same' 2-D convolution: gets halos from the neighbouring tiles (or, unpadded with stride 2,
 runs on the tile its halo pad extended)."""
+DOWNSAMPLE = "downsample"
+"""A Downsample2D convolving with stride 2 after its own (0, 1, 0, 1) pad: the pad's row and column come from the
+neighbouring tiles."""
 HALO_PAD = "halo_pad"
 """ZeroPad2d((0, 1, 0, 1)) before a stride-2 convolution (Wan's downsampling): the row below and the column to
 the right come from the neighbouring tiles, zeros only at the image's border."""
@@ -32,8 +35,8 @@ WAN_ATTENTION = "wan_attention"
 IMAGE_ATTENTION = "image_attention"
 """diffusers' mid-block self-attention over pixels: keys and values gathered from every tile."""
 
-KINDS = (LOCAL, RESNET, UPSAMPLE, WAN_RESAMPLE, CONV2D, HALO_PAD, CAUSAL_CONV3D, GROUP_NORM, WAN_ATTENTION,
-         IMAGE_ATTENTION)
+KINDS = (LOCAL, RESNET, UPSAMPLE, DOWNSAMPLE, WAN_RESAMPLE, CONV2D, HALO_PAD, CAUSAL_CONV3D, GROUP_NORM,
+         WAN_ATTENTION, IMAGE_ATTENTION)
 
 TORCH_LAYERS: dict[str, str] = {
     **{f"torch.nn:{name}": LOCAL for name in ("Sequential", "ModuleList", "Identity", "Dropout", "SiLU", "GELU",
@@ -51,8 +54,12 @@ AUTOENCODER_KL: dict[str, str] = {
     "diffusers.models.resnet:ResnetBlock2D": RESNET,
     "diffusers.models.upsampling:Upsample2D": UPSAMPLE,
     "diffusers.models.attention_processor:Attention": IMAGE_ATTENTION,
+    # the encoder's
+    "diffusers.models.autoencoders.vae:Encoder": LOCAL,
+    "diffusers.models.unets.unet_2d_blocks:DownEncoderBlock2D": LOCAL,
+    "diffusers.models.downsampling:Downsample2D": DOWNSAMPLE,
 }
-"""The decoder of diffusers' `AutoencoderKL` (FLUX, SD3)."""
+"""The decoder and encoder of diffusers' `AutoencoderKL` (FLUX, SD3)."""
 
 _WAN = "diffusers.models.autoencoders.autoencoder_kl_wan"
 AUTOENCODER_KL_WAN: dict[str, str] = {

@@ -1,8 +1,9 @@
 """Patch-parallel VAE encode on 2 and 4 gloo processes against a one-process `vae.encode`.
 
 One pool call per world size runs every case: Wan 2.1's VAE and Wan 2.2's residual, 2x2-patched one, strips
-of even and uneven height, a one-row latent (tiles side by side), one frame and five, and the encode a
-pipeline's own `prepare_latents` makes inside `parallel_encoding`."""
+of even and uneven height, a one-row latent (tiles side by side), one frame and five; the FLUX/SD3
+AutoencoderKL (the tiny presets', and one with real 32-group GroupNorm); and the encode a pipeline's own
+`prepare_latents` makes inside `parallel_encoding`. An image-to-video job under ulysses 2 encodes on tiles."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.parallel.test_vae import WAN22_VAE
+from tests.parallel.test_vae import WAN22_VAE, WIDE_IMAGE_VAE
 from tests.support.distributed import run_on_ranks
 
 TOLERANCE = 1e-4
@@ -23,9 +24,9 @@ WORLD_SIZES = (2, 4)
 class Case:
     name: str
     config: str
-    """'tiny' (the presets' Wan 2.1 VAE) or 'wan22'."""
-    video: tuple[int, int, int, int, int]
-    """(b, c, f, h, w) pixels."""
+    """'tiny' (the presets' Wan 2.1 VAE), 'wan22', 'image-tiny' (the FLUX presets') or 'image-wide'."""
+    video: tuple[int, ...]
+    """(b, c, f, h, w) pixels, (b, c, h, w) for an image VAE."""
 
 
 CASES = [
@@ -34,15 +35,20 @@ CASES = [
     Case(name="wan-one-frame", config="tiny", video=(1, 3, 1, 48, 64)),
     Case(name="wan-h1-side-by-side", config="tiny", video=(1, 3, 5, 8, 64)),
     Case(name="wan22-residual-patched-h5", config="wan22", video=(1, 3, 5, 80, 48)),
+    Case(name="image-tiny-h7", config="image-tiny", video=(1, 3, 56, 48)),
+    Case(name="image-tiny-h2-batch2", config="image-tiny", video=(2, 3, 16, 64)),
+    Case(name="image-wide-h9", config="image-wide", video=(1, 3, 72, 40)),
 ]
 
 
 def _vae(config: str):
-    from diffusers import AutoencoderKLWan
+    from diffusers import AutoencoderKL, AutoencoderKLWan
 
-    from genbatch.models.tiny_configs import TINY_WAN_VAE
+    from genbatch.models.tiny_configs import TINY_FLUX_VAE, TINY_WAN_VAE
 
     torch.manual_seed(0)
+    if config.startswith("image"):
+        return AutoencoderKL(**(TINY_FLUX_VAE if config == "image-tiny" else WIDE_IMAGE_VAE)).eval()
     return AutoencoderKLWan(**(TINY_WAN_VAE if config == "tiny" else WAN22_VAE)).eval()
 
 
@@ -83,14 +89,16 @@ def test_parallel_encode_equals_one_rank_encode_and_leaves_the_vae_as_it_was(out
     assert all(r["sent"].get("p2p", 0) > 0 and r["sent"].get("all_gather", 0) > 0 for r in ranks), ranks
 
 
-def test_an_image_vae_encoder_is_not_tiled_and_says_why():
+def test_an_encoder_with_a_layer_it_does_not_know_is_not_tiled_and_says_why():
     from diffusers import AutoencoderKL
 
     from genbatch.models.tiny_configs import TINY_FLUX_VAE
     from genbatch.parallel.vae.encode import unsupported_encode_reason
 
-    reason = unsupported_encode_reason(AutoencoderKL(**TINY_FLUX_VAE))
-    assert reason is not None and "encoder" in reason, reason
+    pooled = AutoencoderKL(**TINY_FLUX_VAE)
+    pooled.encoder.down_blocks[0].downsamplers[0].use_conv = False  # an average-pooling downsample
+    reason = unsupported_encode_reason(pooled)
+    assert reason is not None and "encoder.down_blocks.0.downsamplers.0" in reason and "pooling" in reason, reason
 
 
 def _image_job_on_rank(rank: int, world_size: int, image: str, out: str) -> tuple[int, torch.Tensor]:

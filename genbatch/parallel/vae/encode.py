@@ -26,9 +26,18 @@ from genbatch.parallel.vae.plan import encoder_parts, tile_parallel, unsupported
 from genbatch.parallel.vae.tiles import plan_grid
 
 
+def spatial_factor(vae: nn.Module) -> int | None:
+    """Pixels per latent pixel along each side: Wan's `spatial_compression_ratio`, an AutoencoderKL's 2 per
+    downsampling block; None when the VAE says neither."""
+    factor = getattr(vae, "spatial_compression_ratio", None)
+    if factor is None and getattr(getattr(vae, "config", None), "block_out_channels", None):
+        factor = 2 ** (len(vae.config.block_out_channels) - 1)
+    return factor
+
+
 def unsupported_encode_reason(vae: nn.Module) -> str | None:
     """Why `vae` cannot be encoded tile-parallel (naming the first module in the way), or None if it can."""
-    if getattr(vae, "spatial_compression_ratio", None) is None:
+    if spatial_factor(vae) is None:
         return f"{type(vae).__name__} does not say its spatial compression"
     return unsupported_reason(vae, encoder_parts)
 
@@ -47,7 +56,7 @@ def parallel_encode(vae: nn.Module, video: torch.Tensor, comm: Comm):
     def whole(x):  # the class's own encode (the instance's may be `parallel_encoding`'s)
         return type(vae).encode(vae, x).latent_dist
 
-    factor = getattr(vae, "spatial_compression_ratio", None)
+    factor = spatial_factor(vae)
     height, width = video.shape[-2:]
     if comm.size == 1 or unsupported_encode_reason(vae) is not None or height % factor or width % factor:
         return whole(video)

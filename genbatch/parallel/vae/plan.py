@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from diffusers.models.attention_processor import Attention, AttnProcessor2_0
 from diffusers.models.autoencoders import autoencoder_kl_wan as wan
 from diffusers.models.resnet import ResnetBlock2D
+from diffusers.models.downsampling import Downsample2D
 from diffusers.models.upsampling import Upsample2D
 from torch import nn
 
@@ -126,6 +127,17 @@ def _check_upsample(up: Upsample2D) -> str | None:
     return None
 
 
+def _check_downsample(down: Downsample2D) -> str | None:
+    if not down.use_conv or down.padding != 0 or down.norm is not None:
+        return "downsampling by pooling, with padding or with a norm (only the unpadded stride-2 convolution is tiled)"
+    return None
+
+
+def _patch_downsample(group: TileGroup, down: Downsample2D):
+    # Downsample2D.forward's (0, 1, 0, 1) pad, its row and column from the neighbours, then its convolution
+    return lambda x, *args, **kwargs: down.conv(pad_from_after(group, x))
+
+
 def _check_wan_resample(resample: wan.WanResample) -> str | None:
     if resample.mode in ("upsample2d", "upsample3d", "none"):
         return None
@@ -142,6 +154,7 @@ KIND_RULES: dict[str, Rule] = {
     vae_rules.LOCAL: Rule(),
     vae_rules.RESNET: Rule(check=_check_resnet),
     vae_rules.UPSAMPLE: Rule(check=_check_upsample),
+    vae_rules.DOWNSAMPLE: Rule(check=_check_downsample, patch=_patch_downsample, descend=False),
     vae_rules.WAN_RESAMPLE: Rule(check=_check_wan_resample),
     vae_rules.CONV2D: Rule(check=_check_conv2d, patch=_patch_conv2d),
     vae_rules.HALO_PAD: Rule(check=_check_halo_pad, patch=lambda group, pad: lambda x: pad_from_after(group, x)),
