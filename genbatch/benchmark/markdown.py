@@ -81,6 +81,7 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
                   "Outputs against those of one exact run (no `--cache`) of the same seeds: mean PSNR (identical "
                   "outputs count as 100 dB) and SSIM over the jobs. A PSNR drop of more than 1 dB against the "
                   "baseline is a regression.", ""]
+    if scored:
         lines += _table(["layout", "PSNR dB", "SSIM", "jobs"],
                         [[name, f"{q['psnr_db']:.2f}", f"{q['ssim']:.4f}", str(q["jobs"])] for name, q in scored.items()])
     if comparison is not None:
@@ -93,7 +94,8 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
         lines += ["## Plots", "", f"![seconds per denoising step by layout]({STEP_PLOT})", "",
                   f"![seconds per job by stage and layout]({STAGE_PLOT})", ""]
         if scored:
-            lines += [f"![PSNR and SSIM against the exact configuration by layout]({QUALITY_PLOT})", ""]
+            against = "the base model's full-step output" if info.get("recipe") else "the exact configuration"
+            lines += [f"![PSNR and SSIM against {against} by layout]({QUALITY_PLOT})", ""]
     return "\n".join(lines)
 
 

@@ -105,6 +105,7 @@ def test_gen_bench_scores_stale_layouts_against_an_exact_one(tmp_path):
     assert list(quality) == ["pp2"] and quality["pp2"]["jobs"] == 2 and 0 < quality["pp2"]["ssim"] <= 1
 
 
+@pytest.mark.slow  # two gen bench runs, as the cache and stale-layout nights above
 def test_a_few_step_night_runs_the_lora_and_scores_it_against_the_base_model(tiny_report, tmp_path):
     import json
 
@@ -143,3 +144,33 @@ def test_few_step_flags_need_their_lora():
 
     result = run_cli("bench", "--suite", "tiny", "--out", "/tmp/never", "--lora-steps", "4")
     assert result.returncode == 2 and "pass --lora URI" in result.stderr, result.stderr
+
+
+def test_a_few_step_recipe_sets_each_rows_steps_and_guidance_and_its_report_says_what_it_is():
+    import json
+
+    from genbatch.benchmark.markdown import render
+    from genbatch.benchmark.metrics import LayoutMetrics
+    from genbatch.benchmark.recipe import FewStepRecipe
+    from genbatch.jobs.lora import LoraRef
+
+    recipe = FewStepRecipe(lora=(LoraRef("/loras/fast/wan_4step.safetensors", 0.8), LoraRef("org/style")))
+    rows = recipe.rows([{"id": "a", "num_inference_steps": 50, "guidance_scale": 5.0, "seed": 1}])
+    assert rows == [{"id": "a", "num_inference_steps": 4, "guidance_scale": 1.0, "seed": 1}]
+    assert recipe.run_args() == ("--lora", "/loras/fast/wan_4step.safetensors", "--lora-scale", "0.8",
+                                 "--lora", "org/style", "--lora-scale", "1.0", "--media-allow", "/loras/fast")
+    with pytest.raises(ValueError, match="pass --lora URI"):
+        FewStepRecipe(lora=())
+    metrics = {"single": LayoutMetrics(layout="single", world=1, jobs=2, seconds_per_step=0.1, step_seconds=[0.1],
+                                       stage_seconds={}, jobs_per_hour=10.0, bytes_per_step=0.0,
+                                       extra={"psnr_db": 21.5, "ssim": 0.71, "jobs": 2})}
+    info = {"suite": "tiny", "created": "now", "model": "tiny-wan", "model_detail": "tiny", "dtype": "fp32",
+            "manifest": {"jobs": 2, "width": 64, "height": 48, "num_frames": 9, "num_inference_steps": 4,
+                         "guidance_scale": 1.0},
+            "host": "h", "cpus": 2, "accelerators": "no GPU", "load_average": 0.0, "versions": {},
+            "recipe": recipe.describe(50, 5.0)}
+    report = render(info, metrics, None, {})
+    assert "not a cache; scored against the base model's own 50-step output at guidance 5" in report
+    assert "## Quality against the base model's full-step output" in report and "21.50" in report
+    assert "## Quality against the exact configuration" not in report
+    json.dumps(info)  # summary.json keeps it
