@@ -10,8 +10,9 @@ A `uri` is one of
 `scale` multiplies the adapter's delta (default 1.0). `expert` picks the transformer of a two-expert model
 (Wan 2.2 A14B) the adapter goes into: `high` (the high-noise expert, `transformer`: the default, as diffusers'
 `load_lora_weights`) or `low` (`transformer_2`, as its `load_into_transformer_2=True`); the Wan 2.2 distilled
-LoRAs ship one file per expert. A null value takes the run's `--lora`; an empty list means no adapter. Adapters load with safetensors only: a pickle file (`.bin`, `.pt`, ...) is refused, with the
-fix. Nothing is read here (`genbatch.runner.adapters` reads and applies them).
+LoRAs ship one file per expert. A null value takes the run's `--lora`; an empty list means no adapter.
+Adapters load with safetensors only: a pickle file (`.bin`, `.pt`, ...) is refused, with the fix. Nothing is
+read here (`genbatch.runner.adapters` reads and applies them).
 """
 
 from __future__ import annotations

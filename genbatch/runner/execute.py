@@ -10,7 +10,6 @@ carried through its stages and checkpoints as a `JobModel`.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import time
 from dataclasses import dataclass, field, replace
@@ -227,8 +226,7 @@ class JobExecutor:
             with timer.stage("text_encode"):
                 conditioning = family.encode(pipe, job, device)
             # an image row's VAE encode (in the pipeline's own prepare_latents) is split over the job group
-            with parallel_encoding(pipe.vae, self.ctx.group) if getattr(pipe, "vae", None) is not None \
-                    else contextlib.nullcontext():
+            with parallel_encoding(getattr(pipe, "vae", None), self.ctx.group):
                 trajectory = family.trajectory(pipe, job, generator, device)
             checkpoint = self._shared_checkpoint(job)
             start_step, latents = 0, None

@@ -73,10 +73,11 @@ def parallel_encode(vae: nn.Module, video: torch.Tensor, comm: Comm):
 
 
 @contextmanager
-def parallel_encoding(vae: nn.Module, comm: Comm) -> Iterator[None]:
+def parallel_encoding(vae: nn.Module | None, comm: Comm) -> Iterator[None]:
     """Within the block, `vae.encode(x)` encodes tile-parallel over `comm`'s group (every rank of which must make
-    the same calls): for a pipeline's own `prepare_latents`. Nothing changes for one rank or an unsupported VAE."""
-    if comm.size == 1 or unsupported_encode_reason(vae) is not None:
+    the same calls): for a pipeline's own `prepare_latents`. Nothing changes without a VAE or for one rank; an
+    unsupported VAE is found at its first encode (`parallel_encode`), so a job that encodes nothing pays nothing."""
+    if vae is None or comm.size == 1:
         yield
         return
     from diffusers.models.modeling_outputs import AutoencoderKLOutput
