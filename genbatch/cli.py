@@ -16,6 +16,7 @@ def main() -> None:
     gen run MANIFEST --out OUT        generate every row (resumes: done rows are skipped)
     gen validate MANIFEST             check a manifest without running it
     gen status OUT                    done / failed / rejected / pending counts of a run
+    gen report OUT                    a static HTML gallery of a run, OUT/report/index.html
     gen submit MANIFEST --out OUT     render and submit an sbatch script
     gen plan --model M --gpus G       rank parallel layouts by estimated speed
     gen bench --out OUT               nightly throughput run with a report
@@ -35,10 +36,12 @@ def _register() -> None:
     from genbatch.benchmark.cli import bench_command
     from genbatch.manifests.cli import validate_command
     from genbatch.planner.cli import plan_command
+    from genbatch.report.cli import report_command
     from genbatch.runner.cli import run_command, status_command
     from genbatch.slurm.cli import submit_command
 
-    for command in (run_command, validate_command, status_command, submit_command, plan_command, bench_command):
+    for command in (run_command, validate_command, status_command, report_command, submit_command, plan_command,
+                    bench_command):
         main.add_command(command)
 
 

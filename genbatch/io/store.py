@@ -242,13 +242,18 @@ class RunStore:
 
         Jobs the previous table already lists as done keep their rows and only newer done markers are
         read, so a rerun of a finished run costs one listing and one table, not one read per job."""
-        table = tables.build_results(
-            self._read_markers("done", known=self._results_done(), listed=done_ids), self._read_markers("failed"),
-            self.read_rejected(), list(extra_columns),
-        )
+        table = self.collect_results(extra_columns, done_ids)
         path = self.layout.join("results", "results.parquet")
         self.objects.write_whole(path, tables.to_parquet_bytes(table))
         return self._url_of(path)
+
+    def collect_results(self, extra_columns: Iterable[str] = (), done_ids: Iterable[str] | None = None) -> pa.Table:
+        """The results table as `write_results` would write it now (one row per job, from the markers and the
+        rejected rows), without writing it: what a reader of a run still running sees (`gen report`)."""
+        return tables.build_results(
+            self._read_markers("done", known=self._results_done(), listed=done_ids), self._read_markers("failed"),
+            self.read_rejected(), list(extra_columns),
+        )
 
     def read_results(self) -> pa.Table | None:
         data = self.objects.read(self.layout.join("results", "results.parquet"))

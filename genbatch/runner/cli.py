@@ -78,6 +78,8 @@ def _layout_options(command):
 @media_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the manifest and output filesystems (repeatable).")
+@click.option("--report", is_flag=True,
+              help="When the run ends, write `gen report`'s HTML gallery of it to OUT/report/index.html.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
 def run_command(manifest: str, out: str, nproc: int | None, storage_option: tuple[str, ...], share: str | None,
                 hand_out: str, checkpoint_every: int, checkpoint_seconds: float, **options) -> None:
@@ -157,7 +159,8 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
             vae_decode=options["vae_decode"], vae_memory_gib=options["vae_memory"], compile=options["compile"],
             compile_backend=options["compile_backend"], attention=options["attention"],
             text_encoder_parallel=options["text_encoder_parallel"],
-            compile_cache=options["compile_cache"], quiet=options["quiet"], max_attempts=options["max_attempts"],
+            compile_cache=options["compile_cache"], quiet=options["quiet"], report=options["report"],
+            max_attempts=options["max_attempts"],
             storage_timeout=options["storage_timeout"],
             media_allow=tuple(options["media_allow"]), media_max_mib=options["media_max_mib"],
             media_refuse=tuple(str(network) for network in media_refuse),

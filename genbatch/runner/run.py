@@ -96,6 +96,8 @@ class RunOptions:
     """Where compiled artifacts are kept across runs (any fsspec URL; None: OUT/compile-cache)."""
     max_pending_writes: int = 4
     """Finished jobs whose uploads may be in flight while the next job runs."""
+    report: bool = False
+    """Write `gen report`'s gallery to OUT/report/ when the run ends (rank 0, after the results table)."""
     quiet: bool = False
 
     def media_policy(self):
@@ -291,6 +293,22 @@ def _start_up(options: RunOptions, world: World, store, rejected, run_id: str, s
     store.write_run_info(_run_info(options, world, run_id, started))
 
 
+def _write_report(options: RunOptions) -> None:
+    """`gen run --report`: the run's gallery in OUT/report/. A report that cannot be written is said, and the
+    run's exit status stays what the jobs made it (`gen report OUT` writes it again)."""
+    from genbatch.report import ReportOptions, write_report
+
+    try:
+        result = write_report(ReportOptions(out=options.out, storage_options=options.storage_options,
+                                            storage_timeout=options.storage_timeout))
+    except (OSError, ValueError, StorageError) as error:
+        print(f"genbatch: the report could not be written ({type(error).__name__}: {error}); the run itself is "
+              f"unaffected: `gen report {options.out}` tries again", file=sys.stderr)
+        return
+    if not options.quiet:
+        print(f"genbatch: report -> {result.url}", file=sys.stderr)
+
+
 def _save_compiled(cache) -> None:
     """Keep the run's compiled artifacts; a failure to write them costs the next run a compile, not this run."""
     try:
@@ -394,6 +412,8 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     store.write_run_info(info)
     if not options.quiet:
         progress.print_summary(summary, wall_seconds=time.time() - started, out=store.url)
+    if options.report:
+        _write_report(options)
     if rejected and not jobs:  # nothing was valid, so nothing is or was done: not a success
         print(f"genbatch: every row of {options.manifest} was rejected, nothing was run (exit "
               f"{exit_codes.JOBS_FAILED}); fix the causes above and rerun", file=sys.stderr)
