@@ -62,7 +62,8 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
     \b
     Report:  OUT/report.md (seconds per step by layout and stage, jobs per hour, efficiency against one
              rank, the comparison), OUT/timings.parquet (every timing row, with a layout column),
-             OUT/summary.json, OUT/plots/*.png, OUT/runs/<layout>/ (each whole run); with --cache, stale
+             OUT/summary.json, OUT/plots/*.png, OUT/runs/<layout>/ (each whole run, and its `gen report`
+             gallery in OUT/runs/<layout>/report/index.html, linked from report.md); with --cache, stale
              layouts or --lora: OUT/quality.json (each layout's PSNR / SSIM against OUT/exact/, the exact or
              base-model run).
     Exit:    0 all layouts ran and nothing regressed, 1 a layout failed, 2 usage error,

@@ -84,6 +84,9 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
     if scored:
         lines += _table(["layout", "PSNR dB", "SSIM", "jobs"],
                         [[name, f"{q['psnr_db']:.2f}", f"{q['ssim']:.4f}", str(q["jobs"])] for name, q in scored.items()])
+    if info.get("galleries"):
+        lines += ["## Galleries", "", "Each layout's outputs, settings and seconds per stage (`gen report` of its run):",
+                  "", *(f"- [{name}]({link})" for name, link in info["galleries"].items()), ""]
     if comparison is not None:
         lines += _comparison(comparison)
     if failures:

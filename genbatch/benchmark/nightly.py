@@ -137,6 +137,23 @@ def _quality_changes(quality: dict, baseline_url: str, storage) -> list:
             for name, scores in quality.items() if name in before for metric in QUALITY_METRICS]
 
 
+def _galleries(runs: dict, storage, say) -> dict[str, str]:
+    """`gen report` of each layout's run (OUT/runs/<layout>/report/, made after the run, outside its timing);
+    per layout, its index.html relative to OUT. A gallery that cannot be written is said and left out."""
+    from genbatch.io import StorageError
+    from genbatch.report import ReportOptions, write_report as write_gallery
+
+    galleries = {}
+    for name, run in runs.items():
+        try:
+            write_gallery(ReportOptions(out=run.url, storage_options=storage or {}))
+        except (OSError, ValueError, StorageError) as error:
+            say(f"gen bench: no gallery of {name} ({type(error).__name__}: {error})")
+            continue
+        galleries[name] = f"runs/{name}/report/index.html"
+    return galleries
+
+
 def run_bench(options: BenchOptions) -> int:
     """Run the benchmark; returns the exit status (see the module docstring)."""
     import pyarrow as pa
@@ -182,6 +199,7 @@ def run_bench(options: BenchOptions) -> int:
         if name in metrics:
             metrics[name].extra.update(wall_seconds=run.wall_seconds, status=run.status)
     failures = {name: run.log_tail for name, run in names.items() if run.status != 0 or name not in metrics}
+    galleries = _galleries(names, storage, say)
     quality = _quality(options, runner, layouts, names, metrics, failures, storage) if runs else {}
     comparison = None
     if baseline is not None:
@@ -193,6 +211,7 @@ def run_bench(options: BenchOptions) -> int:
         base = info["manifest"]
         info["recipe"] = recipe.describe(base["num_inference_steps"], base["guidance_scale"])
         info["manifest"] = {**base, "num_inference_steps": recipe.steps, "guidance_scale": recipe.guidance}
+    info["galleries"] = galleries
     report_url = write_report(url, timings=timings, metrics=metrics, info=info, comparison=comparison,
                               failures=failures, storage_options=storage)
     for name, item in metrics.items():

@@ -82,3 +82,15 @@ def test_plots_are_real_pngs(tiny_report):
         assert image.width >= 600 and image.height >= 200
         colours = image.convert("RGB").getcolors(maxcolors=1 << 16)
         assert colours is None or len(colours) > 10  # drawn lines, bars, text: not a blank canvas
+
+
+def test_report_links_each_layouts_gallery(tiny_report):
+    with open(os.path.join(tiny_report.out, "report.md"), encoding="utf-8") as handle:
+        text = handle.read()
+    for name in ("single", "ulysses2"):
+        link = f"runs/{name}/report/index.html"
+        assert f"- [{name}]({link})" in text
+        with open(os.path.join(tiny_report.out, link), encoding="utf-8") as handle:
+            gallery = handle.read()
+        assert gallery.count('<article class="job done"') == 2  # the suite's two jobs, each with its preview
+        assert gallery.count("<video ") == 2
