@@ -1,0 +1,49 @@
+"""A real browser for the report's tests: Debian's chromium, driven by selenium through chromium-driver.
+
+    reason = ensure_browser()      None when ready (installed with apt-get when missing), else why not
+    driver = start_browser(profile_dir)    headless, sandbox off (root in CI), nothing fetched in the background
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+PACKAGES = ("chromium", "chromium-driver")
+BINARY, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def ensure_browser(timeout_s: float = 900.0) -> str | None:
+    """Install Debian's chromium and chromium-driver when missing. None when ready, else why not (a skip reason)."""
+    if os.path.exists(BINARY) and os.path.exists(DRIVER):
+        return None
+    if not shutil.which("apt-get"):
+        return "chromium and chromium-driver are missing and this machine has no apt-get to install them"
+    if os.geteuid() != 0:
+        return "chromium and chromium-driver are missing and installing them with apt-get needs root"
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
+    result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:  # stale package lists: refresh once and retry
+        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=timeout_s)
+        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:
+        return f"apt-get could not install {' '.join(PACKAGES)}: {result.stderr.strip()[-500:]}"
+    missing = [path for path in (BINARY, DRIVER) if not os.path.exists(path)]
+    return f"installed {PACKAGES} but {missing} are still missing" if missing else None
+
+
+def start_browser(profile_dir: str):
+    """A headless chromium (a fresh profile in `profile_dir`) that keeps the page's console messages."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = BINARY
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                     "--window-size=1400,1000", f"--user-data-dir={profile_dir}"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(DRIVER), options=options)
