@@ -2,11 +2,12 @@
 #   make demo   set up .venv (CPU torch on machines without an NVIDIA GPU) and run the example manifest
 #   make test   set up .venv with the test extras and run the test suite (all but the tests marked slow)
 #   make test-slow  the tests marked slow (the larger matrices; .ci/run runs them after make test)
+#   make docs   build the documentation site (docs/, mkdocs.yml) into site/ with mkdocs build --strict
 PYTHON ?= python3
 VENV   ?= .venv
 BIN     = $(VENV)/bin
 
-.PHONY: setup setup-test demo test test-slow clean
+.PHONY: setup setup-test demo test test-slow docs clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -18,7 +19,7 @@ setup: $(BIN)/python
 
 setup-test: $(BIN)/python
 	./scripts/install-torch $(BIN)/pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,docs]'
 
 demo: setup
 	$(BIN)/gen run examples/manifest.parquet --out runs/example --model tiny-wan
@@ -29,5 +30,8 @@ test: setup-test
 test-slow: setup-test
 	$(BIN)/python -m pytest -q -m slow --durations=20
 
+docs: setup-test
+	$(BIN)/mkdocs build --strict
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) runs site
