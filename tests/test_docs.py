@@ -3,6 +3,7 @@ every `gen` command and option, no text is on two pages, and the README stays a 
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -23,7 +24,7 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     result = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-f",
                              str(ROOT / "mkdocs.yml"), "-d", str(out)], capture_output=True, text=True,
-                            cwd=ROOT, timeout=120, env={"NO_MKDOCS_2_WARNING": "1", "PATH": "/usr/bin:/bin"})
+                            cwd=ROOT, timeout=120, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, f"mkdocs build --strict failed:\n{result.stdout}{result.stderr}"
     return out
 

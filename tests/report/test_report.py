@@ -177,3 +177,20 @@ def test_stage_seconds_are_over_done_jobs():
             JobView(id="b", status="done", stages={"denoise": 4.0}),
             JobView(id="c", status="failed", stages={"denoise": 100.0})]
     assert stage_seconds(jobs) == {"denoise": (2, 6.0, 3.0), "vae_decode": (1, 1.0, 1.0)}
+
+
+def test_a_run_on_s3_reports_onto_s3_and_reuses_its_previews(report_run, s3_run):
+    from genbatch.report import ReportOptions, write_report
+
+    fs = s3_run.endpoint.filesystem()
+    for name in ("outputs", "done", "failed", "rejected", "results", "timings", "run.json"):
+        fs.put(str(report_run.out / name), f"{s3_run.url}/{name}", recursive=True)
+    options = ReportOptions(out=s3_run.url, storage_options=s3_run.storage_options)
+    first = write_report(options)
+    assert first.url == f"{s3_run.url}/report/index.html"
+    assert (first.previews.made, first.previews.failed, first.jobs) == (2, 0, 4)
+    index = fs.cat_file(f"{s3_run.url}/report/index.html").decode()
+    assert index.count('<article class="job') == 4 and "NonFiniteLatents" in index
+    assert len(fs.ls(f"{s3_run.url}/report/videos", refresh=True)) == 1
+    again = write_report(options)
+    assert (again.previews.made, again.previews.reused) == (0, 2)
