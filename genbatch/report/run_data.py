@@ -10,6 +10,7 @@ manifest's rows (its Parquet footer, nothing else is read) less the rows that ha
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 import pyarrow as pa
@@ -97,6 +98,22 @@ def _text(value) -> str | None:
     return None if value is None or value == "" else str(value)
 
 
+def lora_label(text: str | None) -> str | None:
+    """A results row's `lora` (`jobs.lora.lora_text`: a JSON list of adapters) as one short line:
+    `org/fast@main (w.safetensors) x 0.8, ./style x 1.0 [low]`; text that is not such a list is kept."""
+    if not text:
+        return None
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        return text
+    if not isinstance(entries, list) or not all(isinstance(entry, dict) and "uri" in entry for entry in entries):
+        return text
+    return ", ".join(f"{entry['uri']}" + (f" ({entry['weight_name']})" if entry.get("weight_name") else "")
+                     + f" x {entry.get('scale', 1.0):g}" + (f" [{entry['expert']}]" if entry.get("expert") else "")
+                     for entry in entries)
+
+
 def _job_layouts(timings: pa.Table) -> dict[str, str]:
     """Per job id, the layout its last timing row names."""
     if timings.num_rows == 0 or not {"job_id", "layout"} <= set(timings.column_names):
@@ -131,7 +148,7 @@ def job_views(results: pa.Table, layouts: dict[str, str], run_layout: str | None
             num_frames=column("num_frames")[i], fps=column("fps")[i], steps=column("num_inference_steps")[i],
             guidance=column("guidance_scale")[i],
             layout=layouts.get(job_id, run_layout if status != "rejected" else None),
-            lora=_text(column("lora")[i]), cache=_text(column("cache")[i]),
+            lora=lora_label(_text(column("lora")[i])), cache=_text(column("cache")[i]),
             approximation=_text(column("attention_approximation")[i]), vae_decode=_text(column("vae_decode")[i]),
             stages=stages, error=_text(column("error")[i]), output_ext=ext,
             output_sha256=_text(column("output_sha256")[i]),

@@ -16,7 +16,7 @@ from PIL import Image
 
 from genbatch.io import decode_mp4
 from genbatch.report.stats import rank_busy, stage_seconds
-from genbatch.report.run_data import JobView
+from genbatch.report.run_data import JobView, lora_label
 from tests.support.runs import run_cli
 
 
@@ -194,3 +194,10 @@ def test_a_run_on_s3_reports_onto_s3_and_reuses_its_previews(report_run, s3_run)
     assert len(fs.ls(f"{s3_run.url}/report/videos", refresh=True)) == 1
     again = write_report(options)
     assert (again.previews.made, again.previews.reused) == (0, 2)
+
+
+def test_a_lora_set_reads_as_one_line():
+    text = ('[{"uri":"org/fast@main","scale":0.8,"weight_name":"w.safetensors","sha256":"ab"},'
+            '{"uri":"./style","scale":1.0,"expert":"low"}]')
+    assert lora_label(text) == "org/fast@main (w.safetensors) x 0.8, ./style x 1 [low]"
+    assert lora_label(None) is None and lora_label("not json") == "not json"
