@@ -3,8 +3,9 @@
     pool = rank_pool(2)
     results = pool.run(my_check, args=(...,), timeout_s=30)     # results[rank] = my_check(rank, 2, *args)
 
-A pool spawns its ranks once: each imports torch (and, through the tests' functions, genbatch and diffusers),
-joins one process group and then serves calls. A call goes by reference: the function is pickled by its
+A pool starts its ranks once: each is forked from one fork server that imported torch, diffusers and genbatch
+for the whole session (tests/support/preload.py; a pool of 8 starts in about 3 s, not 15 s), takes the
+environment and working directory of the pool's user, joins one process group and then serves calls. A call goes by reference: the function is pickled by its
 qualified name (it must be a module-level function), its arguments and results by value. After each call
 every rank puts itself back as it was, and says what it could not (that fails the call that left it):
 
@@ -20,7 +21,7 @@ a spec holding an earlier mesh, whose groups must then still work. A pool whose 
 MAX_GROUPS groups is respawned after the call that passed the bound, so their sockets stay bounded. All of
 a rank's groups share one gloo transport device, so the groups kept cost an idle pool no CPU.
 
-A call whose rank raises, hangs past `4 x timeout_s`, dies or leaves something it cannot undo (its
+A call whose rank raises, hangs past `4 x timeout_s` (plus 2 s), dies or leaves something it cannot undo (its
 default process group destroyed) fails with every rank's traceback (a hung rank's stacks, dumped by
 faulthandler), and the pool is respawned on its next use. The gloo timeout of the default group and of the
 groups a call makes is the call's `timeout_s`, so a hang fails in seconds.
@@ -126,7 +127,10 @@ def _send(conn, reply: tuple) -> None:
     conn.send_bytes(data)
 
 
-def _serve(rank: int, world_size: int, port: int, conn, dump_path: str) -> None:
+def _serve(rank: int, world_size: int, port: int, conn, dump_path: str, environ: dict, cwd: str) -> None:
+    os.environ.clear()  # the pool's user's, not the fork server's (started by an earlier pool, maybe elsewhere)
+    os.environ.update(environ)
+    os.chdir(cwd)
     import torch.distributed.distributed_c10d as c10d
 
     from tests.support.distributed import join_world
@@ -167,6 +171,15 @@ def _serve(rank: int, world_size: int, port: int, conn, dump_path: str) -> None:
     exit_process(0)
 
 
+def _fork_server():
+    """The start method of pool ranks: forked from one server that imported torch, diffusers and genbatch once
+    (tests/support/preload.py), so a pool of 8 starts in a second, not in 8 x 3.5 s of CPU. Each rank then
+    takes the environment and working directory of the pool's user, as a spawned rank would."""
+    context = mp.get_context("forkserver")
+    context.set_forkserver_preload(["tests.support.preload"])
+    return context
+
+
 class RankPool:
     """`world_size` gloo ranks serving calls (see the top)."""
 
@@ -178,13 +191,14 @@ class RankPool:
     def _spawn(self) -> None:
         from tests.support.distributed import free_port
 
-        context = mp.get_context("spawn")
+        context = _fork_server()
         self._folder = tempfile.TemporaryDirectory(prefix=f"pool{self.world_size}-")
         port = free_port()
         for rank in range(self.world_size):
             ours, theirs = context.Pipe()
             dump = os.path.join(self._folder.name, f"rank{rank}.stacks")
-            process = context.Process(target=_serve, args=(rank, self.world_size, port, theirs, dump), daemon=True,
+            process = context.Process(target=_serve, args=(rank, self.world_size, port, theirs, dump, dict(os.environ), os.getcwd()),
+                                      daemon=True,
                                       name=f"pool{self.world_size}-rank{rank}")
             process.start()
             theirs.close()
@@ -220,7 +234,7 @@ class RankPool:
             payload = pickle.dumps((fn, args, timeout_s))
             for conn in self._conns:
                 conn.send_bytes(payload)
-            deadline = time.monotonic() + 4 * timeout_s + 5
+            deadline = time.monotonic() + 4 * timeout_s + 2
             replies = self._replies(deadline)
             if all(reply is not None and reply[0] == "ok" for reply in replies):
                 cleaned = self._replies(deadline + 60)
