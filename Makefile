@@ -1,7 +1,8 @@
 # genbatch developer entry points.
 #   make demo   set up .venv (CPU torch on machines without an NVIDIA GPU) and run the example manifest
 #   make test   set up .venv with the test extras and run the test suite (all but the tests marked slow)
-#   make test-slow  the tests marked slow (the larger matrices; .ci/run runs them after make test)
+#   make test-slow  the tests marked slow (the larger matrices; .ci/run runs them after make test), on two
+#               pytest-xdist workers: they wait on processes more than they compute
 #   make docs   build the documentation site (docs/, mkdocs.yml) into site/ with mkdocs build --strict
 PYTHON ?= python3
 VENV   ?= .venv
@@ -28,7 +29,7 @@ test: setup-test
 	$(BIN)/python -m pytest -q -m "not slow" --durations=40
 
 test-slow: setup-test
-	$(BIN)/python -m pytest -q -m slow --durations=20
+	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadgroup --durations=20
 
 docs: setup-test
 	$(BIN)/mkdocs build --strict

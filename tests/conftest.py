@@ -79,6 +79,20 @@ def pytest_addoption(parser):
                      help="Run the collected tests last to first: a test that needs another to run before it fails.")
 
 
+SHARED_SESSION_FOLDERS = ("tests/slurm",)
+"""Folders whose tests share a session fixture that must exist once per machine (the Slurm cluster, with its
+fixed node names): under `pytest -n N`, one worker runs the whole folder."""
+
+
+def _worker_group(item) -> str:
+    """The tests that `pytest -n N --dist loadgroup` gives one worker: a module's, so its module fixtures are made
+    once, or a whole folder's from SHARED_SESSION_FOLDERS."""
+    module = item.nodeid.split("::")[0]
+    return next((folder for folder in SHARED_SESSION_FOLDERS if module.startswith(folder + "/")), module)
+
+
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--reverse-order"):
         items.reverse()
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))

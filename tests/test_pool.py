@@ -151,7 +151,7 @@ def _hang_on_rank_0(rank, world_size):
 
 def test_a_hung_call_fails_with_the_hung_ranks_stacks():
     with pytest.raises(AssertionError) as failure:
-        run_on_ranks(_hang_on_rank_0, world_size=2, timeout_s=1)
+        run_on_ranks(_hang_on_rank_0, world_size=2, timeout_s=0.5)
     assert "rank 0: no answer" in str(failure.value) and "_hang_on_rank_0" in str(failure.value)
     assert run_on_ranks(_state, world_size=2)[0]["groups"] >= 1  # respawned
 
