@@ -11,9 +11,9 @@
 The one-process reference runs execute locally (no Slurm) while the cluster works. Outputs are compared byte for
 byte, and a CPU's fp32 results depend on its thread count: every process here, reference and Slurm task alike,
 runs with THREADS (torchrun would set 1 for several processes a node and leave one process a node all cores).
-(a), (b) and (e) run together,
-then (c) and (d) together: a driver submits both, waits until each has written a checkpoint (so it is in the
-middle of a job) and then preempts (c) and requeues (d); both must then resume a job from its checkpoint.
+(a), (b) and (e) run together. (c) and (d) each submit their job when first asked for (make test runs (c) only),
+wait until it has written a checkpoint (so it is in the middle of a job) and then preempt (c) or requeue (d);
+each must then resume a job from its checkpoint.
 """
 
 from __future__ import annotations
@@ -201,23 +201,40 @@ def _wait_for_checkpoint(cluster, root: Path, name: str, out: Path, timeout_s: f
 
 
 @pytest.fixture(scope="module")
-def interrupted_runs(slurm_cluster, tmp_path_factory):
+def long_inputs(slurm_cluster, tmp_path_factory):
+    """(root, manifest, reference) of the jobs that are stopped mid-run: long enough to be caught mid-job."""
     root = tmp_path_factory.mktemp("slurm-genbatch-interrupted")
     manifest = _manifest(root / "long.parquet", 2, "owl")
-    reference = _reference(root, manifest, LONG)
-    on_node = ("--nodes", "1", "--procs-per-node", "2", "--partition", "low", "--extra-sbatch=--exclusive")
-    preempted = _submit(slurm_cluster, root, "preempted", manifest, *on_node, "--extra-sbatch=--nodelist=n1", *LONG)
-    requeued = _submit(slurm_cluster, root, "requeued", manifest, *on_node, "--extra-sbatch=--nodelist=n2", *LONG)
+    return root, manifest, _reference(root, manifest, LONG)
+
+
+ON_ONE_NODE = ("--nodes", "1", "--procs-per-node", "2", "--partition", "low", "--extra-sbatch=--exclusive")
+
+
+@pytest.fixture(scope="module")
+def preempted_run(slurm_cluster, long_inputs):
+    """A job on n1 preempted mid-run by an urgent one on the high partition."""
+    root, manifest, reference = long_inputs
+    preempted = _submit(slurm_cluster, root, "preempted", manifest, *ON_ONE_NODE, "--extra-sbatch=--nodelist=n1",
+                        *LONG)
     _wait_for_checkpoint(slurm_cluster, root, "preempted", preempted[1])
     urgent = slurm_cluster.sbatch("--partition=high", "--nodelist=n1", "--exclusive", "--job-name=urgent",
                                   f"--output={root}/logs/urgent-%j.out", f"--chdir={root}", "--wrap=sleep 1")
+    return root, reference, {"preempted": preempted, "urgent": urgent}
+
+
+@pytest.fixture(scope="module")
+def requeued_run(slurm_cluster, long_inputs):
+    """A job on n2 requeued mid-run by `scontrol requeue` (made only where a test asks for it: make test-slow)."""
+    root, manifest, reference = long_inputs
+    requeued = _submit(slurm_cluster, root, "requeued", manifest, *ON_ONE_NODE, "--extra-sbatch=--nodelist=n2", *LONG)
     _wait_for_checkpoint(slurm_cluster, root, "requeued", requeued[1])
     slurm_cluster.run("scontrol", "requeue", str(requeued[0]))
-    return root, reference, {"preempted": preempted, "requeued": requeued, "urgent": urgent}
+    return root, reference, {"requeued": requeued}
 
 
-def test_c_preempted_job_checkpoints_requeues_and_completes(slurm_cluster, interrupted_runs):
-    root, reference, jobs = interrupted_runs
+def test_c_preempted_job_checkpoints_requeues_and_completes(slurm_cluster, preempted_run):
+    root, reference, jobs = preempted_run
     job_id, out = jobs["preempted"]
     _completed(slurm_cluster, root, "preempted", job_id, restarts="1")
     _completed(slurm_cluster, root, "urgent", jobs["urgent"])
@@ -229,8 +246,8 @@ def test_c_preempted_job_checkpoints_requeues_and_completes(slurm_cluster, inter
 
 
 @pytest.mark.slow  # a further requeue on the running cluster
-def test_d_scontrol_requeue_mid_run_gives_the_same_outputs(slurm_cluster, interrupted_runs):
-    root, reference, jobs = interrupted_runs
+def test_d_scontrol_requeue_mid_run_gives_the_same_outputs(slurm_cluster, requeued_run):
+    root, reference, jobs = requeued_run
     job_id, out = jobs["requeued"]
     _completed(slurm_cluster, root, "requeued", job_id, restarts="1")
     assert "(restart 1) starts" in _log(root, "requeued")

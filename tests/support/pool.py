@@ -248,7 +248,7 @@ class RankPool:
                 return [reply[1] for reply in replies]
             raise AssertionError("distributed run failed:\n" + "\n".join(self._errors(replies)))
         except BaseException:
-            self.close()  # respawned by the next call
+            self.close(grace_s=0.2)  # respawned by the next call
             raise
 
     def _errors(self, replies: list) -> list[str]:
@@ -264,14 +264,17 @@ class RankPool:
                 errors.append(f"--- rank {rank}: no answer (hung or died) ---\n{stacks or '(no stacks dumped)'}")
         return errors
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 2.0) -> None:
+        """Ask every rank to end, and kill one still alive after `grace_s` (a rank of a failed call may be hung:
+        nothing it does is waited for)."""
         for conn in self._conns:
             try:
                 conn.send_bytes(pickle.dumps(None))
             except (OSError, ValueError):
                 pass
+        deadline = time.monotonic() + grace_s
         for process in self._processes:
-            process.join(timeout=2)
+            process.join(timeout=max(0.0, deadline - time.monotonic()))
             if process.is_alive():
                 process.kill()
                 process.join()
