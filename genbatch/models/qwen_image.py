@@ -124,18 +124,27 @@ class QwenImageHooks(Family):
         return Conditioning(branches=branches, guidance_scale=job.guidance_scale)
 
     def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
-        import numpy as np
-        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
-
-        if pipe.transformer.config.guidance_embeds:
-            raise ValueError(f"model {job.model} is a guidance-distilled Qwen-Image (guidance_embeds=True), which "
-                             "takes a guidance scale as an input besides true CFG; genbatch runs Qwen-Image models "
-                             "with guidance_embeds=False")
+        self.check_guidance(pipe, job)
         channels = pipe.transformer.config.in_channels // 4
         # the noise in the prompt embeddings' dtype, which is the text encoder's
         latents = pipe.prepare_latents(1, channels, job.height, job.width, pipe.text_encoder.dtype, device, generator)
         factor = pipe.vae_scale_factor
-        img_shapes = [[(1, job.height // factor // 2, job.width // factor // 2)]]
+        return self.schedule(pipe, job, latents, [[(1, job.height // factor // 2, job.width // factor // 2)]], device)
+
+    @staticmethod
+    def check_guidance(pipe, job: JobSpec) -> None:
+        if pipe.transformer.config.guidance_embeds:
+            raise ValueError(f"model {job.model} is a guidance-distilled Qwen-Image (guidance_embeds=True), which "
+                             "takes a guidance scale as an input besides true CFG; genbatch runs Qwen-Image models "
+                             "with guidance_embeds=False")
+
+    @staticmethod
+    def schedule(pipe, job: JobSpec, latents, img_shapes, device) -> Trajectory:
+        """The trajectory of the packed noise `latents` (1, n, c): the pipeline's timesteps, shifted by its
+        token count n; `img_shapes` is the transformer's grids of the image stream."""
+        import numpy as np
+        from diffusers.pipelines.qwenimage.pipeline_qwenimage import calculate_shift, retrieve_timesteps
+
         steps = job.num_inference_steps
         config = pipe.scheduler.config
         mu = calculate_shift(latents.shape[1], config.get("base_image_seq_len", 256),
@@ -166,31 +175,24 @@ class QwenImageHooks(Family):
         return pipe.image_processor.postprocess(decoded[:, :, 0], output_type="np")[0]
 
 
-def build_tiny(meta: frozenset[str] = frozenset()):
-    """Qwen-Image (true CFG): QwenImageTransformer2DModel, AutoencoderKLQwenImage, a two-layer Qwen2.5-VL text
-    encoder, flow-match Euler with Qwen-Image's published exponential shift."""
+def tiny_components(tokenizer, meta: frozenset[str], vision_ids: Mapping[str, int] | None = None) -> dict:
+    """The tiny Qwen-Image components but the tokenizer's: QwenImageTransformer2DModel, AutoencoderKLQwenImage, a
+    two-layer Qwen2.5-VL (its vocabulary `tokenizer`'s, with a one-block vision tower) and flow-match Euler with
+    Qwen-Image's published exponential shift. `vision_ids`: the vision tokens' ids (`image_token_id`,
+    `vision_start_token_id`, `vision_end_token_id`) in `tokenizer`; None: past its vocabulary, so that a text
+    prompt never holds them."""
     import torch
-    from diffusers import (
-        AutoencoderKLQwenImage,
-        FlowMatchEulerDiscreteScheduler,
-        QwenImagePipeline,
-        QwenImageTransformer2DModel,
-    )
+    from diffusers import AutoencoderKLQwenImage, FlowMatchEulerDiscreteScheduler, QwenImageTransformer2DModel
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
-    from genbatch.models.prompt_tokenizer import template_tokenizer
     from genbatch.models.tiny import placed
 
-    probe = QwenImagePipeline(None, None, None, None, None)  # the prompt template and its crop, as the pipeline
-    crop = probe.prompt_template_encode_start_idx
-    tokenizer = template_tokenizer(probe.prompt_template_encode, crop, probe.tokenizer_max_length + crop)
     vocab = len(tokenizer)
     special = dict(pad_token_id=0, bos_token_id=None, eos_token_id=1)
-    # the vision token ids lie past the vocabulary: a text prompt never holds them
+    ids = {**dict(image_token_id=vocab, video_token_id=vocab + 1, vision_start_token_id=vocab + 2,
+                  vision_end_token_id=vocab + 3, vision_token_id=vocab + 4), **(vision_ids or {})}
     config = Qwen2_5_VLConfig(text_config={**TINY_TEXT_ENCODER, "vocab_size": vocab, **special},
-                              vision_config=TINY_VISION, vocab_size=vocab, image_token_id=vocab,
-                              video_token_id=vocab + 1, vision_start_token_id=vocab + 2,
-                              vision_end_token_id=vocab + 3, vision_token_id=vocab + 4, **special)
+                              vision_config=TINY_VISION, vocab_size=vocab, **ids, **special)
     torch.manual_seed(0)
     with placed("text_encoder", meta):
         text_encoder = Qwen2_5_VLForConditionalGeneration(config).eval()
@@ -202,8 +204,19 @@ def build_tiny(meta: frozenset[str] = frozenset()):
     scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=8192,
                                                 max_shift=0.9, shift=1.0, shift_terminal=0.02,
                                                 use_dynamic_shifting=True, time_shift_type="exponential")
-    return QwenImagePipeline(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer,
-                             transformer=transformer)
+    return dict(scheduler=scheduler, vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, transformer=transformer)
+
+
+def build_tiny(meta: frozenset[str] = frozenset()):
+    """Qwen-Image (true CFG): the tiny components (`tiny_components`) with a tokenizer of the prompt template."""
+    from diffusers import QwenImagePipeline
+
+    from genbatch.models.prompt_tokenizer import template_tokenizer
+
+    probe = QwenImagePipeline(None, None, None, None, None)  # the prompt template and its crop, as the pipeline
+    crop = probe.prompt_template_encode_start_idx
+    tokenizer = template_tokenizer(probe.prompt_template_encode, crop, probe.tokenizer_max_length + crop)
+    return QwenImagePipeline(**tiny_components(tokenizer, meta))
 
 
 FAMILY = ModelFamily(

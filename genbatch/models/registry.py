@@ -26,6 +26,7 @@ FAMILY_MODULES = (
     "genbatch.models.flux_kontext",
     "genbatch.models.sd3",
     "genbatch.models.qwen_image",
+    "genbatch.models.qwen_image_edit",
     "genbatch.models.hunyuan_video",
 )
 """The modules that each define one `FAMILY` (a `ModelFamily`), in the order they are listed to users."""

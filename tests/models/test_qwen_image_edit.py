@@ -1,0 +1,147 @@
+"""Qwen-Image-Edit image editing (`tiny-qwen-image-edit`): a row's image gives the image
+`QwenImageEditPipeline.__call__` gives at the row's size, with true CFG and without, for an input of the
+output's aspect ratio and of another, at the preset's input area and at the pipeline's own megapixel; the
+input is resized as `calculate_dimensions` resizes it; a row without an image is rejected naming the column;
+the input's tokens join the image stream, which ulysses, ring, cfg, tp and --fsdp run as one process does;
+PipeFusion, whose patches hold the output's rows only, refuses the model by name; `gen run` records the image's
+URL and sha256."""
+
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from genbatch.models import resolve_model
+from genbatch.models.qwen_image_edit import INPUT_AREA, input_size
+from tests.models.pipeline_outputs import genbatch_frames, pipeline_frames
+from tests.support.runs import job
+
+PRESET = "tiny-qwen-image-edit"
+
+
+def _image(path, size) -> str:
+    pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return str(path)
+
+
+@pytest.fixture
+def preset_area(monkeypatch):
+    """The pipeline resizing its input to the preset's `input_area`, where its own constant is a megapixel: the
+    one line of `__call__` the preset changes (`calculate_dimensions(1024 * 1024, ratio)`)."""
+    from diffusers.pipelines.qwenimage import pipeline_qwenimage_edit as module
+
+    area = resolve_model(PRESET).defaults["input_area"]
+    own = module.calculate_dimensions
+    monkeypatch.setattr(module, "calculate_dimensions", lambda target_area, ratio: own(area, ratio))
+    return area
+
+
+def _compare(tmp_path, output, source, negative, steps):
+    image = _image(tmp_path / "in.png", source)
+    spec_job = job(PRESET, seed=5, num_inference_steps=steps, width=output[0], height=output[1], image=image,
+                   negative_prompt=negative)
+    ours = genbatch_frames(PRESET, spec_job, str(tmp_path / "out"))
+    call = {"negative_prompt": negative} if negative is not None else {}
+    theirs = pipeline_frames(PRESET, spec_job, image=Image.open(image), true_cfg_scale=spec_job.guidance_scale,
+                             **call)
+    assert ours.shape == theirs.shape == (output[1], output[0], 3)
+    np.testing.assert_array_equal(ours, theirs)
+    return ours
+
+
+@pytest.mark.parametrize(("output", "source", "negative"), [((64, 48), (64, 48), "blurry"),
+                                                            ((48, 64), (72, 40), None)],
+                         ids=["same-aspect-true-cfg", "other-aspect-one-branch"])
+def test_output_equals_the_diffusers_pipeline(tmp_path, preset_area, output, source, negative):
+    _compare(tmp_path, output, source, negative, steps=2)
+
+
+def test_output_equals_the_diffusers_pipeline_at_its_own_megapixel(tmp_path, monkeypatch):
+    # the preset with the pipeline's own input area: 1376 x 768 pixels, 4128 tokens beside the output's 12
+    monkeypatch.setitem(resolve_model(PRESET).defaults, "input_area", INPUT_AREA)
+    _compare(tmp_path, (64, 48), (72, 40), None, steps=2)
+
+
+def test_the_input_is_resized_to_the_area_at_its_aspect_ratio():
+    from diffusers.pipelines.qwenimage.pipeline_qwenimage_edit import calculate_dimensions
+
+    for size in ((1920, 1080), (512, 512), (1000, 3000), (72, 40), (333, 517)):
+        assert input_size(size) == calculate_dimensions(INPUT_AREA, size[0] / size[1])[:2]
+    assert input_size((1920, 1080)) == (1376, 768)  # 16:9, about a megapixel
+    assert input_size((512, 512)) == (1024, 1024)  # upscaled
+    assert input_size((72, 40), 64 * 64) == (96, 32)  # the preset's area
+    with pytest.raises(ValueError, match="crop it to a less extreme aspect ratio"):
+        input_size((4000, 10), 64 * 64)
+
+
+def test_a_row_without_an_image_is_rejected_naming_the_column(tmp_path):
+    from genbatch.jobs.spec import JobOverrides
+    from genbatch.manifests import read_jobs
+    from tests.support.runs import write_manifest
+
+    spec = resolve_model(PRESET)
+    assert (spec.family, spec.media_inputs, spec.media_required, spec.joins_image_tokens) == (
+        "qwen-image-edit", ("image",), ("image",), True)
+    rows = [{"id": "edit", "prompt": "a red boat", "model": PRESET, "image": "in.png"},
+            {"id": "no-image", "prompt": "a red boat", "model": PRESET}]
+    result = read_jobs(write_manifest(str(tmp_path / "m.parquet"), rows), overrides=JobOverrides(),
+                       check_media=False)
+    assert [spec_job.id for spec_job in result.jobs] == ["edit"]
+    (rejection,) = result.rejected
+    assert (rejection.job_id, rejection.column) == ("no-image", "image")
+    assert f"{PRESET} starts from an image, and the row names none; fill `image`" in rejection.reason
+
+
+def _layouts_on_ranks(rank, world_size, spec_job, layouts, out):
+    from tests.parallel.test_layouts import _run_job
+
+    return [_run_job(spec_job, *layout, out=f"{out}/{index}") for index, layout in enumerate(layouts)]
+
+
+def test_sequence_cfg_fsdp_and_tp_layouts_equal_one_process(tmp_path):
+    from tests.parallel.test_layouts import _check, _run_job
+    from tests.support.distributed import run_on_ranks
+
+    image = _image(tmp_path / "in.png", (72, 40))
+    # 12 noise tokens and 12 of the input's (96 x 32), 24 image tokens beside the text's: uneven over 2 ranks
+    spec_job = job(PRESET, width=64, height=48, num_inference_steps=3, seed=17, image=image, negative_prompt="grey")
+    # (dp, cfg, ring, ulysses, fsdp[, tp])
+    layouts = [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 2, 1, 1, False), (1, 1, 1, 2, True),
+               (1, 1, 1, 1, False, 2)]
+    per_rank = run_on_ranks(_layouts_on_ranks, 2, args=(spec_job, layouts, str(tmp_path / "ranks")), timeout_s=90)
+    reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
+    _check([(spec_job, *layout) for layout in layouts], per_rank, reference)
+
+
+def test_pipefusion_refuses_the_model_by_name(tmp_path):
+    from tests.support.runs import run_cli_on_ranks, write_manifest
+
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "edit", "prompt": "a red boat", "model": PRESET,
+                                                             "image": _image(tmp_path / "in.png", (64, 64))}])
+    result = run_cli_on_ranks(2, "run", manifest, "--out", str(tmp_path / "out"), "--pipefusion", "2", "-q")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"model {PRESET}: its input image's tokens join the image stream" in result.stderr
+    assert "--ulysses/--ring" in result.stderr
+
+
+def test_gen_run_records_the_image_and_its_sha256(tmp_path):
+    from tests.support.runs import run_cli, write_manifest
+
+    (tmp_path / "images").mkdir()
+    image = _image(tmp_path / "images" / "boat.png", (72, 40))
+    rows = [{"id": "edit", "prompt": "the boat at night", "model": PRESET, "image": "images/boat.png",
+             "negative_prompt": "blurry", "num_inference_steps": 2, "width": 48, "height": 32},
+            {"id": "no-image", "prompt": "the boat at night", "model": PRESET, "num_inference_steps": 2}]
+    out = tmp_path / "out"
+    result = run_cli("run", write_manifest(str(tmp_path / "m.parquet"), rows), "--out", str(out), "-q")
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = {row["id"]: row for row in pq.read_table(out / "results").to_pylist()}
+    assert results["edit"]["status"] == "done" and results["edit"]["image"] == image
+    assert results["edit"]["image_sha256"] == hashlib.sha256(open(image, "rb").read()).hexdigest()
+    assert results["no-image"]["status"] == "rejected" and "starts from an image" in results["no-image"]["error"]
+    assert Image.open(next((out / "outputs").glob("edit.*"))).size == (48, 32)
