@@ -16,8 +16,8 @@ conditional branch on one half and the unconditional on the other.
 For one prompt the text encoder's output has no padding (the pipeline pads only to the longest prompt of a
 batch and drops the mask when nothing is padded), so the transformer sees no text mask.
 
-The VAE (`AutoencoderKLQwenImage`) has no patch-parallel decode: a job group's leader decodes alone, whole or
-tiled (`gen run --vae-decode`, `genbatch.runner.decode`).
+The VAE (`AutoencoderKLQwenImage`, Wan 2.1's under other class names) decodes and encodes patch-parallel over
+the job group with Wan's rules (`vae_rules.AUTOENCODER_KL_QWEN_IMAGE`).
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ from genbatch.models.base import (
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models import vae_rules
 from genbatch.models.wan import WanHooks
 
 MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline.__call__'s default
@@ -252,6 +253,8 @@ FAMILY = ModelFamily(
         ),
     },
     text_encoder_plans={"Qwen2_5_VLForConditionalGeneration": decoder_tensor_plan("model.language_model.layers")},
+    vae_classes=("diffusers:AutoencoderKLQwenImage",),
+    vae_rules=vae_rules.AUTOENCODER_KL_QWEN_IMAGE,
     presets=(TinyPreset(name="tiny-qwen-image", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,
                         build=build_tiny),),
     published=(

@@ -77,3 +77,18 @@ AUTOENCODER_KL_WAN: dict[str, str] = {
     "torch.nn:ZeroPad2d": HALO_PAD,
 }
 """The decoder and encoder of diffusers' `AutoencoderKLWan` (Wan 2.1 / 2.2)."""
+
+_QWEN = "diffusers.models.autoencoders.autoencoder_kl_qwenimage"
+AUTOENCODER_KL_QWEN_IMAGE: dict[str, str] = {
+    **TORCH_LAYERS,
+    **{f"{_QWEN}:{name}": LOCAL for name in ("QwenImageDecoder3d", "QwenImageMidBlock", "QwenImageUpBlock",
+                                             "QwenImageResidualBlock", "QwenImageEncoder3d")},
+    f"{_QWEN}:QwenImageUpsample": LOCAL,  # nearest-exact x2, as Wan's
+    f"{_QWEN}:QwenImageRMS_norm": LOCAL,
+    f"{_QWEN}:QwenImageResample": WAN_RESAMPLE,
+    f"{_QWEN}:QwenImageCausalConv3d": CAUSAL_CONV3D,
+    f"{_QWEN}:QwenImageAttentionBlock": WAN_ATTENTION,
+    "torch.nn:ZeroPad2d": HALO_PAD,
+}
+"""The decoder and encoder of diffusers' `AutoencoderKLQwenImage` (Qwen-Image, Qwen-Image-Edit): Wan 2.1's VAE
+under its own class names (the same layers, forwards and caches), so the same rules."""

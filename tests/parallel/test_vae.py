@@ -53,7 +53,7 @@ class Case:
     name: str
     """Test id."""
     family: str
-    """'wan' (AutoencoderKLWan) or 'image' (AutoencoderKL)."""
+    """'wan' (AutoencoderKLWan), 'qwen-image' (AutoencoderKLQwenImage) or 'image' (AutoencoderKL)."""
     config: str
     """Which config: 'tiny' (the presets'), 'wide' or 'wan22' (the ones above)."""
     latent: tuple[int, ...]
@@ -72,6 +72,7 @@ CASES = [
     Case(name="wan-tiny-h1-columns", family="wan", config="tiny", latent=(1, 16, 2, 1, 7)),
     Case(name="wan-wide-h7", family="wan", config="wide", latent=(1, 16, 2, 7, 5)),
     Case(name="wan22-residual-patched-h7", family="wan", config="wan22", latent=(1, 16, 3, 7, 5)),
+    Case(name="qwen-image-tiny-h7", family="qwen-image", config="tiny", latent=(1, 4, 1, 7, 6)),
     Case(name="image-tiny-h7", family="image", config="tiny", latent=(1, 16, 7, 6), tiling_on=True),
     Case(name="image-tiny-h13-batch2-all-ranks", family="image", config="tiny", latent=(2, 16, 13, 5), leader_only=False),
     Case(name="image-tiny-h3-tiles", family="image", config="tiny", latent=(1, 16, 3, 5)),
@@ -86,6 +87,12 @@ def _build(case: Case):
     from genbatch.models.tiny_configs import TINY_FLUX_VAE, TINY_WAN_VAE
 
     torch.manual_seed(0)
+    if case.family == "qwen-image":
+        from diffusers import AutoencoderKLQwenImage
+
+        from genbatch.models.qwen_image import TINY_VAE
+
+        return AutoencoderKLQwenImage(**TINY_VAE).eval()
     if case.family == "wan":
         vae = AutoencoderKLWan(**{"tiny": TINY_WAN_VAE, "wide": WIDE_WAN_VAE, "wan22": WAN22_VAE}[case.config])
     else:

@@ -24,7 +24,8 @@ WORLD_SIZES = (2, 4)
 class Case:
     name: str
     config: str
-    """'tiny' (the presets' Wan 2.1 VAE), 'wan22', 'image-tiny' (the FLUX presets') or 'image-wide'."""
+    """'tiny' (the presets' Wan 2.1 VAE), 'wan22', 'qwen-image' (its preset's), 'image-tiny' (the FLUX presets') or
+    'image-wide'."""
     video: tuple[int, ...]
     """(b, c, f, h, w) pixels, (b, c, h, w) for an image VAE."""
 
@@ -35,6 +36,7 @@ CASES = [
     Case(name="wan-one-frame", config="tiny", video=(1, 3, 1, 48, 64)),
     Case(name="wan-h1-side-by-side", config="tiny", video=(1, 3, 5, 8, 64)),
     Case(name="wan22-residual-patched-h5", config="wan22", video=(1, 3, 5, 80, 48)),
+    Case(name="qwen-image-h7", config="qwen-image", video=(1, 3, 1, 56, 48)),  # an image: one frame
     Case(name="image-tiny-h7", config="image-tiny", video=(1, 3, 56, 48)),
     Case(name="image-tiny-h2-batch2", config="image-tiny", video=(2, 3, 16, 64)),
     Case(name="image-wide-h9", config="image-wide", video=(1, 3, 72, 40)),
@@ -47,6 +49,12 @@ def _vae(config: str):
     from genbatch.models.tiny_configs import TINY_FLUX_VAE, TINY_WAN_VAE
 
     torch.manual_seed(0)
+    if config == "qwen-image":
+        from diffusers import AutoencoderKLQwenImage
+
+        from genbatch.models.qwen_image import TINY_VAE
+
+        return AutoencoderKLQwenImage(**TINY_VAE).eval()
     if config.startswith("image"):
         return AutoencoderKL(**(TINY_FLUX_VAE if config == "image-tiny" else WIDE_IMAGE_VAE)).eval()
     return AutoencoderKLWan(**(TINY_WAN_VAE if config == "tiny" else WAN22_VAE)).eval()
