@@ -108,6 +108,7 @@ FAMILY = replace(
     presets=(TinyPreset(name="tiny-flux-kontext", transformer=tiny_configs.TINY_FLUX_TRANSFORMER,
                         vae=tiny_configs.TINY_FLUX_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-flux-kontext"],
                         build=build_tiny),),
-    published=(),
+    # FLUX.1-Kontext-dev is FLUX.1-dev's transformer, VAE and text encoders; its sequence carries the input's tokens
+    published=(replace(flux.FAMILY.published[0], name="flux.1-kontext-dev", joins_image_tokens=True),),
     teacache=(),
 )

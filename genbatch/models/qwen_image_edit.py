@@ -191,6 +191,7 @@ FAMILY = replace(
     hooks=QwenImageEditHooks(),
     presets=(TinyPreset(name="tiny-qwen-image-edit", transformer=qwen_image.TINY_TRANSFORMER,
                         vae=qwen_image.TINY_VAE, defaults=TINY_DEFAULTS, build=build_tiny),),
-    published=(),
+    # Qwen-Image-Edit is Qwen-Image's transformer, VAE and text encoder; its sequence carries the input's tokens
+    published=(replace(qwen_image.FAMILY.published[0], name="qwen-image-edit", joins_image_tokens=True),),
     teacache=(),
 )

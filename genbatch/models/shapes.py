@@ -84,6 +84,10 @@ class ModelShape:
     """All-reduces of [N, d] a layer does under tensor parallelism, over the model's block types
     (`TensorPlan.all_reduces_per_layer`): seed 000's standard 2, Wan's 3, FLUX's 4/3 (19 dual-stream blocks
     at 2, 38 single-stream ones at 1)."""
+    joins_image_tokens: bool = False
+    """True for an edit model (FLUX.1 Kontext, Qwen-Image-Edit): the input image's latent tokens follow the
+    output's in the image stream, so self-attention runs over both; priced with the input at the output's size
+    (each pipeline resizes it to about that many pixels, at its own aspect ratio)."""
     pads_frames_to_patch: bool = False
     """True when the pipeline pads the latent frames up to a multiple of the temporal patch before patching
     (CogVideoX 1.5 does); False when the patch embedding sees the latent as it is."""
@@ -102,5 +106,7 @@ class ModelShape:
         return token_count(latent, self.patch_size)
 
     def sequence(self, width: int, height: int, frames: int | None) -> int:
-        """Tokens in self-attention: image tokens, plus text tokens for MMDiT models."""
-        return self.image_tokens(width, height, frames) + (self.text_tokens if self.joint_text else 0)
+        """Tokens in self-attention: image tokens (twice for an edit model: the input's join the output's), plus
+        text tokens for MMDiT models."""
+        image = self.image_tokens(width, height, frames) * (2 if self.joins_image_tokens else 1)
+        return image + (self.text_tokens if self.joint_text else 0)

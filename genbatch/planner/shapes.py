@@ -129,6 +129,7 @@ def shape_from_spec(spec: ModelSpec) -> ModelShape:
         vae_gib_per_mpx=vae_gib,
         vae_class=vae_class,
         tp_all_reduces=spec.tp_all_reduces,
+        joins_image_tokens=spec.joins_image_tokens,
         width=int(defaults.get("width") or 1024),
         height=int(defaults.get("height") or 1024),
         frames=int(defaults["num_frames"]) if spec.is_video and defaults.get("num_frames") else None,

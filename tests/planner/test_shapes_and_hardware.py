@@ -17,9 +17,19 @@ def test_published_token_counts_match_seed():
     assert not flux.uses_cfg and wan.uses_cfg and not resolve_shape("hunyuanvideo").uses_cfg
 
 
+@pytest.mark.parametrize(("edit", "base"), [("flux.1-kontext-dev", "flux.1-dev"), ("qwen-image-edit", "qwen-image"),
+                                            ("tiny-flux-kontext", "tiny-flux"), ("tiny-qwen-image-edit", "tiny-qwen-image")])
+def test_an_edit_models_sequence_carries_the_input_images_tokens(edit, base):
+    edit_shape, base_shape = resolve_shape(edit), resolve_shape(base)
+    tokens = base_shape.image_tokens(1024, 768, None)
+    assert edit_shape.joins_image_tokens and not base_shape.joins_image_tokens
+    assert edit_shape.image_tokens(1024, 768, None) == tokens  # the output's: what a step predicts
+    assert edit_shape.sequence(1024, 768, None) == base_shape.sequence(1024, 768, None) + tokens
+
+
 def test_every_issue_model_is_published_with_consistent_facts():
     names = {"flux.1-dev", "sd3-medium", "wan2.1-1.3b", "wan2.1-14b", "hunyuanvideo", "cogvideox-5b",
-             "cogvideox1.5-5b", "qwen-image"}
+             "cogvideox1.5-5b", "qwen-image", "flux.1-kontext-dev", "qwen-image-edit"}
     assert names == set(PUBLISHED)
     for shape in PUBLISHED.values():
         # one stream's attention + MLP weights per layer; dual-stream MMDiT blocks and adaLN add up to ~3x
@@ -78,7 +88,7 @@ def test_a_preset_is_priced_at_the_all_reduces_its_tensor_plan_makes(name):
 
 
 def test_unknown_model_lists_the_published_names():
-    with pytest.raises(UnknownModelError, match="flux.1-dev, sd3-medium"):
+    with pytest.raises(UnknownModelError, match="flux.1-dev, flux.1-kontext-dev, sd3-medium"):
         resolve_shape("no-such-model")
 
 
