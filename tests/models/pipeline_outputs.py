@@ -32,3 +32,16 @@ def pipeline_frames(model: str, spec_job, **call) -> np.ndarray:
                   num_inference_steps=spec_job.num_inference_steps,
                   generator=torch.Generator("cpu").manual_seed(spec_job.seed), output_type="np", **call)
     return output.frames[0] if spec_job.num_frames is not None else output.images[0]
+
+
+def assert_pipefusion_refuses(preset: str, image: str, tmp_path) -> None:
+    """`gen run --pipefusion 2` of an edit row of `preset` exits 2 naming the model, why (its patches would hold
+    the output's rows only, not the input's tokens) and the flags that split the joined stream."""
+    from tests.support.runs import run_cli_on_ranks, write_manifest
+
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "edit", "prompt": "a red boat", "model": preset,
+                                                             "image": image}])
+    result = run_cli_on_ranks(2, "run", manifest, "--out", str(tmp_path / "out"), "--pipefusion", "2", "-q")
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert f"model {preset}: its input image's tokens join the image stream" in result.stderr
+    assert "--ulysses/--ring" in result.stderr

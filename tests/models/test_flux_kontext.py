@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from genbatch.models.flux_kontext import input_size
-from tests.models.pipeline_outputs import genbatch_frames, pipeline_frames
+from tests.models.pipeline_outputs import assert_pipefusion_refuses, genbatch_frames, pipeline_frames
 from tests.support.runs import job
 
 PRESET = "tiny-flux-kontext"
@@ -68,11 +68,4 @@ def test_sequence_fsdp_and_tp_layouts_equal_one_process(tmp_path):
 
 
 def test_pipefusion_refuses_the_model_by_name(tmp_path):
-    from tests.support.runs import run_cli_on_ranks, write_manifest
-
-    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "edit", "prompt": "a red boat", "model": PRESET,
-                                                             "image": _image(tmp_path / "in.png", (64, 64))}])
-    result = run_cli_on_ranks(2, "run", manifest, "--out", str(tmp_path / "out"), "--pipefusion", "2", "-q")
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert f"model {PRESET}: its input image's tokens join the image stream" in result.stderr
-    assert "--ulysses/--ring" in result.stderr
+    assert_pipefusion_refuses(PRESET, _image(tmp_path / "in.png", (64, 64)), tmp_path)

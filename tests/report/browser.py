@@ -7,8 +7,8 @@
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
+
+from tests.support.apt import apt_install
 
 PACKAGES = ("chromium", "chromium-driver")
 BINARY, DRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
@@ -18,18 +18,9 @@ def ensure_browser(timeout_s: float = 900.0) -> str | None:
     """Install Debian's chromium and chromium-driver when missing. None when ready, else why not (a skip reason)."""
     if os.path.exists(BINARY) and os.path.exists(DRIVER):
         return None
-    if not shutil.which("apt-get"):
-        return "chromium and chromium-driver are missing and this machine has no apt-get to install them"
-    if os.geteuid() != 0:
-        return "chromium and chromium-driver are missing and installing them with apt-get needs root"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if result.returncode != 0:  # stale package lists: refresh once and retry
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=timeout_s)
-        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if result.returncode != 0:
-        return f"apt-get could not install {' '.join(PACKAGES)}: {result.stderr.strip()[-500:]}"
+    reason = apt_install(PACKAGES, timeout_s)
+    if reason:
+        return reason
     missing = [path for path in (BINARY, DRIVER) if not os.path.exists(path)]
     return f"installed {PACKAGES} but {missing} are still missing" if missing else None
 

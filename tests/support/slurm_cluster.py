@@ -28,6 +28,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests.support.apt import apt_install
+
 NODES = ("n1", "n2")
 PACKAGES = ("slurm-wlm", "munge")
 DAEMONS = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "srun", "scontrol")
@@ -39,16 +41,9 @@ def ensure_installed(timeout_s: float = 600.0) -> str | None:
         return None
     if os.geteuid() != 0:
         return "the local Slurm cluster needs root (to install slurm-wlm and munge and to run slurmd)"
-    if not shutil.which("apt-get"):
-        return "slurm-wlm and munge are missing and this machine has no apt-get to install them"
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", *PACKAGES]
-    result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if result.returncode != 0:  # stale package lists: refresh once and retry
-        subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=timeout_s)
-        result = subprocess.run(install, env=env, capture_output=True, text=True, timeout=timeout_s)
-    if result.returncode != 0:
-        return f"apt-get could not install {' '.join(PACKAGES)}: {result.stderr.strip()[-500:]}"
+    reason = apt_install(PACKAGES, timeout_s)
+    if reason:
+        return reason
     missing = [name for name in DAEMONS if not shutil.which(name)]
     return f"installed {PACKAGES} but {missing} are still not on PATH" if missing else None
 
