@@ -11,3 +11,9 @@ REQUEUE = 75
 command to continue. 75 is EX_TEMPFAIL from sysexits.h: a temporary failure, try again."""
 INTERRUPTED = 130
 """Stopped by SIGINT (Ctrl-C): 128 + the signal's number, as a shell reports it."""
+
+
+def for_storage_error(error) -> int:
+    """The exit status of a `genbatch.io.StorageError`: down past --storage-timeout, REQUEUE (try again later);
+    refused for good (access denied, no such bucket), USAGE."""
+    return REQUEUE if error.transient else USAGE

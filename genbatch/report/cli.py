@@ -57,7 +57,7 @@ def report_command(out: str, to: str | None, page_size: int, thumb_px: int, prev
         result = write_report(options)
     except StorageError as error:
         click.echo(f"genbatch: {error}", err=True)
-        sys.exit(exit_codes.REQUEUE if error.transient else exit_codes.USAGE)
+        sys.exit(exit_codes.for_storage_error(error))
     except (FileNotFoundError, ValueError) as error:
         click.echo(f"genbatch: {error}", err=True)
         sys.exit(exit_codes.USAGE)

@@ -174,7 +174,7 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
         if error.transient:
             click.echo("genbatch: the run stops here with its state kept (exit 75); rerun the same command once "
                        "the store answers again", err=True)
-        status = _storage_status(error)
+        status = exit_codes.for_storage_error(error)
     except Exception:  # noqa: BLE001 - a crash: its traceback and exit 1, as Python would, through exit_process
         traceback.print_exc()
         status = exit_codes.JOBS_FAILED
@@ -185,12 +185,6 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
     # The handlers stay until the process exits: a late SIGTERM (torchrun tearing down the other workers, a
     # requeue) must not turn this status into a death by signal; nor may torch's worker threads on the way out.
     exit_process(status)
-
-
-def _storage_status(error) -> int:
-    """The exit status of a StorageError: down past --storage-timeout, 75 (try again later); refused for good
-    (access denied, no such bucket), 2."""
-    return exit_codes.REQUEUE if error.transient else exit_codes.USAGE
 
 
 def _args_without_nproc(argv: list[str]) -> list[str]:
@@ -232,7 +226,7 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
             counts = run_status(out, manifest=manifest, storage_options=options, storage_timeout=storage_timeout)
         except StorageError as error:  # down past the bound: 75, try again later; refused for good: 2
             click.echo(f"genbatch: {error}", err=True)
-            sys.exit(_storage_status(error))
+            sys.exit(exit_codes.for_storage_error(error))
         except (FileNotFoundError, ValueError) as error:
             click.echo(f"genbatch: {error}", err=True)
             sys.exit(exit_codes.USAGE)

@@ -9,10 +9,8 @@ not count. The ETA is the pending jobs at that rate (None while nothing has been
 
 from __future__ import annotations
 
-from genbatch.io.throughput import WRITE_STAGE, throughput
+from genbatch.io.throughput import throughput
 from genbatch.jobs.spec import JobOverrides
-
-__all__ = ["WRITE_STAGE", "format_status", "run_status", "throughput"]
 
 
 def run_status(out: str, *, manifest: str | None = None, storage_options: dict | None = None,

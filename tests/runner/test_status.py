@@ -2,7 +2,8 @@
 
 import pyarrow as pa
 
-from genbatch.runner.status import format_status, throughput
+from genbatch.io.throughput import throughput
+from genbatch.runner.status import format_status
 
 
 def _rows(run: str, start: float, jobs: int, seconds: float) -> list[dict]:
