@@ -13,6 +13,15 @@ from genbatch.runner.timing import JobTimer
 from tests.support.runs import job_executor
 
 
+def random_image(path, size: tuple[int, int]) -> str:
+    """A PNG of random pixels, `size` (width, height), written to `path` (the same pixels for the same size)."""
+    from PIL import Image
+
+    pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(path)
+    return str(path)
+
+
 def saved_preset(name: str, directory) -> str:
     """The preset `name` written to `directory` with save_pretrained (loaded back through from_pretrained)."""
     pipe = load_pipeline(resolve_model(name), torch.device("cpu"), torch.float32)

@@ -10,22 +10,21 @@ import pytest
 from PIL import Image
 
 from genbatch.models.flux_kontext import input_size
-from tests.models.pipeline_outputs import assert_pipefusion_refuses, genbatch_frames, pipeline_frames
+from tests.models.pipeline_outputs import (
+    assert_pipefusion_refuses,
+    genbatch_frames,
+    pipeline_frames,
+    random_image,
+)
 from tests.support.runs import job
 
 PRESET = "tiny-flux-kontext"
 
 
-def _image(path, size) -> str:
-    pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(path)
-    return str(path)
-
-
 @pytest.mark.parametrize(("output", "source"), [((64, 48), (64, 48)), ((48, 64), (72, 40))],
                          ids=["same-aspect", "other-aspect"])
 def test_output_equals_the_diffusers_pipeline(tmp_path, output, source):
-    image = _image(tmp_path / "in.png", source)
+    image = random_image(tmp_path / "in.png", source)
     spec_job = job(PRESET, seed=5, num_inference_steps=2, width=output[0], height=output[1], image=image)
     ours = genbatch_frames(PRESET, spec_job, str(tmp_path / "out"))
     theirs = pipeline_frames(PRESET, spec_job, image=Image.open(image), max_area=output[0] * output[1],
@@ -48,24 +47,19 @@ def test_the_input_is_resized_to_the_preferred_resolution_nearest_its_aspect():
     assert input_size((72, 40), 16, auto_resize=False) == (64, 32)  # its own size, down to a multiple of 16
 
 
-def _layouts_on_ranks(rank, world_size, spec_job, layouts, out):
-    from tests.parallel.test_layouts import _run_job
-
-    return [_run_job(spec_job, *layout, out=f"{out}/{index}") for index, layout in enumerate(layouts)]
-
-
 def test_sequence_fsdp_and_tp_layouts_equal_one_process(tmp_path):
-    from tests.parallel.test_layouts import _check, _run_job
+    from tests.parallel.test_layouts import _all_layouts, _check, _run_job
     from tests.support.distributed import run_on_ranks
 
-    image = _image(tmp_path / "in.png", (48, 48))
+    image = random_image(tmp_path / "in.png", (48, 48))
     # 12 noise tokens and 9 of the image's: 21, uneven over 2 ranks
     spec_job = job(PRESET, width=64, height=48, num_inference_steps=3, seed=17, image=image)
     layouts = [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True), (1, 1, 1, 1, False, 2)]
-    per_rank = run_on_ranks(_layouts_on_ranks, 2, args=(spec_job, layouts, str(tmp_path / "ranks")), timeout_s=60)
+    cases = [(spec_job, *layout) for layout in layouts]
+    per_rank = run_on_ranks(_all_layouts, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=60)
     reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
-    _check([(spec_job, *layout) for layout in layouts], per_rank, reference)
+    _check(cases, per_rank, reference)
 
 
 def test_pipefusion_refuses_the_model_by_name(tmp_path):
-    assert_pipefusion_refuses(PRESET, _image(tmp_path / "in.png", (64, 64)), tmp_path)
+    assert_pipefusion_refuses(PRESET, random_image(tmp_path / "in.png", (64, 64)), tmp_path)

@@ -17,16 +17,15 @@ from PIL import Image
 
 from genbatch.models import resolve_model
 from genbatch.models.qwen_image_edit import INPUT_AREA, input_size
-from tests.models.pipeline_outputs import assert_pipefusion_refuses, genbatch_frames, pipeline_frames
+from tests.models.pipeline_outputs import (
+    assert_pipefusion_refuses,
+    genbatch_frames,
+    pipeline_frames,
+    random_image,
+)
 from tests.support.runs import job
 
 PRESET = "tiny-qwen-image-edit"
-
-
-def _image(path, size) -> str:
-    pixels = np.random.default_rng(sum(size)).integers(0, 256, (size[1], size[0], 3), dtype=np.uint8)
-    Image.fromarray(pixels).save(path)
-    return str(path)
 
 
 @pytest.fixture
@@ -42,7 +41,7 @@ def preset_area(monkeypatch):
 
 
 def _compare(tmp_path, output, source, negative, steps):
-    image = _image(tmp_path / "in.png", source)
+    image = random_image(tmp_path / "in.png", source)
     spec_job = job(PRESET, seed=5, num_inference_steps=steps, width=output[0], height=output[1], image=image,
                    negative_prompt=negative)
     ours = genbatch_frames(PRESET, spec_job, str(tmp_path / "out"))
@@ -97,36 +96,31 @@ def test_a_row_without_an_image_is_rejected_naming_the_column(tmp_path):
     assert f"{PRESET} starts from an image, and the row names none; fill `image`" in rejection.reason
 
 
-def _layouts_on_ranks(rank, world_size, spec_job, layouts, out):
-    from tests.parallel.test_layouts import _run_job
-
-    return [_run_job(spec_job, *layout, out=f"{out}/{index}") for index, layout in enumerate(layouts)]
-
-
 def test_sequence_cfg_fsdp_and_tp_layouts_equal_one_process(tmp_path):
-    from tests.parallel.test_layouts import _check, _run_job
+    from tests.parallel.test_layouts import _all_layouts, _check, _run_job
     from tests.support.distributed import run_on_ranks
 
-    image = _image(tmp_path / "in.png", (72, 40))
+    image = random_image(tmp_path / "in.png", (72, 40))
     # 12 noise tokens and 12 of the input's (96 x 32), 24 image tokens beside the text's: uneven over 2 ranks
     spec_job = job(PRESET, width=64, height=48, num_inference_steps=3, seed=17, image=image, negative_prompt="grey")
     # (dp, cfg, ring, ulysses, fsdp[, tp])
     layouts = [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 2, 1, 1, False), (1, 1, 1, 2, True),
                (1, 1, 1, 1, False, 2)]
-    per_rank = run_on_ranks(_layouts_on_ranks, 2, args=(spec_job, layouts, str(tmp_path / "ranks")), timeout_s=90)
+    cases = [(spec_job, *layout) for layout in layouts]
+    per_rank = run_on_ranks(_all_layouts, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=90)
     reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
-    _check([(spec_job, *layout) for layout in layouts], per_rank, reference)
+    _check(cases, per_rank, reference)
 
 
 def test_pipefusion_refuses_the_model_by_name(tmp_path):
-    assert_pipefusion_refuses(PRESET, _image(tmp_path / "in.png", (64, 64)), tmp_path)
+    assert_pipefusion_refuses(PRESET, random_image(tmp_path / "in.png", (64, 64)), tmp_path)
 
 
 def test_gen_run_records_the_image_and_its_sha256(tmp_path):
     from tests.support.runs import run_cli, write_manifest
 
     (tmp_path / "images").mkdir()
-    image = _image(tmp_path / "images" / "boat.png", (72, 40))
+    image = random_image(tmp_path / "images" / "boat.png", (72, 40))
     rows = [{"id": "edit", "prompt": "the boat at night", "model": PRESET, "image": "images/boat.png",
              "negative_prompt": "blurry", "num_inference_steps": 2, "width": 48, "height": 32},
             {"id": "no-image", "prompt": "the boat at night", "model": PRESET, "num_inference_steps": 2}]

@@ -5,8 +5,9 @@
 
 A pool starts its ranks once: each is forked from one fork server that imported torch, diffusers and genbatch
 for the whole session (tests/support/preload.py; a pool of 8 starts in about 3 s, not 15 s), takes the
-environment and working directory of the pool's user, joins one process group and then serves calls. A call goes by reference: the function is pickled by its
-qualified name (it must be a module-level function), its arguments and results by value. After each call
+environment and working directory of the pool's user, joins one process group and then serves calls. A call
+goes by reference: the function is pickled by its qualified name (it must be a module-level function), its
+arguments and results by value. After each call
 every rank puts itself back as it was, and says what it could not (that fails the call that left it):
 
     a barrier                 every rank has finished the call
@@ -173,8 +174,8 @@ def _serve(rank: int, world_size: int, port: int, conn, dump_path: str, environ:
 
 def _fork_server():
     """The start method of pool ranks: forked from one server that imported torch, diffusers and genbatch once
-    (tests/support/preload.py), so a pool of 8 starts in a second, not in 8 x 3.5 s of CPU. Each rank then
-    takes the environment and working directory of the pool's user, as a spawned rank would."""
+    (tests/support/preload.py), so a pool of 8 starts in about 3 s, not after 8 x 3.5 s of imports. Each rank
+    then takes the environment and working directory of the pool's user, as a spawned rank would."""
     context = mp.get_context("forkserver")
     context.set_forkserver_preload(["tests.support.preload"])
     return context
@@ -197,9 +198,8 @@ class RankPool:
         for rank in range(self.world_size):
             ours, theirs = context.Pipe()
             dump = os.path.join(self._folder.name, f"rank{rank}.stacks")
-            process = context.Process(target=_serve, args=(rank, self.world_size, port, theirs, dump, dict(os.environ), os.getcwd()),
-                                      daemon=True,
-                                      name=f"pool{self.world_size}-rank{rank}")
+            process = context.Process(target=_serve, daemon=True, name=f"pool{self.world_size}-rank{rank}",
+                                      args=(rank, self.world_size, port, theirs, dump, dict(os.environ), os.getcwd()))
             process.start()
             theirs.close()
             self._processes.append(process)
