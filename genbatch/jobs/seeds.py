@@ -5,6 +5,9 @@ and masked to 63 bits, so it is a non-negative int64 (it fits the results table'
 ``torch.Generator.manual_seed``). It depends on the id alone: the same row gets the same seed in every
 process, on every machine, in every run, whatever the row's position in the manifest or the parallel layout.
 
+A row with `num_outputs` K > 1 makes K jobs, `<id>-0` to `<id>-(K-1)`: output k runs with the row's `seed`
+plus k, or, without a seed, with the hash of its own id `<id>-k` (`output_seed`).
+
     >>> seed_from_id("cat-001")
     2771272577348618636
 """
@@ -33,3 +36,9 @@ def job_seed(seed: int | None, job_id: str) -> int:
     if not INT64_MIN <= seed <= INT64_MAX:
         raise ValueError(f"seed {seed} of job {job_id!r} does not fit in int64; use a value in [0, 2**63)")
     return seed
+
+
+def output_seed(seed: int | None, job_id: str, k: int) -> int:
+    """The seed of output `k` of a row (`job_id` being that output's own id, `<row id>-k`): the row's `seed`
+    plus k, else `seed_from_id(job_id)`."""
+    return job_seed(None if seed is None else seed + k, job_id)

@@ -60,11 +60,15 @@ class JobSpec:
     """The manifest's extra columns for this row, as Python values, carried into the results table."""
     row: int
     """0-based row index in the manifest."""
+    source_id: str | None = None
+    """The manifest row's id when the job is one of its `num_outputs` (`id` is then `<source_id>-k`); None
+    when the job is the row itself, whose id it keeps. Results rows carry it as `source_id` (the id there)."""
 
     def record(self) -> dict[str, object]:
         """A flat dict for results tables: the job's fields, then its extra columns."""
         flat: dict[str, object] = {
             "id": self.id,
+            "source_id": self.id if self.source_id is None else self.source_id,
             "row": self.row,
             "model": self.model,
             "prompt": self.prompt,

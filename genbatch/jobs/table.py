@@ -21,12 +21,14 @@ from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.jobs.seeds import job_seed
 from genbatch.jobs.spec import SETTINGS, JobSpec
 
-COLUMNS = ("id", "prompt", "negative_prompt", "model", *SETTINGS, "cache", *MEDIA_COLUMNS, "seed", "row", "lora")
-"""The resolved columns, before the extra ones. `seed` is the row's own (null: derived from `id` when the
-job is built); `num_frames` and `fps` are null for image models; `cache` is the canonical step-caching mode;
-`image` and `last_image` are absolute URLs (null: none); `lora` is the adapters' canonical text
-(`genbatch.jobs.lora.lora_text`, null: none)."""
-_STRINGS = ("id", "prompt", "negative_prompt", "model", "cache", *MEDIA_COLUMNS, "lora")
+COLUMNS = ("id", "source_id", "prompt", "negative_prompt", "model", *SETTINGS, "cache", *MEDIA_COLUMNS, "seed",
+           "row", "lora")
+"""The resolved columns, before the extra ones. `source_id` is the manifest row's id (equal to `id` but for
+the jobs of a row with `num_outputs` > 1, whose ids are `<source_id>-k`); `seed` is the job's own (the row's,
+plus k for output k; null: derived from `id` when the job is built); `num_frames` and `fps` are null for
+image models; `cache` is the canonical step-caching mode; `image` and `last_image` are absolute URLs (null:
+none); `lora` is the adapters' canonical text (`genbatch.jobs.lora.lora_text`, null: none)."""
+_STRINGS = ("id", "source_id", "prompt", "negative_prompt", "model", "cache", *MEDIA_COLUMNS, "lora")
 
 _ITER_ROWS = 4096
 """Rows turned into Python objects at a time when iterating."""
@@ -77,7 +79,7 @@ class JobTable(Sequence[JobSpec]):
             num_inference_steps=values["num_inference_steps"], guidance_scale=values["guidance_scale"],
             seed=job_seed(values["seed"], values["id"]), fps=values["fps"], cache=values["cache"],
             image=values["image"], last_image=values["last_image"], lora=from_text(values["lora"]), extra=extra,
-            row=values["row"],
+            row=values["row"], source_id=None if values["source_id"] == values["id"] else values["source_id"],
         )
 
     def __getitem__(self, index):

@@ -3,10 +3,12 @@
 The rules are `validate.RowChecker`'s. Here vectorised masks find the rows each rule may reject, and the
 rule's own message function runs on those rows only, so the jobs and the rejections (row, id, column,
 reason, in the same order) are the ones `RowChecker` gives. Valid rows never become Python objects: they
-come out as a record batch of resolved columns (`genbatch.jobs.table.COLUMNS`, then the extra columns).
+come out as a record batch of resolved columns (`genbatch.jobs.table.COLUMNS`, then the extra columns), one
+row per job (a row with `num_outputs` K, K of them: `outputs.expand`).
 Models are resolved once per distinct name, sizes once per distinct size (the `RowChecker` caches).
 
-Duplicate ids need the whole id column: `first_uses` gives the rows whose id an earlier row has, and that row.
+Duplicate ids need the whole id column: `first_uses` gives the rows whose id an earlier row has, and that row;
+so do the ids `num_outputs` derives (`genbatch.manifests.id_space`, passed in as `collisions`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ import pyarrow.compute as pc
 from genbatch.jobs.lora import lora_text
 from genbatch.jobs.media import MEDIA_COLUMNS, media_url
 from genbatch.jobs.resolve import Resolved, resolve_model_name
+from genbatch.jobs.seeds import INT64_MAX
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides
-from genbatch.manifests import validate
+from genbatch.manifests import outputs, validate
 from genbatch.manifests.validate import MAX_ID_BYTES, Rejection, RowChecker
 
 WHITESPACE = (
@@ -41,6 +44,7 @@ _GEOMETRY_ORDER = {name: 20 + index for index, name in enumerate(_GEOMETRY)}
 _CACHE_ORDER = 30
 _MEDIA_ORDER = {name: 40 + index for index, name in enumerate(MEDIA_COLUMNS)}
 _LORA_ORDER = 50
+_OUTPUTS_ORDER = {"count": 60, "length": 61, "seed": 62, "id": 63, outputs.COLUMN: 64}
 
 
 def _plain(array: pa.Array) -> pa.Array:
@@ -59,6 +63,25 @@ def _int_type(array: pa.Array | None) -> pa.DataType:
 
 def _ints(array: pa.Array, dtype: np.dtype) -> np.ndarray:
     return array.cast(pa.from_numpy_dtype(dtype)).fill_null(0).to_numpy(zero_copy_only=False)
+
+
+def id_problems(ids: pa.Array) -> dict[int, str]:
+    """Offset -> why that id cannot be used (`validate._id_problem`), for a string array of ids; the regexes
+    find the suspects, the rule's own function speaks."""
+    suspects = (
+        _flags(pc.is_null(ids))
+        | _flags(pc.match_substring_regex(ids, _BLANK))
+        | _flags(pc.match_substring_regex(ids, _UNSAFE_ID))
+        | _flags(pc.is_in(ids, value_set=pa.array([".", ".."])))
+        | _flags(pc.greater(pc.binary_length(ids), MAX_ID_BYTES))
+    )
+    offsets = np.flatnonzero(suspects)
+    found = {}
+    for offset, value in zip(offsets.tolist(), ids.take(offsets).to_pylist(), strict=True):
+        problem = validate._id_problem(value)
+        if problem:
+            found[offset] = problem
+    return found
 
 
 def first_uses(ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]:
@@ -90,7 +113,7 @@ class ColumnChecker:
 
     def __init__(
         self, *, overrides: JobOverrides, extra_columns: Sequence[str], first_use: tuple[np.ndarray, np.ndarray],
-        media_base: str | None = None,
+        media_base: str | None = None, collisions: dict[int, list[tuple[str, str]]] | None = None,
     ) -> None:
         self.overrides = overrides
         """The run-level options."""
@@ -100,11 +123,14 @@ class ColumnChecker:
         """`first_uses` of the manifest's whole id column."""
         self.media_base = media_base
         """Where a relative media path points from (`RowChecker.media_base`)."""
+        self.collisions = collisions or {}
+        """Row -> its (column, reason) job-id collisions over the whole manifest (`id_space.collisions`)."""
         self._rules = RowChecker(overrides=overrides, extra_columns=extra_columns,  # its model and size caches
                                  media_base=media_base)
 
     def check(self, first_row: int, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[Rejection]]:
-        """The batch's valid rows as resolved columns, and one `Rejection` per problem of the other rows."""
+        """The batch's valid rows' jobs as resolved columns (one per output of a row's `num_outputs`), and one
+        `Rejection` per problem of the other rows."""
         size = batch.num_rows
         raw = {name: _plain(batch.column(name)) for name in batch.schema.names}
         strings = {
@@ -112,7 +138,7 @@ class ColumnChecker:
             for name in ("id", "prompt", "negative_prompt", "model", *MEDIA_COLUMNS)
         }
         problems: list[tuple[int, int, str, str]] = []  # (offset in the batch, order in the row, column, reason)
-        self._ids(first_row, strings["id"], problems)
+        bad_ids = self._ids(first_row, strings["id"], problems)
         self._prompts(strings["prompt"], problems)
         self._seeds(raw.get("seed"), problems)
         encoded = pc.dictionary_encode(strings["model"], null_encoding="encode")
@@ -128,34 +154,28 @@ class ColumnChecker:
             self._media(group, names[code], models[code], strings, problems)
         caches = self._caches(raw.get("cache"), size, problems)
         adapters = self._adapters(raw.get("lora"), size, problems)
+        counts = self._outputs(first_row, raw.get(outputs.COLUMN), strings["id"], raw.get("seed"), bad_ids, problems)
         rejected = np.zeros(size, dtype=bool)
         rejected[[offset for offset, *_ in problems]] = True
         accepted = np.flatnonzero(~rejected)
         jobs = self._jobs(first_row, batch, strings, raw.get("seed"), codes, names, resolved, caches, accepted)
         jobs = jobs.append_column("lora", adapters.take(pa.array(accepted, pa.int64())))
-        return jobs, self._rejections(first_row, batch, strings["id"], codes, names, problems)
+        rejections = self._rejections(first_row, batch, strings["id"], codes, names, problems)
+        return outputs.expand(jobs, counts[accepted]), rejections
 
     # ---- row problems ---------------------------------------------------------------------------------
-    def _ids(self, first_row: int, ids: pa.Array, problems: list) -> None:
-        suspects = (
-            _flags(pc.is_null(ids))
-            | _flags(pc.match_substring_regex(ids, _BLANK))
-            | _flags(pc.match_substring_regex(ids, _UNSAFE_ID))
-            | _flags(pc.is_in(ids, value_set=pa.array([".", ".."])))
-            | _flags(pc.greater(pc.binary_length(ids), MAX_ID_BYTES))
-        )
+    def _ids(self, first_row: int, ids: pa.Array, problems: list) -> np.ndarray:
+        """Check the ids; the rows whose id is unusable."""
         bad = np.zeros(len(ids), dtype=bool)
-        offsets = np.flatnonzero(suspects)
-        for offset, value in zip(offsets.tolist(), ids.take(offsets).to_pylist(), strict=True):
-            problem = validate._id_problem(value)
-            if problem:
-                problems.append((offset, _ORDER["id"], "id", problem))
-                bad[offset] = True
+        for offset, problem in id_problems(ids).items():
+            problems.append((offset, _ORDER["id"], "id", problem))
+            bad[offset] = True
         rows, firsts = self.first_use
         low, high = np.searchsorted(rows, [first_row, first_row + len(ids)])
         for row, first in zip(rows[low:high].tolist(), firsts[low:high].tolist(), strict=True):
             if not bad[row - first_row]:
                 problems.append((row - first_row, _ORDER["id"], "id", validate._duplicate_problem(first)))
+        return bad
 
     @staticmethod
     def _prompts(prompts: pa.Array, problems: list) -> None:
@@ -298,6 +318,38 @@ class ColumnChecker:
                 texts[offset] = lora_text(adapters)
         return pa.array(texts, pa.string())
 
+    def _outputs(self, first_row: int, values: pa.Array | None, ids: pa.Array, seeds: pa.Array | None,
+                 bad_ids: np.ndarray, problems: list) -> np.ndarray:
+        """Check the `num_outputs` column (its values, the ids and seeds they derive, the collisions found over
+        the whole manifest); the jobs each row makes."""
+        counts, suspects = outputs.output_counts(values, len(ids))
+        order = _OUTPUTS_ORDER
+        if suspects.any():
+            offsets = np.flatnonzero(suspects)
+            for offset, value in zip(offsets.tolist(), values.take(pa.array(offsets)).to_pylist(), strict=True):
+                problems.append((offset, order["count"], outputs.COLUMN, outputs.count_problem(value)))
+        many = np.flatnonzero((counts > 1) & ~bad_ids)
+        if len(many):
+            digits = np.char.str_len(counts[many].astype(str))  # the '-k' of the last output: 1 + digits of K-1
+            lengths = pc.binary_length(ids.take(pa.array(many))).to_numpy(zero_copy_only=False)
+            for offset in many[lengths + 1 + digits > MAX_ID_BYTES].tolist():
+                problem = outputs.length_problem(ids[offset].as_py(), int(counts[offset]), MAX_ID_BYTES)
+                if problem:
+                    problems.append((offset, order["length"], "id", problem))
+        many = np.flatnonzero(counts > 1)
+        if len(many) and seeds is not None and seeds.type in (pa.int64(), pa.uint64()):  # narrower ones fit
+            mine = seeds.take(pa.array(many))
+            near = _flags(pc.greater(mine, pa.scalar(INT64_MAX - outputs.MAX_OUTPUTS, mine.type)))
+            for index in np.flatnonzero(near).tolist():
+                seed, offset = mine[index].as_py(), int(many[index])
+                problem = None if validate._seed_problem(seed) else outputs.seed_problem(seed, int(counts[offset]))
+                if problem:
+                    problems.append((offset, order["seed"], "seed", problem))
+        for row in range(first_row, first_row + len(ids)) if self.collisions else ():
+            for column, reason in self.collisions.get(row, ()):
+                problems.append((row - first_row, order[column], column, reason))
+        return counts
+
     @staticmethod
     def _nulls(values: pa.Array | None, group: np.ndarray) -> np.ndarray:
         if values is None:
@@ -331,6 +383,7 @@ class ColumnChecker:
         take = pa.array(accepted, pa.int64())
         models = pa.DictionaryArray.from_arrays(pa.array(codes[accepted], pa.int32()), pa.array(names, pa.string()))
         columns = {name: strings[name].take(take) for name in ("id", "prompt", "negative_prompt")}
+        columns = {"id": columns["id"], "source_id": columns["id"], **columns}  # the row's id: `outputs.expand`
         columns["model"] = models.dictionary_decode()
         for name in SETTINGS:
             numbers, nulls, kind = resolved[name]

@@ -1,12 +1,15 @@
 """A manifest's rows as jobs: read through fsspec batch by batch, each batch checked column-wise.
 
 The valid rows become one table of resolved columns (`genbatch.jobs.table.JobTable`: a `JobSpec` is built
-only for a job that is looked at), the others `Rejection`s. Duplicate ids are found from the id column,
-read first on its own; everything else is checked one record batch at a time (`columns.ColumnChecker`).
+only for a job that is looked at), one row per job (a row's `num_outputs` makes several, `outputs`), the
+others `Rejection`s. Duplicate ids, and ids `num_outputs` derives that another row has, are found from the id
+and `num_outputs` columns, read first on their own (`id_space`); everything else is checked one record batch
+at a time (`columns.ColumnChecker`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -15,6 +18,7 @@ import pyarrow as pa
 from genbatch.jobs.media import manifest_base
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.jobs.table import JobTable
+from genbatch.manifests import id_space, outputs
 from genbatch.manifests.columns import ColumnChecker, first_uses
 from genbatch.manifests.reader import DEFAULT_BATCH_ROWS, ManifestReader
 from genbatch.manifests.validate import Rejection
@@ -25,7 +29,8 @@ class ManifestJobs:
     """Every row of a manifest, resolved: the jobs to run and the problems of the rows that will not run."""
 
     jobs: JobTable
-    """The valid rows' jobs, in manifest order (a sequence of `JobSpec`, built on access)."""
+    """The valid rows' jobs, in manifest order (a sequence of `JobSpec`, built on access): one per row, or
+    one per output of a row's `num_outputs`."""
     rejected: list[Rejection]
     """One entry per problem of each rejected row, in manifest order."""
     extra_columns: list[str]
@@ -43,9 +48,14 @@ class ManifestJobs:
 
 def checked_batches(reader: ManifestReader, overrides: JobOverrides) -> Iterator[tuple[pa.RecordBatch, list[Rejection]]]:
     """Each record batch of an open manifest, checked: (its valid rows' resolved columns, its rejections)."""
+    ids = reader.column("id")
+    collisions = {}
+    if outputs.COLUMN in reader.schema.columns:
+        counts, _ = outputs.output_counts(reader.column(outputs.COLUMN), reader.rows)
+        collisions = id_space.collisions(ids, counts)
     checker = ColumnChecker(
-        overrides=overrides, extra_columns=reader.schema.extra_columns, first_use=first_uses(reader.column("id")),
-        media_base=manifest_base(reader.url),
+        overrides=overrides, extra_columns=reader.schema.extra_columns, first_use=first_uses(ids),
+        media_base=manifest_base(reader.url), collisions=collisions,
     )
     first = 0
     for batch in reader.record_batches():
@@ -53,16 +63,18 @@ def checked_batches(reader: ManifestReader, overrides: JobOverrides) -> Iterator
         first += batch.num_rows
 
 
-def iter_checked(reader: ManifestReader, overrides: JobOverrides) -> Iterator[JobSpec | list[Rejection]]:
-    """Each row of an open manifest, in order: its `JobSpec`, or its list of `Rejection`s."""
+def iter_checked(reader: ManifestReader,
+                 overrides: JobOverrides) -> Iterator[tuple[JobSpec, ...] | list[Rejection]]:
+    """Each row of an open manifest, in order: its jobs (a tuple of `JobSpec`: one, or one per output of its
+    `num_outputs`), or its list of `Rejection`s."""
     for accepted, rejected in checked_batches(reader, overrides):
         jobs = iter(JobTable(pa.Table.from_batches([accepted])))
-        rows = accepted.column("row").to_pylist()
+        rows = Counter(accepted.column("row").to_pylist())  # a row's jobs are consecutive
         by_row: dict[int, list[Rejection]] = {}
         for rejection in rejected:
             by_row.setdefault(rejection.row, []).append(rejection)
         for row in sorted([*rows, *by_row]):
-            yield by_row[row] if row in by_row else next(jobs)
+            yield by_row[row] if row in by_row else tuple(next(jobs) for _ in range(rows[row]))
 
 
 def read_jobs(

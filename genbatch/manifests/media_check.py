@@ -80,6 +80,11 @@ def missing_media(urls: Iterable[str], storage_options: dict | None = None,
     return missing
 
 
+def row_id(job: JobSpec) -> str:
+    """The id of the manifest row a job comes from (a rejection names the row, not one of its outputs)."""
+    return job.id if job.source_id is None else job.source_id
+
+
 def media_rejections(jobs: Iterable[JobSpec], storage_options: dict | None = None,
                      policy: MediaPolicy | None = None) -> dict[int, list[Rejection]]:
     """Manifest row -> its rejections (column, URL), for each of `jobs` that names an image or an adapter the
@@ -92,10 +97,10 @@ def media_rejections(jobs: Iterable[JobSpec], storage_options: dict | None = Non
     missing.update(missing_media(adapters - set(missing), storage_options))
     found = {}
     for job in jobs:
-        faults = [Rejection(row=job.row, job_id=job.id, column=column, reason=missing[getattr(job, column)],
+        faults = [Rejection(row=job.row, job_id=row_id(job), column=column, reason=missing[getattr(job, column)],
                             subject=getattr(job, column), model=job.model, extra=job.extra)
                   for column in MEDIA_COLUMNS if getattr(job, column) in missing]
-        faults += [Rejection(row=job.row, job_id=job.id, column="lora", reason=missing[ref.uri], subject=ref.uri,
+        faults += [Rejection(row=job.row, job_id=row_id(job), column="lora", reason=missing[ref.uri], subject=ref.uri,
                              model=job.model, extra=job.extra) for ref in job.lora if ref.uri in missing]
         if faults:
             found[job.row] = faults
@@ -113,7 +118,9 @@ def reject_missing(jobs: JobTable, storage_options: dict | None = None,
             names |= pc.is_valid(table.column(column)).to_numpy(zero_copy_only=False)
     if not names.any():
         return jobs, []
-    found = media_rejections(JobTable(table.take(pa.array(np.flatnonzero(names)))), storage_options, policy)
+    named = np.flatnonzero(names)  # one job per row is enough: a row's outputs name the same media
+    _, firsts = np.unique(table.column("row").take(pa.array(named)).to_numpy(), return_index=True)
+    found = media_rejections(JobTable(table.take(pa.array(named[firsts]))), storage_options, policy)
     if not found:
         return jobs, []
     kept = table.filter(pc.invert(pc.is_in(table.column("row"), value_set=pa.array(list(found), pa.int64()))))

@@ -34,7 +34,9 @@ class ValidationReport:
     rows: int = 0
     """Rows in the manifest (0 when it could not be read)."""
     valid: int = 0
-    """Rows that resolve to a job."""
+    """Rows that resolve to jobs."""
+    jobs: int = 0
+    """The jobs the valid rows make: one per row, or one per output of a row's `num_outputs`."""
     rejected: int = 0
     """Rows rejected (each with one or more problems)."""
     problems: list[Rejection] = field(default_factory=list)
@@ -65,6 +67,7 @@ class ValidationReport:
         lines.append(
             f"{self.url}: {self.rows} rows, {self.valid} valid, {self.rejected} rejected"
             + (f" ({len(self.problems)} problems)" if self.problems else "")
+            + (f"; num_outputs: {self.valid} valid rows -> {self.jobs} jobs" if self.jobs != self.valid else "")
         )
         for model, counts in self.by_model.items():
             lines.append(f"  {model}: {counts.valid} valid, {counts.rejected} rejected")
@@ -78,6 +81,7 @@ class ValidationReport:
             "url": self.url,
             "rows": self.rows,
             "valid": self.valid,
+            "jobs": self.jobs,
             "rejected": self.rejected,
             "problems": [
                 {"row": p.row, "id": p.job_id, "column": p.column, "reason": p.full_reason, "model": p.model}
@@ -115,12 +119,14 @@ def validate_manifest(
             check_rows_have_model(reader, overrides)
             report.rows = reader.rows
             report.extra_columns = list(reader.schema.extra_columns)
-            with_media = []  # the valid rows that name images: checked together at the end
+            with_media = []  # the valid rows that name images (their jobs): checked together at the end
             for outcome in iter_checked(reader, overrides):
-                if isinstance(outcome, JobSpec):
+                if isinstance(outcome, tuple):
+                    job = outcome[0]
                     report.valid += 1
-                    report.by_model.setdefault(outcome.model, ModelCounts()).valid += 1
-                    named = outcome.lora or any(getattr(outcome, column) is not None for column in MEDIA_COLUMNS)
+                    report.jobs += len(outcome)
+                    report.by_model.setdefault(job.model, ModelCounts()).valid += 1
+                    named = job.lora or any(getattr(job, column) is not None for column in MEDIA_COLUMNS)
                     if check_media and named:
                         with_media.append(outcome)
                 else:
@@ -139,18 +145,20 @@ def validate_manifest(
     return report
 
 
-def _reject_missing_media(report: ValidationReport, jobs: list[JobSpec], storage_options: dict | None,
+def _reject_missing_media(report: ValidationReport, rows: list[tuple[JobSpec, ...]], storage_options: dict | None,
                           policy) -> None:
-    """Move the rows among `jobs` whose image is refused by `policy` or does not exist from valid to rejected,
-    one problem per column."""
+    """Move the rows among `rows` (each its jobs) whose image is refused by `policy` or does not exist from
+    valid to rejected, one problem per column."""
     from genbatch.manifests.media_check import media_rejections
 
-    found = media_rejections(jobs, storage_options, policy)
-    for job in jobs:
+    found = media_rejections([jobs[0] for jobs in rows], storage_options, policy)
+    for jobs in rows:
+        job = jobs[0]
         faults = found.get(job.row)
         if not faults:
             continue
         report.valid -= 1
+        report.jobs -= len(jobs)
         report.rejected += 1
         counts = report.by_model[job.model]
         counts.valid -= 1

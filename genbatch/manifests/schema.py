@@ -24,7 +24,8 @@ class Column:
     name: str
     """The column name."""
     kind: str
-    """`string`, `int` or `float` (which Arrow types are accepted, see `accepts`)."""
+    """`string`, `int`, `float`, `count` (an integer; whole floats too, each row's value checked) or `lora`
+    (which Arrow types are accepted, see `accepts`)."""
     required: bool
     """True when a manifest without this column cannot be read at all."""
     doc: str
@@ -49,16 +50,19 @@ COLUMNS: dict[str, Column] = {
         Column("image", "string", False, "the conditioning image: a path (relative to the manifest) or any fsspec URL"),
         Column("last_image", "string", False, "first-and-last-frame video: the last frame, as `image`"),
         Column("lora", "lora", False, "LoRA adapters: a list of {uri, scale, weight_name, expert}; null takes --lora"),
+        Column("num_outputs", "count", False, "jobs the row makes (ids <id>-0 to <id>-(K-1)); null or 1: one, its id"),
     )
 }
 
-RESERVED_EXTRA = {"row": "the results table's 0-based manifest row index"}
+RESERVED_EXTRA = {"row": "the results table's 0-based manifest row index",
+                  "source_id": "the results table's manifest row id (the row a num_outputs job comes from)"}
 """Names an extra column may not take, because the results table already uses them."""
 
-_EXAMPLES = {"string": "pa.string()", "int": "pa.int64()", "float": "pa.float64()",
+_EXAMPLES = {"string": "pa.string()", "int": "pa.int64()", "float": "pa.float64()", "count": "pa.int64()",
              "lora": "pa.list_(pa.struct([('uri', pa.string()), ('scale', pa.float64()), "
                      "('weight_name', pa.string())]))"}
 _PANDAS_FIX = {"string": ".astype('string')", "int": ".astype('Int64')", "float": ".astype('float64')",
+               "count": ".astype('Int64')",
                "lora": " as a list of dicts per row"}
 
 
@@ -92,6 +96,7 @@ def accepts(kind: str, arrow_type: pa.DataType) -> bool:
         )
     if kind == "int":
         return pa.types.is_integer(arrow_type)
+    # "count" (num_outputs) as "float": a float column (pandas' integers with nulls) is judged row by row
     return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
 
 
@@ -126,7 +131,7 @@ class ManifestSchema:
 
 def _type_error(url: str, name: str, arrow_type: pa.DataType) -> ManifestFileError:
     kind = COLUMNS[name].kind
-    wanted = {"string": "a string", "int": "an integer", "float": "a float or integer",
+    wanted = {"string": "a string", "int": "an integer", "float": "a float or integer", "count": "an integer",
               "lora": f"the adapter list {LORA_TYPE}"}[kind]
     hint = ""
     if kind == "int" and pa.types.is_floating(arrow_type):

@@ -1,4 +1,5 @@
-"""Row rules: a manifest row becomes a `JobSpec`, or is rejected with every one of its problems.
+"""Row rules: a manifest row becomes its `JobSpec`s (one, or one per output: `outputs`), or is rejected with
+every one of its problems.
 
 A rejected row costs only itself: the run goes on with the others. Each problem is one `Rejection`
 naming the row, its id, the column and the reason (with the fix).
@@ -18,6 +19,7 @@ from genbatch.jobs.media import MEDIA_COLUMNS, media_url
 from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver, build_job, resolve_model_name
 from genbatch.jobs.seeds import INT64_MAX, INT64_MIN
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
+from genbatch.manifests import outputs
 from genbatch.models import resolve_model
 
 MAX_ID_BYTES = 200
@@ -166,6 +168,7 @@ class RowChecker:
         self.media_base = media_base
         """Where a relative media path points from: the manifest's directory (`jobs.media.manifest_base`)."""
         self._first_row: dict[str, int] = {}
+        self._job_ids = outputs.JobIds()
         self._models: dict[str, _Model | str] = {}
         self._geometry: dict[tuple, list[tuple[str, str]]] = {}
 
@@ -201,8 +204,9 @@ class RowChecker:
             ]
         return self._geometry[key]
 
-    def check(self, row: int, values: Mapping[str, object]) -> JobSpec | list[Rejection]:
-        """The row's job, or one `Rejection` per problem of the row."""
+    def check(self, row: int, values: Mapping[str, object]) -> tuple[JobSpec, ...] | list[Rejection]:
+        """The row's jobs (a tuple: one, or one per output of its `num_outputs`), or one `Rejection` per
+        problem of the row (a list)."""
         get = values.get
         job_id, prompt, seed = get("id"), get("prompt"), get("seed")
         problems: list[tuple[str, str]] = []
@@ -246,13 +250,26 @@ class RowChecker:
         adapters = job_adapters(get("lora"), self.overrides, self.media_base)
         if isinstance(adapters, str):
             problems.append(("lora", adapters))
+        count_value = get(outputs.COLUMN)
+        count_problem = outputs.count_problem(count_value)
+        if count_problem:
+            problems.append((outputs.COLUMN, count_problem))
+        count = outputs.output_count(count_value)
+        length = None if id_problem else outputs.length_problem(job_id, count, MAX_ID_BYTES)
+        if length:
+            problems.append(("id", length))
+        last_seed = None if seed_problem else outputs.seed_problem(seed, count)
+        if last_seed:
+            problems.append(("seed", last_seed))
+        if not id_problem:
+            problems.extend(self._job_ids.add(row, job_id, count))
         extra = {name: get(name) for name in self.extra_columns}
         if problems:
             ident = job_id if job_id else None
             return [
                 Rejection(row=row, job_id=ident, column=c, reason=r, model=model_name, extra=extra) for c, r in problems
             ]
-        return build_job(
+        job = build_job(
             row=row,
             job_id=job_id,
             prompt=prompt,
@@ -265,8 +282,10 @@ class RowChecker:
             lora=adapters,
             **{column: media_url(get(column), self.media_base) for column in MEDIA_COLUMNS if get(column) is not None},
         )
+        return outputs.row_jobs(job, count, seed)
 
-    def check_batch(self, first_row: int, columns: Mapping[str, list]) -> Iterator[JobSpec | list[Rejection]]:
+    def check_batch(self, first_row: int,
+                    columns: Mapping[str, list]) -> Iterator[tuple[JobSpec, ...] | list[Rejection]]:
         """`check` over a batch given as {column: values} whose first row has index `first_row`."""
         names = list(columns)
         for offset, row_values in enumerate(zip(*columns.values(), strict=True)):

@@ -96,7 +96,7 @@ def _reference(url, overrides, batch_rows):
                              media_base=manifest_base(url))
         for first, columns in reader.batches():
             for outcome in checker.check_batch(first, columns):
-                (jobs.append if isinstance(outcome, JobSpec) else rejected.extend)(outcome)
+                (jobs.extend if isinstance(outcome, tuple) else rejected.extend)(outcome)
     return jobs, rejected
 
 

@@ -1,0 +1,176 @@
+"""Several outputs per row: a row's `num_outputs` K makes K jobs, `<id>-0` to `<id>-(K-1)`.
+
+Output k runs with the row's `seed` plus k, or without a seed with the hash of its own id
+(`genbatch.jobs.seeds.output_seed`); everything else is the row's. K = 1 (null, or no column) keeps the row's
+own id and seed: such a manifest runs exactly as before. Every job keeps its row's index (`row`) and id
+(`source_id`).
+
+The ids K derives share one namespace with the rows' own ids: a row one of whose job ids an earlier row
+already has (as its id, or among the ids its `num_outputs` derives) is rejected, as a duplicate id is, naming
+the id and the earlier row. This module holds the rules (the messages), the row-by-row namespace
+(`JobIds`, for `validate.RowChecker`) and the expansion of a checked row or record batch into its jobs; the
+whole manifest's namespace, column-wise, is `genbatch.manifests.id_space`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from genbatch.jobs.seeds import INT64_MAX, output_seed
+from genbatch.jobs.spec import JobSpec
+
+COLUMN = "num_outputs"
+MAX_OUTPUTS = 1000
+"""The most jobs one row may make: a larger count is far more likely a typo than a wish."""
+_RANGE = f"use an integer from 1 to {MAX_OUTPUTS}, or leave it null for one output"
+
+
+def count_problem(value: object) -> str | None:
+    """Why a row's `num_outputs` cannot be used (None: null, or a count from 1 to `MAX_OUTPUTS`)."""
+    if value is None:
+        return None
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            return f"{value} is not a whole number; {_RANGE}"
+        value = int(value)
+    if value < 1:
+        return f"{value} outputs: a row makes at least one; {_RANGE}"
+    if value > MAX_OUTPUTS:
+        return (f"{value} outputs is more than the {MAX_OUTPUTS} one row may make; split the row into several "
+                f"(other ids, other seeds) or {_RANGE}")
+    return None
+
+
+def output_count(value: object) -> int:
+    """The jobs a row makes: its `num_outputs`, 1 when null or unusable (a bad count rejects the row)."""
+    return 1 if value is None or count_problem(value) is not None else int(value)
+
+
+def derived_id(job_id: str, k: int) -> str:
+    """The id of output `k` of the row `job_id`."""
+    return f"{job_id}-{k}"
+
+
+def job_ids(job_id: str, count: int) -> list[str]:
+    """The ids of a row's jobs: its own id alone when it makes one."""
+    return [job_id] if count == 1 else [derived_id(job_id, k) for k in range(count)]
+
+
+def length_problem(job_id: str, count: int, max_bytes: int) -> str | None:
+    """Why the longest id a row derives cannot name a file (None: it can, or the row makes one job)."""
+    if count == 1:
+        return None
+    size = len(derived_id(job_id, count - 1).encode("utf-8"))
+    if size <= max_bytes:
+        return None
+    suffix = size - len(job_id.encode("utf-8"))
+    return (f"num_outputs {count} makes ids of up to {size} bytes (this id and '-{count - 1}'); ids name files, "
+            f"keep this one to {max_bytes - suffix} bytes or lower num_outputs")
+
+
+def seed_problem(seed: int | None, count: int) -> str | None:
+    """Why the last output's seed (`seed` + count - 1) does not fit in int64 (None: it does, or no seed)."""
+    if seed is None or count == 1 or seed + count - 1 <= INT64_MAX:
+        return None
+    return (f"{seed} plus {count - 1} (one seed per output, num_outputs {count}) does not fit in int64; use a "
+            f"seed up to {INT64_MAX - count + 1}, or leave it null")
+
+
+def _earlier(row: int, derived: bool) -> str:
+    return f"a job id of row {row} (from its num_outputs)" if derived else f"the id of row {row}"
+
+
+def id_collision(job_id: str, row: int) -> str:
+    """The `id` problem of a row whose own id an earlier row's `num_outputs` derives."""
+    return f"{job_id!r} is already {_earlier(row, True)}; job ids must be unique, rename this row or that one"
+
+
+def outputs_collision(count: int, job_id: str, row: int, derived: bool, more: int) -> str:
+    """The `num_outputs` problem of a row one of whose derived ids (`job_id`, the first; `more` others) an
+    earlier row already has (`derived`: among its own derived ids)."""
+    others = f" (and {more} more of this row's ids)" if more else ""
+    return (f"num_outputs {count} derives {job_id!r}, already {_earlier(row, derived)}{others}; job ids must be "
+            "unique, rename one of the rows or lower num_outputs")
+
+
+class JobIds:
+    """The job ids of the rows seen so far, in manifest order, first use kept: row by row, what
+    `id_space.collisions` finds over a whole manifest."""
+
+    def __init__(self) -> None:
+        self._first: dict[str, tuple[int, bool]] = {}  # job id -> (the first row with it, derived by num_outputs)
+
+    def add(self, row: int, job_id: str, count: int) -> list[tuple[str, str]]:
+        """Record a row whose own id is usable; the (column, reason) problems of its ids an earlier row has.
+        Its own id against an earlier row's own id is the duplicate rule's, not this one's."""
+        problems = []
+        held = self._first.get(job_id)
+        if held is not None and held[1]:
+            problems.append(("id", id_collision(job_id, held[0])))
+        derived = [] if count == 1 else job_ids(job_id, count)
+        taken = [(name, self._first[name]) for name in derived if name in self._first]
+        if taken:
+            name, (first_row, first_derived) = taken[0]
+            problems.append((COLUMN, outputs_collision(count, name, first_row, first_derived, len(taken) - 1)))
+        self._first.setdefault(job_id, (row, False))
+        for name in derived:
+            self._first.setdefault(name, (row, True))
+        return problems
+
+
+def row_jobs(job: JobSpec, count: int, seed: int | None) -> tuple[JobSpec, ...]:
+    """The jobs of a checked row (`job`: the row as one job; `seed`: the row's own, None when null)."""
+    if count == 1:
+        return (job,)
+    return tuple(dataclasses.replace(job, id=name, source_id=job.id, seed=output_seed(seed, name, k))
+                 for k, name in enumerate(job_ids(job.id, count)))
+
+
+def expand(batch: pa.RecordBatch, counts: np.ndarray) -> pa.RecordBatch:
+    """A record batch of checked rows' resolved columns (`genbatch.jobs.table.COLUMNS`) as their jobs: each
+    row `counts[i]` times, the copies' ids `<id>-k` and seeds the row's plus k (null stays null: the job's
+    seed is then its own id's hash). Rows of count 1 stay as they are."""
+    counts = np.asarray(counts, np.int64)
+    if not len(counts) or (counts == 1).all():
+        return batch
+    take = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    k = np.arange(len(take), dtype=np.int64) - np.repeat(starts, counts)
+    copies = batch.take(pa.array(take))
+    many = pa.array(np.repeat(counts > 1, counts))
+    ids = copies.column("id")
+    names = pc.binary_join_element_wise(ids, pa.array(k).cast(pa.string()), "-")
+    columns: Mapping[str, pa.Array] = {
+        "id": pc.if_else(many, names, ids),
+        "seed": pc.add_checked(copies.column("seed"), pa.array(k)),  # int64: validation kept the sums inside
+    }
+    return pa.record_batch([columns.get(name, copies.column(name)) for name in copies.schema.names],
+                           schema=copies.schema)
+
+
+def output_counts(values: pa.Array | pa.ChunkedArray | None, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the jobs each row makes, the rows whose value `count_problem` may reject) for a `num_outputs` column
+    (None: no column), column-wise: nulls and unusable values count 1."""
+    if values is None or pa.types.is_null(values.type):
+        return np.ones(size, np.int64), np.zeros(size, bool)
+    if isinstance(values, pa.ChunkedArray):
+        values = values.combine_chunks()
+    if pa.types.is_dictionary(values.type):
+        values = values.dictionary_decode()
+    if pa.types.is_floating(values.type):
+        numbers = values.cast(pa.float64())
+        odd = pc.or_(pc.invert(pc.is_finite(numbers)), pc.not_equal(pc.floor(numbers), numbers))
+    else:
+        numbers, odd = values, pa.nulls(len(values), pa.bool_())
+    outside = pc.or_(pc.less(numbers, 1), pc.greater(numbers, MAX_OUTPUTS))
+    suspects = pc.fill_null(pc.or_(pc.fill_null(odd, False), outside), False)
+    unusable = pc.or_(suspects, pc.is_null(values))
+    counts = pc.if_else(unusable, pa.scalar(1, pa.int64()), numbers.cast(pa.int64(), safe=False))
+    return (counts.to_numpy(zero_copy_only=False).astype(np.int64),
+            suspects.to_numpy(zero_copy_only=False).astype(bool))
