@@ -59,6 +59,8 @@ class FluxHooks(Family):
     """FLUX.1 [dev]/[schnell]: one branch per step; the guidance scale is an input of the transformer."""
 
     name = "flux"
+    per_row_shared = ("guidance",)
+    shared_branch_keys = ("txt_ids",)
 
     def encode(self, pipe, job: JobSpec, device) -> Conditioning:
         prompt_embeds, pooled, text_ids = pipe.encode_prompt(

@@ -47,10 +47,28 @@ class Trajectory:
     """Transformer keyword arguments common to every branch and step (e.g. image position ids)."""
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TokenGrid:
+    """One grid of tokens in the transformer's image stream, which holds its grids one after the other: the
+    output's noise, then any conditioning image's latent tokens (FLUX.1 Kontext's, Qwen-Image-Edit's input)."""
+
+    tokens: int
+    """Its tokens (frames x rows x row tokens)."""
+    row_tokens: int
+    """Tokens in one of its rows (a patch of PipeFusion holds whole rows of each grid)."""
+
+
 class Family(Protocol):
     """A family's denoise hooks; each family's hooks class derives from it (and so inherits its defaults)."""
 
     name: str
+    per_row_shared: tuple[str, ...] = ()
+    """The `Trajectory.shared` keys that hold one entry per row (a tensor with the batch in dim 0, or a list with
+    one item per row: FLUX's `guidance`, Kontext's `image_latents`, Qwen-Image's `img_shapes`); a batch joins
+    its rows' entries. Every other shared value is the same for every row of a batch and is taken from the first."""
+    shared_branch_keys: tuple[str, ...] = ()
+    """The keyword arguments of a `Conditioning` branch that are the same for every row (FLUX's `txt_ids`, the
+    text's positions, without a batch dim); a batch joins every other one along the batch."""
 
     def encode(self, pipe, job: JobSpec, device: torch.device) -> Conditioning:
         """Encode the prompt (and the negative prompt when CFG is on)."""
@@ -66,10 +84,27 @@ class Family(Protocol):
         experts): stale-K/V methods re-warm where it changes. None (the default): one denoiser throughout."""
         return None
 
+    def conditioning_grids(self, pipe, trajectory: Trajectory) -> tuple[TokenGrid, ...]:
+        """The grids that follow the noise's in the image stream (a conditioning image's tokens), in stream order;
+        the prediction keeps the noise's tokens only. The default: none, the stream is the noise's alone."""
+        return ()
+
     def finish(self, pipe, trajectory: Trajectory, latents: torch.Tensor) -> torch.Tensor:
         """The latents after the last step -> the ones the pipeline decodes (Wan 2.2 TI2V puts the image's
         first frame back); the default keeps them."""
         return latents
+
+    def batch_conditioning(self, rows: list[Conditioning]) -> Conditioning:
+        """The conditioning of a batch from its rows' (each encoded alone, batch 1): every tensor joined along
+        dim 0, as the pipeline called with a list of prompts batches them. The default suits encoders whose
+        outputs have one length (padded to the maximum: T5, CLIP, UMT5, Llama); one row's comes back as a copy
+        of its dicts, so a cached encode is never changed."""
+        return batch_conditioning(rows, self.shared_branch_keys)
+
+    def batch_trajectory(self, rows: list[Trajectory]) -> Trajectory:
+        """The trajectory of a batch from its rows' (each drawn alone from its own generator, as the pipeline
+        draws a list of generators' noise): latents and `per_row_shared` joined along the batch."""
+        return batch_trajectory(rows, self.per_row_shared)
 
     def combine(self, predictions: dict[str, torch.Tensor], guidance_scale: float, t) -> torch.Tensor:
         """The guided noise prediction from the branch predictions."""
@@ -79,6 +114,49 @@ class Family(Protocol):
 
     def postprocess(self, pipe, decoded: torch.Tensor) -> np.ndarray:
         """VAE output -> float frames in [0, 1]: (frames, h, w, 3) for video, (h, w, 3) for images."""
+
+
+def join_rows(values: list[Any]) -> Any:
+    """One batch's value from its rows': tensors joined along dim 0, lists joined, None stays None, anything
+    else (the same for every row) the first row's."""
+    first = values[0]
+    if len(values) == 1:
+        return list(first) if isinstance(first, list) else first
+    if hasattr(first, "shape"):
+        import torch
+
+        return torch.cat(values, dim=0)
+    if isinstance(first, list):
+        return [item for value in values for item in value]
+    return first
+
+
+def batch_conditioning(rows: list[Conditioning], shared: tuple[str, ...] = ()) -> Conditioning:
+    """`Family.batch_conditioning`'s default: each branch's keyword arguments joined row by row (`join_rows`),
+    the `shared` ones taken from the first row."""
+    first = rows[0]
+    missing = [name for row in rows for name in first.branches if name not in row.branches]
+    if missing or any(len(row.branches) != len(first.branches) for row in rows):
+        raise ValueError("the rows of one batch must run the same guidance branches; batch only rows that agree "
+                         "on guidance and on having a negative prompt")
+    branches = {name: {key: value if key in shared else join_rows([row.branches[name][key] for row in rows])
+                       for key, value in kwargs.items()}
+                for name, kwargs in first.branches.items()}
+    return Conditioning(branches=branches, guidance_scale=first.guidance_scale)
+
+
+def batch_trajectory(rows: list[Trajectory], per_row: tuple[str, ...]) -> Trajectory:
+    """`Family.batch_trajectory`'s default: the latents and the `per_row` shared values joined, the timesteps
+    (and every other shared value) the first row's."""
+    first = rows[0]
+    if len(rows) == 1:
+        return first
+    import torch
+
+    shared = {key: join_rows([row.shared[key] for row in rows]) if key in per_row else value
+              for key, value in first.shared.items()}
+    return Trajectory(latents=torch.cat([row.latents for row in rows], dim=0), timesteps=first.timesteps,
+                      shared=shared)
 
 
 def classifier_free_guidance(predictions: dict[str, torch.Tensor], guidance_scale: float) -> torch.Tensor:

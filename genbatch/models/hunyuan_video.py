@@ -94,6 +94,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
 
 class HunyuanVideoHooks(Family):
     name = "hunyuan-video"
+    per_row_shared = ("guidance",)
 
     def encode(self, pipe, job: JobSpec, device) -> Conditioning:
         from diffusers.pipelines.hunyuan_video.pipeline_hunyuan_video import DEFAULT_PROMPT_TEMPLATE

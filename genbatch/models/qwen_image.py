@@ -41,7 +41,7 @@ from genbatch.models.base import (
     decoder_tensor_plan,
     mlp_and_out_channels,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory
+from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, TokenGrid, Trajectory
 from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
 from genbatch.models import vae_rules
 from genbatch.models.wan import WanHooks
@@ -113,6 +113,7 @@ def true_cfg(predictions, guidance_scale: float):
 
 class QwenImageHooks(Family):
     name = "qwen-image"
+    per_row_shared = ("img_shapes",)
 
     def encode(self, pipe, job: JobSpec, device) -> Conditioning:
         use_cfg = job.guidance_scale > 1.0 and job.negative_prompt is not None
@@ -161,6 +162,12 @@ class QwenImageHooks(Family):
         return pipe.transformer(hidden_states=latents, timestep=timestep / 1000, guidance=None,
                                 img_shapes=trajectory.shared["img_shapes"], attention_kwargs={}, return_dict=False,
                                 **branch)[0]
+
+    def conditioning_grids(self, pipe, trajectory: Trajectory) -> tuple[TokenGrid, ...]:
+        """The grids after the noise's in `img_shapes` (Qwen-Image-Edit's input image; none for text-to-image):
+        (frames, rows, row tokens) each, the same for every row of a batch."""
+        return tuple(TokenGrid(tokens=frames * rows * columns, row_tokens=columns)
+                     for frames, rows, columns in trajectory.shared["img_shapes"][0][1:])
 
     def combine(self, predictions, guidance_scale: float, t):
         return true_cfg(predictions, guidance_scale)
@@ -234,8 +241,10 @@ FAMILY = ModelFamily(
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT,
                                      streams=("encoder_hidden_states", "hidden_states"), masked=True),),
             # diffusers' own _cp_plan: both streams, the text mask and the rotary tables split at the first
-            # block; the processor builds the key-padding mask from the split text mask
-            sequence=SequenceSplits(),
+            # block; the processor builds the key-padding mask from the split text mask. A PipeFusion patch keeps
+            # the text, its mask and its rotary table (`pos_embed`'s second output) whole
+            sequence=SequenceSplits(text_streams=("encoder_hidden_states", "encoder_hidden_states_mask",
+                                                  "pos_embed:1")),
             tensor_plan=TensorPlan(
                 from_diffusers=True,  # its _tp_plan, plus the heads and the AdaLN modulation it keeps whole
                 styles={"transformer_blocks.*.attn": HEADS, "transformer_blocks.*.img_mod.1": GATHERED_COLWISE,
@@ -243,6 +252,7 @@ FAMILY = ModelFamily(
                 all_reduces={"transformer_blocks": 2},  # attention and MLP outputs of both streams
             ),
             compile_units=("transformer_blocks.*",),  # diffusers' _repeated_blocks: QwenImageTransformerBlock
+            carried=("encoder_hidden_states", "hidden_states"),  # a block returns the two streams
         ),
     },
     text_encoders={

@@ -43,6 +43,7 @@ class WanI2VHooks(wan.WanHooks):
     timestep 0; a row without an image runs text-to-video)."""
 
     name = "wan-i2v"
+    per_row_shared = ("condition",)  # the first-frame mask is the same for every row
 
     @staticmethod
     def _images(job: JobSpec) -> list:
@@ -181,6 +182,12 @@ FAMILY = replace(
              TinyPreset(name="tiny-wan22-ti2v", transformer=tiny_configs.TINY_WAN22_TI2V_TRANSFORMER,
                         vae=tiny_configs.TINY_WAN22_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan22-ti2v"],
                         build=build_tiny_wan22_ti2v)),
-    published=(),
+    published=(
+        # Wan-AI/Wan2.1-I2V-14B-720P-Diffusers: Wan 2.1 14B with 36 input channels and the image context's
+        # cross-attention K/V (16.39B, counted on its config); the CLIP ViT-H/14 vision encoder (0.63B) stays
+        # beside UMT5-XXL; the cross-attention reads 512 text and 257 image tokens
+        replace(wan.FAMILY.published[1], name="wan2.1-i2v-14b", parameters=16.39e9, text_encoder_parameters=6.31e9,
+                text_tokens=512 + 257),
+    ),
     teacache=(),
 )

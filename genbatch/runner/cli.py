@@ -74,6 +74,13 @@ def _layout_options(command):
 @click.option("--patches", type=click.IntRange(min=1), default=None, metavar="M",
               help="With --pipefusion: the patches of the latent streamed through the stages [default: the "
                    "stages].")
+@click.option("--batch-size", default="1", show_default=True, metavar="N|auto", callback=lambda c, p, v: _batch_size(v),
+              help="Run up to N rows that agree on everything but prompt, negative prompt and seed in one forward "
+                   "(each row's noise from its own seed, each output as that row alone would give it); auto: the "
+                   "largest N up to 16 whose activations fit the planner's memory for the fullest rank.")
+@click.option("--embedding-cache-gib", type=click.FloatRange(min=0), default=2.0, show_default=True, metavar="GIB",
+              help="Keep each rank's prompt encodes up to this many GiB, so a prompt shared by many rows is encoded "
+                   "once per job group (0: encode every row).")
 @kernel_options
 @media_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
@@ -164,6 +171,7 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
             storage_timeout=options["storage_timeout"],
             media_allow=tuple(options["media_allow"]), media_max_mib=options["media_max_mib"],
             media_refuse=tuple(str(network) for network in media_refuse),
+            batch_size=options["batch_size"], embedding_cache_gib=options["embedding_cache_gib"],
         )
         status = run(run_options, stop)
     except UsageError as error:  # nothing could start: bad options
@@ -185,6 +193,21 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
     # The handlers stay until the process exits: a late SIGTERM (torchrun tearing down the other workers, a
     # requeue) must not turn this status into a death by signal; nor may torch's worker threads on the way out.
     exit_process(status)
+
+
+def _batch_size(text: str) -> int | str:
+    """`--batch-size`'s value: a whole number (checked by `genbatch.jobs.batches.check_size`) or `auto`."""
+    from genbatch.jobs.batches import check_size
+
+    if text == "auto":
+        return text
+    try:
+        size = int(text)
+        check_size(size)
+    except ValueError:
+        raise click.BadParameter(f"{text!r} is not a batch size: pass a whole number from 1 to 256, or auto "
+                                 "(e.g. --batch-size 4)") from None
+    return size
 
 
 def _args_without_nproc(argv: list[str]) -> list[str]:

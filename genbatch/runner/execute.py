@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from genbatch.io.media_input import MediaReader
+from genbatch.jobs.batches import batch_id
 from genbatch.jobs.cache import parse_cache
 from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.models.spec import ModelSpec
@@ -40,6 +41,7 @@ from genbatch.runner.adapters import Adapters
 from genbatch.runner.agreement import StopAgreement
 from genbatch.runner.checkpoint import DenoiseCheckpoint
 from genbatch.runner.decode import Decoder
+from genbatch.runner.embeddings import DEFAULT_GIB, EmbeddingCache, embedding_key
 from genbatch.runner.denoise import denoise
 from genbatch.runner.loading import PipelineCache
 from genbatch.runner.signals import StopRequest
@@ -82,6 +84,14 @@ class JobModel:
 
 
 @dataclass(kw_only=True, slots=True)
+class BatchResult:
+    records: list[dict]
+    """Each job's result record (status done, in batch order), also stored in its done marker."""
+    timings: list[dict]
+    """This rank's timing rows for the batch."""
+
+
+@dataclass(kw_only=True, slots=True)
 class JobResult:
     record: dict
     """The job's result record (status done), also stored in its done marker."""
@@ -109,6 +119,14 @@ def fingerprint(job: JobSpec, approximation: str = EXACT) -> dict:
         **({"lora": [[ref.uri, ref.weight_name, ref.scale, digest, *([ref.expert] if ref.expert else [])]
                      for ref, digest in zip(job.lora, job.lora_sha256, strict=True)]} if job.lora else {}),
     }
+
+
+def batch_fingerprint(jobs: list[JobSpec], approximation: str = EXACT) -> dict:
+    """A batch's checkpoint fingerprint: its one job's (`fingerprint`), or each job's id and fingerprint in
+    batch order (a batch formed otherwise, or with a changed row, restarts)."""
+    if len(jobs) == 1:
+        return fingerprint(jobs[0], approximation)
+    return {"batch": [[job.id, fingerprint(job, approximation)] for job in jobs]}
 
 
 @dataclass(kw_only=True, slots=True)
@@ -139,6 +157,8 @@ class JobExecutor:
     """Reads a job's input media (`image`, `last_image`) once, on the rank that runs it."""
     adapters: Adapters = field(default_factory=Adapters)
     """Prepares a job's LoRA adapters once each and switches them into its pipeline."""
+    embeddings: EmbeddingCache = field(default_factory=lambda: EmbeddingCache(max_bytes=int(DEFAULT_GIB * 2**30)))
+    """This rank's prompt encodes, kept while they fit (`--embedding-cache-gib`)."""
 
     def __post_init__(self) -> None:
         if self.cache_group is None:
@@ -154,16 +174,17 @@ class JobExecutor:
         """The run's settings of the per-job features."""
         return RunFeatures(stale=self.stale, resync_steps=self.resync_steps, cache_group=self.cache_group)
 
-    def _shared_checkpoint(self, job: JobSpec) -> DenoiseCheckpoint | None:
-        """The leader reads the job's checkpoint; the group receives the same bytes (or None)."""
-        payload = self.store.load_checkpoint(job.id) if self.ctx.is_leader else None
+    def _shared_checkpoint(self, jobs: list[JobSpec]) -> DenoiseCheckpoint | None:
+        """The leader reads the batch's checkpoint (kept under its first job's id); the group receives the same
+        bytes (or None)."""
+        payload = self.store.load_checkpoint(jobs[0].id) if self.ctx.is_leader else None
         if self.ctx.group.size > 1:
             payload = self.ctx.group.broadcast_object(payload)
         if payload is None:
             return None
         checkpoint = DenoiseCheckpoint.from_bytes(payload)
-        if checkpoint.fingerprint != fingerprint(job, label(self.stale)):
-            return None  # the row changed since the checkpoint was taken: start over
+        if checkpoint.fingerprint != batch_fingerprint(jobs, label(self.stale)):
+            return None  # a row changed since the checkpoint was taken (or the batch is another): start over
         return checkpoint
 
     def with_media(self, job: JobSpec) -> JobSpec:
@@ -186,55 +207,89 @@ class JobExecutor:
                 switch.apply()
         return replace(job, lora_sha256=switch.sha256)
 
+    def _prepared(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer) -> list[JobSpec]:
+        """The batch's jobs with their media read and their adapters (one set: a batch agrees on it) applied."""
+        jobs = [self.with_media(job) for job in jobs]
+        first = self.with_adapters(jobs[0], model, timer)
+        return [first, *(replace(job, lora_sha256=first.lora_sha256) for job in jobs[1:])]
+
     def model_for(self, job: JobSpec) -> JobModel:
         """Resolve the job's model: its spec, its family's hooks and its pipeline (loaded on first use)."""
         spec = resolve_model(job.model)
         return JobModel(spec=spec, family=models.family(spec.family).hooks, pipe=self.pipelines.get(spec))
 
-    def _save_checkpoint(self, job: JobSpec, model: JobModel, steps_done: int, latents, generator) -> None:
+    def _save_checkpoint(self, jobs: list[JobSpec], model: JobModel, steps_done: int, latents, generators) -> None:
         if not self.ctx.holds_latents:
             return
+        states = [generator.get_state() for generator in generators]
         checkpoint = DenoiseCheckpoint(
-            job_id=job.id,
-            fingerprint=fingerprint(job, label(self.stale)),
+            job_id=jobs[0].id,
+            fingerprint=batch_fingerprint(jobs, label(self.stale)),
             steps_done=steps_done,
             latents=latents.detach().to("cpu", copy=True),
             scheduler=scheduler_state(model.pipe.scheduler),
-            rng={"torch_cpu": torch.get_rng_state(), "generator": generator.get_state()},
+            rng={"torch_cpu": torch.get_rng_state(),
+                 **({"generator": states[0]} if len(states) == 1 else {"generators": states})},
         )
-        self.writer.submit(self.store.save_checkpoint, job.id, checkpoint.to_bytes())
+        self.writer.submit(self.store.save_checkpoint, jobs[0].id, checkpoint.to_bytes())
 
     def generate(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> np.ndarray | None:
         """Encode, denoise (resuming from a checkpoint), decode: [0, 1] frames on the leader, None elsewhere.
         `model`: the job's resolved model (None: resolved here).
 
         Raises JobInterrupted when the run is asked to stop (after checkpointing the job)."""
-        model = model or self.model_for(job)
-        return self.decode(job, self.denoise(job, timer, model), timer, model)
+        return self.generate_batch([job], timer, model)[0]
+
+    def generate_batch(self, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None
+                       ) -> list[np.ndarray | None]:
+        """`generate` for a batch of jobs that agree on their batch key (`genbatch.jobs.batches`), run in one
+        forward per step: each row's frames (None on the ranks that are not the leader)."""
+        model = model or self.model_for(jobs[0])
+        jobs = self._prepared(jobs, model, timer)
+        return self.decode_batch(jobs, self.denoise_batch(jobs, timer, model), timer, model)
 
     def denoise(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
         """Encode the prompt and denoise (from the job's checkpoint when there is one): the final latents,
         identical on every rank of the group. `model`: the job's resolved model (None: resolved here)."""
-        job = self.with_media(job)
-        model = model or self.model_for(job)
-        job = self.with_adapters(job, model, timer)
+        return self.denoise_batch([job], timer, model)
+
+    def _conditioning(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer):
+        """The batch's conditioning: each row's prompt encode (once per distinct prompt while the embedding
+        cache holds it; its `text_encode` row says `cache_hit`), joined by the family."""
+        rows = []
+        for job in jobs:
+            with timer.stage("text_encode", **self._own_columns(job, jobs)) as stage:
+                conditioning, hit = self.embeddings.get(
+                    embedding_key(job), lambda job=job: model.family.encode(model.pipe, job, self.ctx.device))
+                stage.extra["cache_hit"] = hit
+            rows.append(conditioning)
+        return model.family.batch_conditioning(rows)
+
+    def denoise_batch(self, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
+        """`denoise` for a batch: the final latents of its rows, joined along dim 0 in the batch's order."""
+        jobs = [self.with_media(job) for job in jobs]
+        model = model or self.model_for(jobs[0])
+        jobs = self._prepared(jobs, model, timer)
         family, pipe = model.family, model.pipe
         device = self.ctx.device
-        generator = torch.Generator("cpu").manual_seed(job.seed)
+        # each row's noise from its own seed, as diffusers draws a list of generators'
+        generators = [torch.Generator("cpu").manual_seed(job.seed) for job in jobs]
 
         with torch.no_grad():  # not inference_mode: FSDP2's DTensors need ordinary tensors
-            with timer.stage("text_encode"):
-                conditioning = family.encode(pipe, job, device)
+            conditioning = self._conditioning(jobs, model, timer)
             # an image row's VAE encode (in the pipeline's own prepare_latents) is split over the job group
             with parallel_encoding(getattr(pipe, "vae", None), self.ctx.group):
-                trajectory = family.trajectory(pipe, job, generator, device)
-            checkpoint = self._shared_checkpoint(job)
+                trajectory = family.batch_trajectory([family.trajectory(pipe, job, generator, device)
+                                                      for job, generator in zip(jobs, generators, strict=True)])
+            checkpoint = self._shared_checkpoint(jobs)
             start_step, latents = 0, None
             if checkpoint is not None:
                 start_step = checkpoint.steps_done
                 latents = checkpoint.latents.to(device)
                 restore_scheduler(pipe.scheduler, checkpoint.scheduler, device)
-                generator.set_state(checkpoint.rng["generator"])
+                states = checkpoint.rng.get("generators") or [checkpoint.rng["generator"]]
+                for generator, state in zip(generators, states, strict=True):
+                    generator.set_state(state)
 
             self.ctx.ledger.take()  # bytes before the loop (loading, text encoding) are not the steps'
             if device.type == "cuda":
@@ -245,16 +300,16 @@ class JobExecutor:
 
             def after_step(steps_done: int, current) -> bool:
                 if agreement.should_stop(steps_done):  # a blocking sync only every `agreement.interval` steps
-                    self._save_checkpoint(job, model, steps_done, current, generator)
+                    self._save_checkpoint(jobs, model, steps_done, current, generators)
                     return True
                 if self.checkpoints.due(steps_done - last_save["step"], time.monotonic() - last_save["time"]):
                     if steps_done < len(trajectory.timesteps):
-                        self._save_checkpoint(job, model, steps_done, current, generator)
+                        self._save_checkpoint(jobs, model, steps_done, current, generators)
                     last_save.update(step=steps_done, time=time.monotonic())
                 return False
 
             # a resumed job's hooks start empty: its first step computes in full, its K/V buffers re-warm
-            start = JobStart(job=job, spec=model.spec, family=family, pipe=pipe, trajectory=trajectory,
+            start = JobStart(job=jobs[0], spec=model.spec, family=family, pipe=pipe, trajectory=trajectory,
                              start_step=start_step, ctx=self.ctx, run=self.features)
             with start_hooks(start) as hooks:
                 try:
@@ -265,11 +320,12 @@ class JobExecutor:
                     )
                 finally:
                     self.last_summary = hooks.summary()
+            names = ", ".join(job.id for job in jobs)
             if result.stopped:
-                raise JobInterrupted(f"job {job.id} stopped after step {result.steps_done}")
+                raise JobInterrupted(f"job {names} stopped after step {result.steps_done}")
             if not torch.isfinite(result.latents).all():
                 raise NonFiniteLatents(
-                    f"the latents of job {job.id} hold NaN/inf after {result.steps_done} steps; "
+                    f"the latents of job {names} hold NaN/inf after {result.steps_done} steps; "
                     "try fp32 (--dtype fp32) or a lower guidance scale"
                 )
         return result.latents
@@ -278,53 +334,83 @@ class JobExecutor:
                ) -> np.ndarray | None:
         """Final latents -> [0, 1] frames on the leader (decoded patch-parallel over the group), None elsewhere.
         `model`: the job's resolved model (None: resolved here)."""
-        model = model or self.model_for(job)
+        return self.decode_batch([job], latents, timer, model)[0]
+
+    def decode_batch(self, jobs: list[JobSpec], latents: torch.Tensor, timer: JobTimer,
+                     model: JobModel | None = None) -> list[np.ndarray | None]:
+        """`decode` for a batch, one row at a time (as that row alone decodes: the same bytes, one row's peak)."""
+        model = model or self.model_for(jobs[0])
         family, pipe = model.family, model.pipe
+        frames = []
         with torch.no_grad():
-            with timer.stage("vae_decode"):
-                decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, latents),
-                                              (job.width, job.height, job.num_frames))
-            stage_memory = self.decoder.last_peak_bytes
-            if stage_memory is not None:
-                timer.intervals[-1].extra["peak_bytes"] = stage_memory
-        return None if decoded is None else family.postprocess(pipe, decoded)
+            for index, job in enumerate(jobs):
+                row = latents if len(jobs) == 1 else latents[index : index + 1]
+                with timer.stage("vae_decode", **self._own_columns(job, jobs)):
+                    decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, row),
+                                                  (job.width, job.height, job.num_frames))
+                stage_memory = self.decoder.last_peak_bytes
+                if stage_memory is not None:
+                    timer.intervals[-1].extra["peak_bytes"] = stage_memory
+                frames.append(None if decoded is None else family.postprocess(pipe, decoded))
+        return frames
 
     def run(self, job: JobSpec) -> JobResult:
         """Generate the job and, on the leader, hand its media and done marker to the writer."""
+        result = self.run_batch([job])
+        return JobResult(record=result.records[0], timings=result.timings)
+
+    def run_batch(self, jobs: list[JobSpec]) -> BatchResult:
+        """Generate a batch (jobs that agree on their batch key) and, on the leader, hand each job's media and
+        done marker to the writer. A batch of one is exactly `run` of that job."""
         timer = JobTimer(self.ctx.device)
-        model = self.model_for(job)
-        if any(getattr(job, column) is not None for column in MEDIA_COLUMNS):
-            with timer.stage("read_media"):  # a row's input images, once, on this rank
-                job = self.with_media(job)
-        job = self.with_adapters(job, model, timer)
+        model = self.model_for(jobs[0])
+        if any(getattr(job, column) is not None for job in jobs for column in MEDIA_COLUMNS):
+            with timer.stage("read_media"):  # the rows' input images, once, on this rank
+                jobs = [self.with_media(job) for job in jobs]
+        jobs = self._prepared(jobs, model, timer)
         try:
-            frames = self.generate(job, timer, model)
+            frames = self.generate_batch(jobs, timer, model)
         except JobInterrupted:
-            self.store.append_timings(self._timing_rows(timer, job))
+            self.store.append_timings(self._timing_rows(timer, jobs))
             raise
-        record = {**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank,
-                  "vae_decode": self.decoder.last_mode, "attention_approximation": label(self.stale),
-                  **{f"{column}_sha256": media.sha256 for column, media in job.media.items()}}
+        batch = {"batch_id": batch_id([job.id for job in jobs]), "batch_size": len(jobs)}
+        records = [{**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank,
+                    "vae_decode": self.decoder.last_mode, "attention_approximation": label(self.stale), **batch,
+                    **{f"{column}_sha256": media.sha256 for column, media in job.media.items()}} for job in jobs]
         if not self.ctx.is_leader:
-            return JobResult(record=record, timings=self._timing_rows(timer, job))
-        with timer.stage("encode_media"):
-            media, ext = self._encode(to_uint8(frames), job, model.spec.is_video)
-        record["output_uri"] = self.store.output_uri(job.id, ext)
-        seconds = timer.seconds_by_stage()
-        record.update({f"{stage}_s": value for stage, value in seconds.items()})
-        if parse_cache(job.cache).enabled:  # this run's steps only (a resumed job's earlier run had its own)
-            record[SKIPPED] = sum(interval.extra.get(SKIPPED, 0) for interval in timer.intervals)
-        record["finished_at"] = time.time()
-        timings = self._timing_rows(timer, job)
-        self.writer.submit(self._commit, job, media, ext, record)
-        return JobResult(record=record, timings=timings)
+            return BatchResult(records=records, timings=self._timing_rows(timer, jobs))
+        encoded = []
+        for job, job_frames in zip(jobs, frames, strict=True):
+            with timer.stage("encode_media", **self._own_columns(job, jobs)):
+                encoded.append(self._encode_media(to_uint8(job_frames), job, model.spec.is_video))
+        skipped = sum(interval.extra.get(SKIPPED, 0) for interval in timer.intervals)
+        for job, record, (media, ext) in zip(jobs, records, encoded, strict=True):
+            record["output_uri"] = self.store.output_uri(job.id, ext)
+            seconds = timer.seconds_by_stage(job.id if len(jobs) > 1 else None)
+            record.update({f"{stage}_s": value for stage, value in seconds.items()})
+            if parse_cache(job.cache).enabled:  # this run's steps only (a resumed job's earlier run had its own)
+                record[SKIPPED] = skipped
+            record["finished_at"] = time.time()
+        timings = self._timing_rows(timer, jobs)
+        for job, record, (media, ext) in zip(jobs, records, encoded, strict=True):
+            self.writer.submit(self._commit, job, media, ext, record)
+        return BatchResult(records=records, timings=timings)
 
-    def _timing_columns(self, job: JobSpec) -> dict:
-        """What every timing row of the job on this rank carries: the run, job, rank and layout name (`dp2`)."""
-        return {"run_id": self.run_id, "job_id": job.id, "rank": self.ctx.rank, "layout": self.ctx.dims.name}
+    @staticmethod
+    def _own_columns(job: JobSpec, jobs: list[JobSpec]) -> dict:
+        """The columns of a timing interval that is one row's own in a batch (its `job_id`); none for one job."""
+        return {"job_id": job.id} if len(jobs) > 1 else {}
 
-    def _timing_rows(self, timer: JobTimer, job: JobSpec) -> list[dict]:
-        return timer.rows(**self._timing_columns(job))
+    def _timing_columns(self, job: JobSpec, batch: dict | None = None) -> dict:
+        """What every timing row of the job on this rank carries: the run, job, rank and layout name (`dp2`), and
+        in a batch of more than one its `batch_id` and `batch_size`."""
+        return {"run_id": self.run_id, "job_id": job.id, "rank": self.ctx.rank, "layout": self.ctx.dims.name,
+                **(batch or {})}
+
+    def _timing_rows(self, timer: JobTimer, jobs: list[JobSpec]) -> list[dict]:
+        """The batch's timing rows: its shared intervals under its first job's id, each row's own under its id."""
+        batch = {"batch_id": batch_id([job.id for job in jobs]), "batch_size": len(jobs)} if len(jobs) > 1 else None
+        return timer.rows(**self._timing_columns(jobs[0], batch))
 
     def _commit(self, job: JobSpec, media: bytes, ext: str, record: dict) -> None:
         """Runs on the writer thread: media, then the done marker, then the checkpoint goes away."""
@@ -337,7 +423,7 @@ class JobExecutor:
         }])
 
     @staticmethod
-    def _encode(frames: np.ndarray, job: JobSpec, is_video: bool) -> tuple[bytes, str]:
+    def _encode_media(frames: np.ndarray, job: JobSpec, is_video: bool) -> tuple[bytes, str]:
         from genbatch.io import encode_mp4, encode_png
 
         if is_video:

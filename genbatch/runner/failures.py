@@ -52,14 +52,15 @@ def failure_record(job: JobSpec, message: str, run_id: str, rank: int) -> dict:
 
 
 class GroupFailure(Exception):
-    """A job failed on part of a multi-rank group; the group's collectives are no longer usable."""
+    """A job (or a batch's jobs) failed on part of a multi-rank group; the group's collectives are no longer usable."""
 
-    def __init__(self, job: JobSpec, message: str, rank: int):
+    def __init__(self, jobs: list[JobSpec], message: str, rank: int):
         super().__init__(message)
-        self.job, self.message, self.rank = job, message, rank
+        self.jobs, self.message, self.rank = jobs, message, rank
 
     def record(self, store, run_id: str) -> None:
-        store.record_failure(self.job.id, failure_record(self.job, self.message, run_id, self.rank))
+        for job in self.jobs:
+            store.record_failure(job.id, failure_record(job, self.message, run_id, self.rank))
 
 
 def is_collective_error(error: BaseException) -> bool:
@@ -72,11 +73,14 @@ def is_collective_error(error: BaseException) -> bool:
     return any(hint in text for hint in ("Connection closed by peer", "Timed out", "gloo", "NCCL", "Connection reset"))
 
 
-def record_failure(ctx, store, job: JobSpec, error: BaseException, run_id: str) -> None:
-    """Record a failed job, or raise GroupFailure when the group cannot go on."""
+def record_failure(ctx, store, jobs: list[JobSpec], error: BaseException, run_id: str) -> None:
+    """Record the failed jobs of one batch (a failure fails its own batch and no other), or raise GroupFailure
+    when the group cannot go on."""
+    job = jobs[0]
     if ctx.group.size == 1 or isinstance(error, NonFiniteLatents):
         if ctx.is_leader:
-            store.record_failure(job.id, failure_record(job, describe_error(error), run_id, ctx.rank))
+            for failed in jobs:
+                store.record_failure(failed.id, failure_record(failed, describe_error(error), run_id, ctx.rank))
         if _out_of_memory(error):
             _release_memory(error)
         return
@@ -103,7 +107,8 @@ def record_failure(ctx, store, job: JobSpec, error: BaseException, run_id: str) 
         cause = f"rank(s) {silent} stopped responding (died or hung; collective timeout applies)"
     else:
         cause = describe_error(error)
-    message = f"job {job.id} failed on ranks {group_ranks}: {cause}"
+    names = ", ".join(failed.id for failed in jobs)
+    message = f"job {names} failed on ranks {group_ranks}: {cause}"
     if not collective:
         message += "\n" + "".join(traceback.format_exception(error)[-3:])
-    raise GroupFailure(job, message, ctx.rank) from error
+    raise GroupFailure(jobs, message, ctx.rank) from error

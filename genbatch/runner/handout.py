@@ -1,4 +1,5 @@
-"""Handing jobs to job groups: dynamically (whichever group is free takes the next job) or statically.
+"""Handing jobs to job groups, a batch at a time (`genbatch.jobs.batches`; one job each without
+`--batch-size`): dynamically (whichever group is free takes the next batch) or statically.
 
 Dynamic hand-out keeps every group busy while jobs remain: the group leader takes the next index from an
 atomic counter in the c10d store that torchrun (or `init_process_group`) already runs, and broadcasts it
@@ -28,8 +29,8 @@ def coordination_store(ctx: ParallelContext) -> dist.Store:
 
 @dataclass(kw_only=True, slots=True)
 class HandOut:
-    jobs: Sequence[JobSpec]
-    """Pending jobs, in hand-out order, identical on every rank."""
+    jobs: Sequence[list[JobSpec]]
+    """Pending batches of jobs, in hand-out order, identical on every rank."""
     ctx: ParallelContext
     store: dist.Store
     key: str

@@ -25,11 +25,11 @@ class RunProgress:
             self.bar = tqdm(total=self.total, initial=self.already_done, unit="job", desc="gen run",
                             dynamic_ncols=True, disable=None, file=sys.stderr)
 
-    def job_finished(self, store, run_id: str, ctx) -> None:
-        """Count a finished job (group leaders) and move the bar to the run-wide count (rank 0)."""
+    def job_finished(self, store, run_id: str, ctx, count: int = 1) -> None:
+        """Count `count` finished jobs (a batch's; group leaders) and move the bar to the run-wide count (rank 0)."""
         key = f"genbatch/{run_id}/finished"
         if ctx.is_leader:
-            store.add(key, 1)
+            store.add(key, count)
         if self.bar is not None:
             finished = store.add(key, 0)
             self.bar.update(self.already_done + finished - self.bar.n)

@@ -20,6 +20,8 @@ import torch
 
 from genbatch.io.retry import StorageError
 from genbatch.models import resolve_model
+from genbatch.jobs.batches import form_batches
+from genbatch.runner.auto_batch import batch_size_for
 from genbatch.jobs.schedule import OrderKeys, hand_out_positions, share_positions
 from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.dims import LayoutRequest
@@ -79,6 +81,10 @@ class RunOptions:
     """Networks never read over http(s), besides link-local and metadata addresses (`--media-refuse`)."""
     dynamic_hand_out: bool = True
     """Hand jobs to whichever group is free (False: a static strided split)."""
+    batch_size: int | str = 1
+    """Rows run in one forward (`genbatch.jobs.batches`), or `auto` (`genbatch.runner.auto_batch`)."""
+    embedding_cache_gib: float = 2.0
+    """GiB of prompt encodes each rank keeps (`genbatch.runner.embeddings`; 0: none)."""
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     vae_decode: str = "auto"
     """How each job's VAE decodes (`genbatch.runner.decode`): auto, full, tiled or parallel."""
@@ -170,7 +176,8 @@ def _run_info(options: RunOptions, world: World, run_id: str, started: float) ->
                     **{k: getattr(options, k) for k in ("warmup_steps", "patches", "share", "vae_decode",
                                                         "vae_memory_gib", "compile", "compile_backend", "attention",
                                                         "compile_cache", "text_encoder_parallel", "media_allow",
-                                                        "media_max_mib", "media_refuse")}},
+                                                        "media_max_mib", "media_refuse", "batch_size",
+                                                        "embedding_cache_gib")}},
         "overrides": options.overrides.record(),
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,
                      "transformers": transformers.__version__, "python": sys.version.split()[0]},
@@ -351,22 +358,23 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     interrupted = False
     coordination = coordination_store(ctx)
     try:
-        for job in HandOut(jobs=pending, ctx=ctx, store=coordination, key=f"genbatch/{run_id}/next",
-                           dynamic=options.dynamic_hand_out, stop=stop):
+        batches = form_batches(pending, world.shared_value(lambda: batch_size_for(options, world, pending)))
+        for batch in HandOut(jobs=batches, ctx=ctx, store=coordination, key=f"genbatch/{run_id}/next",
+                             dynamic=options.dynamic_hand_out, stop=stop):
             with stop.waiting("the stop check between jobs"):
                 if executor.stop.agreed(ctx.group, ctx.device):  # a collective: every rank of the group asks
                     interrupted = True
                     break
             try:
-                store.append_timings(executor.run(job).timings)
+                store.append_timings(executor.run_batch(batch).timings)
             except JobInterrupted:
                 interrupted = True
                 break
             except (GroupFailure, StorageError):  # the store failed, not the job: no failure is recorded
                 raise
-            except Exception as error:  # noqa: BLE001 - a failed job is recorded and the run goes on
-                record_failure(ctx, store, job, error, run_id)
-            progress.job_finished(coordination, run_id, ctx)
+            except Exception as error:  # noqa: BLE001 - a failed batch is recorded and the run goes on
+                record_failure(ctx, store, batch, error, run_id)
+            progress.job_finished(coordination, run_id, ctx, len(batch))
             if writer.failure is not None:  # an upload failed past --storage-timeout (or for good): stop here,
                 writer.flush()              # between jobs (flush raises it; group peers stop at the hand-out)
     except GroupFailure as failure:

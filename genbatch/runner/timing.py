@@ -86,9 +86,13 @@ class JobTimer:
             )
         return rows
 
-    def seconds_by_stage(self) -> dict[str, float]:
+    def seconds_by_stage(self, job_id: str | None = None) -> dict[str, float]:
+        """Seconds by stage (the steps as `denoise`); with `job_id`, of a batch's shared intervals and that job's
+        own (the intervals that name it as `job_id`), leaving out its batch-mates' own."""
         totals: dict[str, float] = {}
         for row in self.rows():
+            if job_id is not None and row.get("job_id", job_id) != job_id:
+                continue
             key = "denoise" if row["stage"] == "denoise_step" else row["stage"]
             totals[key] = totals.get(key, 0.0) + row["seconds"]
         return totals

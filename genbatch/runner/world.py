@@ -208,10 +208,6 @@ class World:
                 self.ctx.dims.validate(world_size=self.world_size, num_heads=spec.num_heads, uses_cfg=spec.uses_cfg)
             except ValueError as error:
                 raise UsageError(f"layout {self.ctx.dims.describe()} does not fit model {name}: {error}") from None
-            if self.stale is not None and spec.joins_image_tokens:
-                raise UsageError(f"model {name}: its input image's tokens join the image stream, and "
-                                 f"{self.stale.method}'s patches hold only the output's token rows; run it with "
-                                 "--ulysses/--ring (sequence parallel, exact) instead")
             try:
                 check_kernel(self.parallelize.attention, self.ctx.device, self.dtype, spec.head_dim,
                              masked=family(spec.family).masks_attention())
@@ -233,6 +229,7 @@ class World:
         from genbatch.io.retry import RetryPolicy
         from genbatch.parallel.cfg import branch_exchange
         from genbatch.runner.decode import Decoder
+        from genbatch.runner.embeddings import EmbeddingCache
         from genbatch.runner.execute import JobExecutor
         from genbatch.runner.signals import StopRequest
 
@@ -253,6 +250,7 @@ class World:
                               retry=RetryPolicy(timeout_s=options.storage_timeout), policy=policy),
             adapters=Adapters(policy=policy, storage_options=dict(options.storage_options),
                               timeout_s=options.storage_timeout),
+            embeddings=EmbeddingCache(max_bytes=int(options.embedding_cache_gib * 2**30)),
         )
 
     def load_pipeline(self, spec):
