@@ -14,7 +14,9 @@ no prediction exchange, and the output equals one process's. A row with a negati
 conditional branch on one half and the unconditional on the other.
 
 For one prompt the text encoder's output has no padding (the pipeline pads only to the longest prompt of a
-batch and drops the mask when nothing is padded), so the transformer sees no text mask.
+batch and drops the mask when nothing is padded), so the transformer sees no text mask. A batch of rows
+(`--batch-size`) pads each row's encode with zeros to its longest and masks the padding, as the pipeline does
+for a list of prompts (`QwenImageHooks.batch_conditioning`).
 
 The VAE (`AutoencoderKLQwenImage`, Wan 2.1's under other class names) decodes and encodes patch-parallel over
 the job group with Wan's rules (`vae_rules.AUTOENCODER_KL_QWEN_IMAGE`).
@@ -124,6 +126,29 @@ class QwenImageHooks(Family):
                                               max_sequence_length=MAX_SEQUENCE_LENGTH)
             branches[branch] = {"encoder_hidden_states": embeds, "encoder_hidden_states_mask": mask}
         return Conditioning(branches=branches, guidance_scale=job.guidance_scale)
+
+    def batch_conditioning(self, rows: list[Conditioning]) -> Conditioning:
+        """Each row's text (1, n_i, d) padded with zeros to the longest n and masked there (the pipeline's
+        `_get_qwen_prompt_embeds` for a list of prompts); no mask when no row is padded."""
+        import torch
+
+        padded = [Conditioning(branches={name: dict(kwargs) for name, kwargs in row.branches.items()},
+                               guidance_scale=row.guidance_scale) for row in rows]
+        for name in rows[0].branches:
+            texts = [row.branches[name] for row in padded]
+            longest = max(text["encoder_hidden_states"].shape[1] for text in texts)
+            if all(text["encoder_hidden_states"].shape[1] == longest and text["encoder_hidden_states_mask"] is None
+                   for text in texts):
+                continue  # nothing padded: no mask, as the pipeline drops it
+            for text in texts:
+                embeds, mask = text["encoder_hidden_states"], text["encoder_hidden_states_mask"]
+                if mask is None:
+                    mask = torch.ones(embeds.shape[:2], dtype=torch.long, device=embeds.device)
+                missing = longest - embeds.shape[1]
+                # (1, n, d) -> (1, longest, d) and its mask (1, n) -> (1, longest): zeros after n
+                text["encoder_hidden_states"] = torch.cat([embeds, embeds.new_zeros(1, missing, embeds.shape[2])], 1)
+                text["encoder_hidden_states_mask"] = torch.cat([mask, mask.new_zeros(1, missing)], dim=1)
+        return super().batch_conditioning(padded)
 
     def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
         self.check_guidance(pipe, job)

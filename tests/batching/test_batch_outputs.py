@@ -1,5 +1,6 @@
 """A batch of rows equals diffusers' batched call with a list of generators, and each row equals itself alone,
-within fp32 rounding (a batched GEMM sums in another order than a batch of one)."""
+within fp32 rounding (a batched GEMM sums in another order than a batch of one). Qwen-Image's prompts have
+lengths of their own: its batch pads and masks the shorter ones, as the pipeline does."""
 
 from __future__ import annotations
 
@@ -36,10 +37,12 @@ def _pipeline_batch(preset: str, rows) -> np.ndarray:
                 generator=[torch.Generator("cpu").manual_seed(row.seed) for row in rows], output_type="np")
     if first.negative_prompt is not None:
         call["negative_prompt"] = [row.negative_prompt for row in rows]
+    if preset == "tiny-qwen-image":  # the manifest's guidance_scale is true CFG's scale
+        call["true_cfg_scale"] = call.pop("guidance_scale")
     return pipe(**call).images
 
 
-@pytest.mark.parametrize(("preset", "cfg"), [("tiny-flux", False), ("tiny-sd3", True)])
+@pytest.mark.parametrize(("preset", "cfg"), [("tiny-flux", False), ("tiny-sd3", True), ("tiny-qwen-image", True)])
 def test_a_batch_equals_the_pipelines_batched_call_and_each_row_alone(preset, cfg, tmp_path):
     rows = _rows(preset, cfg)
     with job_executor(str(tmp_path / "out"), model=preset) as (world, executor):

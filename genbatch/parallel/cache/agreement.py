@@ -40,9 +40,18 @@ def decision_comm(ctx: ParallelContext) -> Comm:
 
 def relative_l1(current: torch.Tensor, previous: torch.Tensor, comm: Comm) -> float:
     """sum|current - previous| / sum|previous| over every rank of `comm` (this rank holding its shard): one
-    all-reduce of two float64 sums and one host read, the same value on every rank."""
-    sums = torch.stack([(current - previous).abs().sum(dtype=torch.float64), previous.abs().sum(dtype=torch.float64)])
+    all-reduce of two float64 sums and one host read, the same value on every rank.
+
+    In a batch (dim 0 > 1, `--batch-size`) each row's change is measured on its own and the largest is taken,
+    so a batch computes every step that one of its rows alone would compute."""
+    if current.shape[0] > 1:
+        # (b, ...) -> (2, b): each row's change and scale
+        sums = torch.stack([(current - previous).abs().flatten(1).sum(1, dtype=torch.float64),
+                            previous.abs().flatten(1).sum(1, dtype=torch.float64)])
+    else:
+        sums = torch.stack([(current - previous).abs().sum(dtype=torch.float64),
+                            previous.abs().sum(dtype=torch.float64)])
     if comm.size > 1:
         comm.all_reduce(sums, op=dist.ReduceOp.SUM, kind="control")
-    change, scale = sums.tolist()
-    return change / scale if scale > 0 else float("inf")
+    changes, scales = sums.reshape(2, -1).tolist()
+    return max(change / scale if scale > 0 else float("inf") for change, scale in zip(changes, scales, strict=True))
