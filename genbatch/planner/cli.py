@@ -20,6 +20,16 @@ from genbatch.planner.report import format_table, plan_to_dict
 from genbatch.planner.shapes import PUBLISHED
 
 
+def _size(text: str | None) -> tuple[int, int] | None:
+    """`--input-size 1184x880` as (width, height); ValueError naming the form otherwise."""
+    if text is None:
+        return None
+    width, _, height = text.lower().partition("x")
+    if not (width.isdigit() and height.isdigit()):
+        raise ValueError(f"--input-size {text!r} must be WIDTHxHEIGHT in pixels, e.g. 1184x880")
+    return int(width), int(height)
+
+
 @click.command("plan")
 @click.option("--model", "-m", default=None,
               help=f"Published model ({', '.join(PUBLISHED)}), preset, or diffusers pipeline directory.")
@@ -41,6 +51,16 @@ from genbatch.planner.shapes import PUBLISHED
 @click.option("--guidance", type=float, default=None,
               help="The jobs' guidance scale (default: the model's); 1 or less runs one forward a step (a distilled "
                    "LoRA's recipe), so no layout splits CFG.")
+@click.option("--image/--no-image", "image", default=None,
+              help="Whether the jobs start from an image, whose VAE encode is priced (default: as the model does: "
+              "Wan I2V encodes its conditioning video, an edit model its input image; Kontext and Wan 2.2 TI2V "
+              "run without one too).")
+@click.option("--input-size", default=None, metavar="WxH",
+              help="An edit model's input image as its pipeline resizes it (default: its area, a megapixel, at the "
+              "output's aspect ratio).")
+@click.option("--batch-size", type=int, default=1, show_default=True,
+              help="Rows denoised together in one forward (as gen run --batch-size): GEMMs get N times the rows and "
+              "activations N times the memory; the weights, the VAE encode and decode (row by row) do not grow.")
 @click.option("--offload-text-encoder", is_flag=True,
               help="Text encoders leave the GPU after encoding (less memory, a reload per job).")
 @click.option("--objective", type=click.Choice(OBJECTIVES), default="throughput", show_default=True,
@@ -62,7 +82,7 @@ from genbatch.planner.shapes import PUBLISHED
               help="Price layouts with this calibration profile (NAME or PATH) where it measured, published "
               "figures elsewhere.")
 def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
-                 steps, guidance, offload_text_encoder, objective, max_latency, decode, top, as_json, calibrate, profile_out,
+                 steps, guidance, image, input_size, batch_size, offload_text_encoder, objective, max_latency, decode, top, as_json, calibrate, profile_out,
                  profile_name, **layout) -> None:
     """Rank every legal parallel layout (dp, cfg, distrifusion, pp, ring, ulysses, tp, fsdp) by
     estimated seconds per job and jobs per hour, showing compute, communication and memory per rank.
@@ -94,7 +114,7 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
                       network_gbps=network_gbps, gpu=gpu, gpu_mem=gpu_mem, width=width, height=height, frames=frames,
                       steps=steps, guidance=guidance, offload_text_encoder=offload_text_encoder, objective=objective,
                       max_latency=max_latency, constraints=LayoutConstraints(**layout), profile=profile,
-                      decode=decode)
+                      decode=decode, image=image, input_size=_size(input_size), batch_size=batch_size)
     except (UnknownModelError, ValueError) as error:
         click.echo(f"gen plan: {error}", err=True)
         raise SystemExit(USAGE) from None

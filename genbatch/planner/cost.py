@@ -16,6 +16,17 @@ hidden under the layer's compute (the larger of the two, plus the overlap tax) e
 steps (their sum).
 
 The stale-K/V methods' warm-up and asynchronous steps make a job as `stale_time` puts them together.
+
+A batch of B rows in one forward (`Workload.batch`) is B times the tokens through every GEMM, so each rank's
+GEMMs have B times the rows and climb the efficiency curve `rows / (rows + half_rows)` (SGLang's batch 16 at
+512x512 on Qwen-Image: 3.21x the throughput of batch 1, where batch 2 at 1024x1024 gains 1.02x); attention runs
+per row (B times one row's N^2), the activation messages carry B rows, and the fixed per-layer cost and FSDP's
+weight gathers are paid once a batch. A job's seconds are its batch's over B; its VAE encode and decode run row
+by row, so they stay one row's.
+
+An image-conditioned job's VAE encode (`Workload.encode`) is priced as the decode is: the encoder's FLOPs
+(`vae_encode`) at the VAE efficiency, split over the job's group where the VAE encodes patch-parallel, plus the
+all-gather of the latent's mean and log variance to every rank.
 """
 
 from __future__ import annotations
@@ -26,7 +37,8 @@ from genbatch.planner.hardware import PCIE, Cluster, Link
 from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.formulas import StepShape, bytes_per_step
 from genbatch.planner.layouts import axis_link, link_for_extent, token_shards
-from genbatch.planner.memory import choose_decode, memory_per_rank
+from genbatch.planner.memory import choose_decode, encode_ranks, memory_per_rank
+from genbatch.planner.vae_encode import encode_flops, encoder_memory
 from genbatch.planner.vae_memory import decoder_memory
 from genbatch.planner.profile import COLLECTIVE_OF_AXIS, Profile
 from genbatch.planner.stale_time import (
@@ -71,10 +83,10 @@ class Estimate:
     """What one layout costs: time, bytes and memory, with the parts that explain them."""
 
     seconds_per_job: float
-    """Wall time of one job: all steps, the stale-K/V methods' warm-up (and PipeFusion's bubble), and the VAE
-    decode."""
+    """Wall time of one job: all steps, the stale-K/V methods' warm-up (and PipeFusion's bubble), the VAE encode
+    and decode; with a batch of B rows, the batch's denoising over B plus one row's encode and decode."""
     seconds_per_step: float
-    """Wall time of one steady-state denoising step."""
+    """Wall time of one steady-state denoising step (of the whole batch)."""
     compute_s: float
     """Per step: FLOPs over achieved throughput."""
     overhead_s: float
@@ -88,6 +100,9 @@ class Estimate:
     offloaded text encoders."""
     decode_mode: str
     """How the VAE decodes: `parallel` over the job group, `full` or `tiled` on its leader (`memory.choose_decode`)."""
+    encode_s: float = 0.0
+    """Per job: the VAE encode of an image-conditioned job (patch-parallel over the job group where the VAE
+    has it, with the latent's all-gather); 0 for a job from noise alone."""
     pipeline_s: float
     """Per job: what the synchronous warm-up steps of PipeFusion and DistriFusion, and PipeFusion's pipeline
     bubble, add beyond steady-state steps."""
@@ -184,14 +199,15 @@ class StepTerms:
 
 
 def _flops(layout: ParallelDims, work: Workload, *, patches: int) -> tuple[float, float, float]:
-    """Linear and attention FLOPs per layer and forward, and the rows per rank of each GEMM."""
+    """Linear and attention FLOPs per layer and forward of the whole batch, and the rows per rank of each GEMM."""
     shape = work.shape
-    n, d, text, tp = work.sequence, shape.hidden_size, shape.text_tokens, layout.tp
+    n, d, text, tp, batch = work.sequence, shape.hidden_size, shape.text_tokens, layout.tp, work.batch
     cross = not shape.joint_text
-    tokens = n / token_shards(layout)  # this rank's queries: its sequence shard, or its DistriFusion patch
+    # this rank's queries: its sequence shard (or DistriFusion patch) of each of the batch's rows
+    tokens = batch * n / token_shards(layout)
     linear = 2 * tokens * (4 * d * d + 2 * d * shape.ffn_dim + (2 * d * d if cross else 0)) / tp
-    linear += (4 * text * d * d / tp) if cross else 0.0  # text K/V projections, on every sequence rank
-    attention = 4 * tokens * (n + (text if cross else 0)) * d / tp
+    linear += (4 * batch * text * d * d / tp) if cross else 0.0  # each row's text K/V projections, on every rank
+    attention = 4 * tokens * (n + (text if cross else 0)) * d / tp  # each row attends over its own n keys
     rows = tokens / (patches * tp)  # TP narrows each GEMM as much as fewer rows would
     return linear, attention, rows
 
@@ -272,9 +288,11 @@ def _step_bytes(layout: ParallelDims, work: Workload, compute: _Compute) -> dict
     """Bytes this rank sends per step by ledger kind, from seed 000's formulas (`parallel/formulas.py`, which
     the runner's counted bytes are tested against): the planner and the runner share one implementation."""
     shape = work.shape
-    step = StepShape(tokens=work.sequence, width=shape.hidden_size, layers=compute.layers,
-                     parameters=shape.parameters, prediction_values=work.prediction_bytes / BYTES_PER_VALUE,
-                     value_bytes=BYTES_PER_VALUE, all_reduce_tokens=shape.tp_all_reduces * compute.layers * work.sequence)
+    tokens = work.batch * work.sequence  # a batch's activations travel together; the weights once a batch
+    step = StepShape(tokens=tokens, width=shape.hidden_size, layers=compute.layers,
+                     parameters=shape.parameters,
+                     prediction_values=work.batch * work.prediction_bytes / BYTES_PER_VALUE,
+                     value_bytes=BYTES_PER_VALUE, all_reduce_tokens=shape.tp_all_reduces * compute.layers * tokens)
     return bytes_per_step(step, cfg=layout.cfg, ring=layout.ring, ulysses=layout.ulysses, fsdp=layout.fsdp_size > 1,
                           uses_cfg=shape.uses_cfg, tp=layout.tp, patches=layout.distrifusion)
 
@@ -336,7 +354,7 @@ def _pipefusion(layout: ParallelDims, work: Workload, cluster: Cluster, compute:
     stages one after another on the whole latent: T), in seconds, and the link between stages."""
     stages = patches = layout.pp  # as many patches as stages (xDiT's default)
     link = axis_link(layout, "pp", cluster)
-    per_step = work.sequence * work.shape.hidden_size * BYTES_PER_VALUE / (layout.sp * layout.tp)
+    per_step = work.batch * work.sequence * work.shape.hidden_size * BYTES_PER_VALUE / (layout.sp * layout.tp)
     time = compute.forwards * _transfer(per_step, link, messages=patches)  # this stage's [N/sp, d], in M pieces
     step += _overlapped(time, compute.step_s)  # asynchronous P2P (seed 000 §6.3: N d per stage per step)
     tally.add("pp", compute.forwards * per_step, time, 0.0)
@@ -355,7 +373,7 @@ def _distrifusion(layout: ParallelDims, work: Workload, cluster: Cluster, comput
     p = layout.distrifusion
     link = axis_link(layout, "distrifusion", cluster)
     # this rank's K and V, [N/p, d] each, to each of the p-1 others, every layer and forward
-    per_layer = 2 * work.sequence / p * work.shape.hidden_size * (p - 1) * BYTES_PER_VALUE
+    per_layer = 2 * work.batch * work.sequence / p * work.shape.hidden_size * (p - 1) * BYTES_PER_VALUE
     gather = _transfer(per_layer, link)
     layer = compute.layer_s + layer_overhead(profile)  # one layer's compute, what the gather hides under
     forwards = compute.forwards * compute.layers
@@ -386,10 +404,12 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Pr
                                     warmup=DISTRIFUSION_WARMUP_STEPS)
     mode = choose_decode(layout, work, cluster.memory_gib, decode)
     decode_s = _decode_seconds(layout, work, cluster, mode)
-    if work.offload_text_encoder:  # loaded from host memory for each job, over the GPU's PCIe link
-        decode_s += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9)
+    if work.offload_text_encoder:  # loaded from host memory for each batch, over the GPU's PCIe link
+        decode_s += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9) / work.batch
+    encode_s = encode_seconds(layout, work, cluster)
+    per_job = denoise / work.batch  # the batch's rows share its steps
     return Estimate(
-        seconds_per_job=denoise + decode_s,
+        seconds_per_job=per_job + encode_s + decode_s,
         seconds_per_step=step,
         compute_s=compute.step_s,
         overhead_s=overhead,
@@ -397,7 +417,8 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Pr
         comm_exposed_s=step - compute.step_s - overhead,
         decode_s=decode_s,
         decode_mode=mode,
-        pipeline_s=denoise - work.steps * step,
+        encode_s=encode_s,
+        pipeline_s=per_job - work.steps * step / work.batch,
         comm_bytes_per_step=sum(tally.nbytes.values()),
         comm_bytes=tally.nbytes,
         comm_messages=tally.messages,
@@ -418,4 +439,26 @@ def _decode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster, mode
     if ranks > 1:
         pixels = work.megapixels * 1e6 * 3 * BYTES_PER_VALUE
         seconds += _transfer(pixels * (ranks - 1) / ranks, link_for_extent(ranks, cluster))
+    return seconds
+
+
+def encode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster) -> float:
+    """One row's VAE encode before denoising, priced as the decode is: the encoder's FLOPs at the VAE efficiency
+    over the ranks that share it (`memory.encode_ranks`), plus the all-gather of the latent's mean and log
+    variance (2 x 16 channels per latent pixel, at the VAE's dtype) to every rank; 0 without an image."""
+    source = work.encode
+    if source is None:
+        return 0.0
+    shape = work.shape
+    memory = encoder_memory(shape.vae_class, is_video=shape.is_video)
+    efficiency = VIDEO_VAE_EFFICIENCY if shape.is_video else VAE_EFFICIENCY
+    ranks = encode_ranks(layout, work)
+    flops = encode_flops(memory, width=source.width, height=source.height, frames=source.frames)
+    seconds = flops / (cluster.gpu.bf16_tflops * 1e12 * efficiency * ranks)
+    if ranks > 1:
+        frames = max(source.frames or 1, 1)
+        latent_frames = (frames - 1) // shape.vae_temporal + 1 if shape.is_video else 1
+        latent = 2 * shape.out_channels * latent_frames * (source.width // shape.vae_spatial) * (
+            source.height // shape.vae_spatial) * work.vae_bytes_per_value
+        seconds += _transfer(latent * (ranks - 1) / ranks, link_for_extent(ranks, cluster))
     return seconds

@@ -1,7 +1,10 @@
 """Why an estimate is what it is: its inputs, the parameters that priced them (and where each came from),
 and the terms of the sum, so `gen plan --json` can be checked by hand.
 
-    seconds_per_job = steps x (compute + fixed + exposed communication) + pipeline + decode
+    seconds_per_job = steps x (compute + fixed + exposed communication) / batch + pipeline + encode + decode
+
+(a batch of B rows shares its steps: each per-step term counts 1/B to a job; the VAE encode, for a job that starts
+from an image, and the decode run row by row).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from genbatch.planner.cost import (
     step_terms,
 )
 from genbatch.planner.hardware import Cluster
+from genbatch.planner.memory import encode_ranks
 from genbatch.planner.profile import COLLECTIVE_OF_AXIS, Profile
 from genbatch.planner.workload import Workload
 
@@ -70,11 +74,13 @@ def parameters(cost: Estimate, cluster: Cluster, profile: Profile | None) -> dic
 def explain(layout: ParallelDims, work: Workload, cluster: Cluster, cost: Estimate, profile: Profile | None) -> dict:
     """The estimate's inputs, the parameters that priced them, the profile, and the terms of its sum."""
     terms = step_terms(layout, work, cluster)
+    steps = work.steps / work.batch  # a job's share of its batch's steps
     per_job = {
-        "compute_s": work.steps * cost.compute_s,
-        "fixed_s": work.steps * cost.overhead_s,
-        "exposed_comm_s": work.steps * cost.comm_exposed_s,
+        "compute_s": steps * cost.compute_s,
+        "fixed_s": steps * cost.overhead_s,
+        "exposed_comm_s": steps * cost.comm_exposed_s,
         "pipeline_s": cost.pipeline_s,
+        "encode_s": cost.encode_s,
         "decode_s": cost.decode_s,
     }
     return {
@@ -82,7 +88,11 @@ def explain(layout: ParallelDims, work: Workload, cluster: Cluster, cost: Estima
         "inputs": {
             "steps": work.steps,
             "tokens": work.sequence,
+            "batch_size": work.batch,
             "vae_decode": cost.decode_mode,
+            "vae_encode": None if work.encode is None else {
+                "width": work.encode.width, "height": work.encode.height, "frames": work.encode.frames,
+                "ranks": encode_ranks(layout, work)},
             **{name: value if isinstance(value, int) else round_figures(value) for name, value in asdict(terms).items()},
             "comm_bytes_per_step": {axis: int(nbytes) for axis, nbytes in cost.comm_bytes.items()},
             "comm_messages_per_step": {axis: round_figures(count) for axis, count in cost.comm_messages.items()},

@@ -9,6 +9,8 @@ seconds per job.
 The changes tried, each from the layout as it is: another decode mode (an exact one, or tiling), FSDP over the
 job group, tensor parallel, and more ranks per job (fewer data-parallel groups, the job split over more sequence
 ranks, or more DistriFusion patches). Each is priced by the cost model as a layout of its own; the fastest that fits wins.
+An image-conditioned job whose VAE encode sets the peak (`vae_encode`) is fitted the same way: more ranks per
+job encode it patch-parallel over more ranks (1/p each), and FSDP or TP leave it more room.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from genbatch.planner.hardware import Cluster
 Price = Callable[[ParallelDims, str], Estimate]
 """Prices a layout with the VAE decoded in a mode (`auto` included)."""
 
-_PARTS = ("weights", "text_encoder", "activations", "vae_decode")
+_PARTS = ("weights", "text_encoder", "activations", "vae_decode", "vae_encode")
+_PEAKS = ("activations", "vae_decode", "vae_encode")
+"""The parts that do not overlap in time: the peak is the resident parts plus the largest of these."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,14 +39,16 @@ class Overage:
     limit_gib: float
     """The memory per GPU the plan may fill, GiB."""
     part: str
-    """The part that sets the peak: `activations` or `vae_decode` (whichever is larger), else the weights."""
+    """The part that sets the peak: `activations`, `vae_decode` or `vae_encode` (whichever is largest), else the
+    weights."""
     parts: dict[str, float]
     """GiB per rank by part."""
     decode_mode: str
     """The decode mode the peak was priced with."""
 
     def describe(self, fix: Fix | None) -> str:
-        detail = ", ".join(f"{name} {self.parts[name]:.1f}" for name in _PARTS)
+        detail = ", ".join(f"{name} {self.parts[name]:.1f}" for name in _PARTS
+                           if name != "vae_encode" or self.parts.get(name))  # an encode only where a job has one
         text = (f"needs {self.needs_gib:.2f} GiB per rank > {self.limit_gib:.2f} GiB ({detail}, with a "
                 f"{self.decode_mode} decode; {self.part} sets the peak)")
         if fix is None:
@@ -84,7 +90,7 @@ def overage(cost: Estimate, cluster: Cluster) -> Overage | None:
     parts = cost.memory
     if parts["total"] <= cluster.memory_gib:
         return None
-    part = max(("activations", "vae_decode"), key=lambda name: parts[name])
+    part = max(_PEAKS, key=lambda name: parts.get(name, 0.0))
     if parts["total"] - parts[part] > cluster.memory_gib:  # the resident parts alone break it
         part = max(("weights", "text_encoder"), key=lambda name: parts[name])
     return Overage(needs_gib=parts["total"], limit_gib=cluster.memory_gib, part=part, parts=dict(parts),

@@ -1,12 +1,17 @@
-"""Peak memory per rank for a layout: weights, activations, stale K/V and the VAE decode.
+"""Peak memory per rank for a layout: weights, activations, stale K/V, the VAE encode and the VAE decode.
 
-Denoising and decoding do not overlap, so the peak is the resident weights plus the larger of the denoise
-activations (stale K/V included) and the VAE decode. Seed 000 gives the rules: weights are replicated under
+Encoding, denoising and decoding do not overlap, so the peak is the resident weights plus the largest of the
+denoise activations (stale K/V included), the VAE decode and, for a job that starts from an image, the VAE
+encode. Seed 000 gives the rules: weights are replicated under
 sequence, CFG and DistriFusion parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by
 layer); activations split 1/p under sequence parallel and DistriFusion (each rank holds [N/p, d]). Stale K/V, per
 CFG branch a rank runs: PipeFusion 2 x N x d x L/p (a stage's layers) over its sequence ranks, DistriFusion 2 x N x d x L (`stale_fit`).
 The VAE decode peak is the decoder's own (`vae_memory`: frame-causal, framewise or tiled as diffusers decodes),
-split 1/p with patch parallel over the job's group (§7.1).
+split 1/p with patch parallel over the job's group (§7.1). The VAE encode's is the encoder's own (`vae_encode`:
+Wan's frame-causal chunks, an image VAE whole, beside the input the pipeline built), split 1/p over the job's
+group where the VAE class encodes patch-parallel (the runner's `parallel_encoding` always does, on a group of
+two or more), on one rank otherwise. A batch of B rows (`Workload.batch`) holds B times the activations and the
+stale K/V; the weights do not grow, and the VAE encodes and decodes its rows one at a time.
 
 The decode mode is the layout's choice too: `auto` takes the first exact mode that fits (patch-parallel over
 the group where the VAE has it, then a one-rank full decode) and tiling only when neither does, since tiles are
@@ -20,6 +25,7 @@ from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.hardware import GIB
 from genbatch.planner.layouts import token_shards
 from genbatch.planner.stale_fit import branches_per_rank, stale_kv_bytes
+from genbatch.planner.vae_encode import encode_peak_bytes, encoder_memory
 from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, decoder_memory, first_fitting
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
@@ -61,6 +67,23 @@ def vae_decode_gib(layout: ParallelDims, work: Workload, mode: str) -> float:
                              bytes_per_value=BYTES_PER_VALUE) / GIB
 
 
+def encode_ranks(layout: ParallelDims, work: Workload) -> int:
+    """The ranks that share a job's VAE encode: its group where the VAE class encodes patch-parallel, else 1."""
+    memory = encoder_memory(work.shape.vae_class, is_video=work.shape.is_video)
+    parallel = layout.group_size > 1 and memory.vae_class in patch_parallel_classes()
+    return layout.group_size if parallel else 1
+
+
+def vae_encode_gib(layout: ParallelDims, work: Workload) -> float:
+    """The VAE encode's peak per rank before denoising, GiB; 0 for a job that starts from noise alone."""
+    source = work.encode
+    if source is None:
+        return 0.0
+    memory = encoder_memory(work.shape.vae_class, is_video=work.shape.is_video)
+    return encode_peak_bytes(memory, width=source.width, height=source.height, frames=source.frames,
+                             ranks=encode_ranks(layout, work), bytes_per_value=work.vae_bytes_per_value) / GIB
+
+
 def choose_decode(layout: ParallelDims, work: Workload, limit_gib: float, wanted: str = "auto") -> str:
     """The decode mode the layout runs: `wanted`, or with `auto` the first of `decode_modes` whose peak fits in
     `limit_gib` per rank (the smallest when none does: the layout is then rejected for memory)."""
@@ -74,7 +97,8 @@ def choose_decode(layout: ParallelDims, work: Workload, limit_gib: float, wanted
 
 
 def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") -> dict[str, float]:
-    """GiB per rank by part with the VAE decoded in mode `decode`, and `total` (the peak)."""
+    """GiB per rank by part with the VAE decoded in mode `decode`, and `total` (the peak): on the group's
+    leader, the fullest rank (it gathers the decoded output)."""
     shape = work.shape
     d, layers = shape.hidden_size, shape.num_layers
     patches = layout.pp  # PipeFusion streams as many patches as it has stages (xDiT's default)
@@ -84,15 +108,16 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
         weights += FSDP_PREFETCH_LAYERS * weight_bytes / layers
     # (N, d) split over sequence ranks (or DistriFusion patches), PipeFusion patches and TP columns
     pieces = token_shards(layout) * patches * layout.tp
-    activations = ACTIVATION_TENSORS * work.sequence * d * BYTES_PER_VALUE / pieces
-    stale_kv = stale_kv_bytes(shape, work.width, work.height, work.frames, layout, BYTES_PER_VALUE)  # DistriFusion
+    activations = work.batch * ACTIVATION_TENSORS * work.sequence * d * BYTES_PER_VALUE / pieces
+    stale_kv = work.batch * stale_kv_bytes(shape, work.width, work.height, work.frames, layout,
+                                           BYTES_PER_VALUE)  # DistriFusion
     if layout.pp > 1:
         # seed 000 §6.3: a stage keeps the K and V of all N tokens for its L/p layers (2 N d per layer) for each
         # CFG branch it runs; a sequence rank keeps its Ulysses heads of them and, under Ring, its 1/R of the
         # tokens (`parallel.pipeline.state`), split by TP heads as well
         branches = branches_per_rank(shape, layout)
         split = layout.tp * layout.ulysses * layout.ring
-        stale_kv = 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / split * branches
+        stale_kv = work.batch * 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / split * branches
     parts = {
         "weights": weights / GIB,
         # the runner's FSDP shards the text encoders over the job group too
@@ -101,9 +126,10 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
         "vae_weights": shape.vae_parameters * BYTES_PER_VALUE / GIB,
         "activations": (activations + stale_kv) / GIB,
         "stale_kv": stale_kv / GIB,  # of the activations: the previous step's K/V kept for the other patches
-        "vae_decode": vae_decode_gib(layout, work, decode),
+        "vae_decode": vae_decode_gib(layout, work, decode),  # one row at a time, whatever the batch
+        "vae_encode": vae_encode_gib(layout, work),  # likewise; 0 without an image
         "reserve": RESERVE_GIB,
     }
     resident = parts["weights"] + parts["text_encoder"] + parts["vae_weights"] + parts["reserve"]
-    parts["total"] = resident + max(parts["activations"], parts["vae_decode"])
+    parts["total"] = resident + max(parts["activations"], parts["vae_decode"], parts["vae_encode"])
     return parts

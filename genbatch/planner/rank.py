@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from genbatch.models.spec import ModelSpec
 from genbatch.parallel.axes import layout_problems
 from genbatch.parallel.dims import ParallelDims
+from genbatch.planner.conditioning import encode_input
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
 from genbatch.planner.fixes import Fix, Overage, memory_fix, overage
@@ -210,11 +211,16 @@ def plan(
     profile: Profile | None = None,
     decode: str = "auto",
     cache: bool = False,
+    image: bool | None = None,
+    input_size: tuple[int, int] | None = None,
+    batch_size: int = 1,
 ) -> Plan:
     """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs,
     priced with `profile`'s fitted parameters where it has them, the VAE decoded in mode `decode`. `steps` and
     `guidance` are the jobs' (None: the model's); a guidance of 1 or less runs one branch a step (a distilled
-    LoRA's recipe), so no layout splits CFG."""
+    LoRA's recipe), so no layout splits CFG. `image`: whether the jobs start from an image (None: as the model
+    does, with one if it takes one), whose VAE encode is priced; `input_size`: an edit model's resized input
+    image, (width, height); `batch_size`: rows denoised together in one forward."""
     if profile is not None and profile.device in GPUS and profile.device != gpu.lower():
         raise ValueError(f"profile {profile.name!r} was measured on {profile.device}, not {gpu}; "
                          f"plan with --gpu {profile.device}, or calibrate on {gpu}")
@@ -228,10 +234,27 @@ def plan(
     shape = resolve_shape(model)
     if guidance is not None and guidance <= 1.0 and shape.uses_cfg:
         shape = replace(shape, uses_cfg=False)  # one forward a step, as the model runs such a row
-    work = make_workload(shape, width=width, height=height, frames=frames, steps=steps,
-                         offload_text_encoder=offload_text_encoder)
+    work = workload_for(model, shape, width=width, height=height, frames=frames, steps=steps,
+                        offload_text_encoder=offload_text_encoder, image=image, input_size=input_size,
+                        batch_size=batch_size)
     return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile,
                 decode=decode, cache=cache)
+
+
+def workload_for(model: str | ModelSpec | ModelShape, shape: ModelShape, *, width: int | None = None,
+                 height: int | None = None, frames: int | None = None, steps: int | None = None,
+                 offload_text_encoder: bool = False, image: bool | None = None,
+                 input_size: tuple[int, int] | None = None, batch_size: int = 1) -> Workload:
+    """One job of `model` (resolved to `shape`) as `plan` prices it: the model's defaults filling what is not
+    given, the VAE encode its image needs (`conditioning.encode_input`), `batch_size` rows a forward. An edit
+    model's jobs without an image (`image=False`) attend over the output's tokens alone."""
+    if image is False and shape.joins_image_tokens:
+        shape = replace(shape, joins_image_tokens=False)
+    work = make_workload(shape, width=width, height=height, frames=frames, steps=steps,
+                         offload_text_encoder=offload_text_encoder, batch=batch_size)
+    encode = encode_input(model, shape, width=work.width, height=work.height, frames=work.frames, image=image,
+                          input_size=input_size)
+    return replace(work, encode=encode)
 
 
 def best_layout(model: str | ModelSpec | ModelShape, gpus: int, **options) -> dict[str, int]:

@@ -8,7 +8,7 @@ from genbatch.planner.explain import explain, round_figures as _round
 from genbatch.planner.layouts import plan_degrees
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan, Rejection
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """Bumped when a field of `plan_to_dict` changes meaning, goes away or is added (2: PipeFusion's degree is `pp`,
 the runner's axis name, and every layout carries its `layout` name; 3: the plan names its `profile` and every
 layout carries `explain`: its inputs, parameters and their sources, and the terms of its sum; 4: every layout
@@ -16,7 +16,10 @@ carries its `vae_decode` mode, `vae_parallel` counts the ranks that decode (1 wh
 and a layout rejected for memory carries `over` (the number that broke the limit) and `fix` (the change that
 fits with the fewest seconds per job, or null); 5: every layout carries its `distrifusion` degree, and its
 `memory_gib` the `stale_kv` part of its activations (the previous step's K/V of PipeFusion and DistriFusion); 6: `available` and `note` go, as the runner runs every
-layout the planner ranks (the axis table's one rule set, `parallel/axes.py`))."""
+layout the planner ranks (the axis table's one rule set, `parallel/axes.py`); 7: the workload carries its
+`batch_size` and the `encode` its VAE runs first (null for a job from noise alone), `memory_gib` a `vae_encode`
+part, the breakdown `encode_s_per_job`, and `explain` its `encode_s` term and `vae_encode` and `batch_size`
+inputs)."""
 
 
 def layout_to_dict(layout: ParallelDims, decode_mode: str = "parallel") -> dict:
@@ -50,6 +53,7 @@ def candidate_to_dict(candidate: Candidate, plan: Plan) -> dict:
             "comm_s_per_step": _round(cost.comm_s),
             "comm_exposed_s_per_step": _round(cost.comm_exposed_s),
             "decode_s_per_job": _round(cost.decode_s),
+            "encode_s_per_job": _round(cost.encode_s),
             "pipeline_s_per_job": _round(cost.pipeline_s),
             "comm_bytes_per_step": {axis: int(nbytes) for axis, nbytes in cost.comm_bytes.items()},
             "links": dict(cost.links),
@@ -77,6 +81,11 @@ def plan_to_dict(plan: Plan) -> dict:
             "tokens": work.sequence,
             "image_tokens": work.image_tokens,
             "offload_text_encoder": work.offload_text_encoder,
+            "batch_size": work.batch,
+            "encode": None if work.encode is None else {
+                "what": work.encode.what, "width": work.encode.width, "height": work.encode.height,
+                "frames": work.encode.frames,
+            },
         },
         "cluster": {
             "gpu": cluster.gpu.name,
@@ -116,8 +125,10 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
         + (f"; only layouts with {plan.constraints.flags()}" if plan.constraints.given else ""),
         "",
     ]
+    encodes = work.encode is not None
     header = ["#", *(_SHORT[axis] for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
-              "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", "decode"]
+              "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", *(("enc", "enc s") if encodes else ()),
+              "decode"]
     rows = [header]
     for index, candidate in enumerate(plan.ranked[:top], start=1):
         cost, memory = candidate.estimate, candidate.estimate.memory
@@ -126,7 +137,8 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
             f"{cost.seconds_per_job:.2f}", f"{cost.seconds_per_step:.3f}", f"{candidate.jobs_per_hour:.1f}",
             f"{cost.compute_s:.3f}", f"{cost.comm_s:.3f}", f"{cost.comm_exposed_s:.3f}",
             f"{cost.comm_bytes_per_step / 1e9:.2f}", f"{memory['total']:.1f}", f"{memory['weights']:.1f}",
-            f"{memory['activations']:.1f}", f"{memory['vae_decode']:.1f}", cost.decode_mode,
+            f"{memory['activations']:.1f}", f"{memory['vae_decode']:.1f}",
+            *((f"{memory['vae_encode']:.1f}", f"{cost.encode_s:.2f}") if encodes else ()), cost.decode_mode,
         ])
     widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
     for row in rows:
@@ -135,8 +147,11 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
     if len(plan.ranked) > top:
         lines.append(f"... {len(plan.ranked) - top} more legal layouts (--top N, or --json for all)")
     lines.append("(seconds: compute, comm (all traffic) and exposed (left after overlap) per step; memory in GiB "
-                 "per rank: total, weights, denoise activations, VAE decode peak; decode: parallel over the job "
-                 "group, full on its leader, or tiled there (blended tiles) when no exact mode fits)")
+                 "per rank: total, weights, denoise activations, VAE decode peak"
+                 + ("; enc: the VAE encode's peak (GiB) and seconds per job, patch-parallel over the job group"
+                    if encodes else "")
+                 + "; decode: parallel over the job group, full on its leader, or tiled there (blended tiles) when "
+                 "no exact mode fits)")
     stale = [f"{_SHORT[axis]} ({method})" for axis, method in STALE_AXES.items()
              if any(candidate.layout.degree(axis) > 1 for candidate in plan.ranked[:top])]
     if stale:

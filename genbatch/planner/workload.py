@@ -1,4 +1,5 @@
-"""One job as the planner prices it: a model shape at a size and a step count."""
+"""One job as the planner prices it: a model shape at a size and a step count, the pixels its VAE encodes
+first when it starts from an image, and the rows batched into each forward."""
 
 from __future__ import annotations
 
@@ -8,6 +9,29 @@ from genbatch.planner.shapes import ModelShape
 
 BYTES_PER_VALUE = 2
 """bf16 weights, activations and messages."""
+VIDEO_VAE_BYTES_PER_VALUE = 4
+"""A video model's VAE runs in fp32 (`genbatch.runner.loading.finish_placement`, as the Wan reference code
+runs it); an image model's in the run's bf16."""
+MAX_BATCH = 256
+"""The largest `--batch-size` the planner prices (the runner's `auto` stops at 16)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EncodeInput:
+    """What the VAE encoder sees before a conditioned job denoises (`genbatch.planner.conditioning`)."""
+
+    width: int
+    """Input width, pixels."""
+    height: int
+    """Input height, pixels."""
+    frames: int | None
+    """Input frames (Wan I2V's conditioning video: the output's frames); None for one image."""
+    what: str
+    """What it is, for the plan's text: `conditioning video`, `input image`, `first frame`."""
+
+    def describe(self) -> str:
+        size = f"{self.width}x{self.height}" + (f"x{self.frames}f" if self.frames else "")
+        return f"{self.what} {size}"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -27,6 +51,16 @@ class Workload:
     offload_text_encoder: bool = False
     """True when the text encoders leave the GPU after encoding (loaded again for each job); False when they
     stay resident beside the transformer."""
+    encode: EncodeInput | None = None
+    """The VAE encode before denoising of an image-conditioned job; None: the job starts from noise alone."""
+    batch: int = 1
+    """Rows denoised together in one forward (`--batch-size`): GEMM rows and activations grow by it; the
+    weights, and the VAE encode and decode (which run row by row), do not."""
+
+    @property
+    def vae_bytes_per_value(self) -> int:
+        """Bytes of one value in the VAE's encode: fp32 for a video model, bf16 for an image model."""
+        return VIDEO_VAE_BYTES_PER_VALUE if self.shape.is_video else BYTES_PER_VALUE
 
     @property
     def image_tokens(self) -> int:
@@ -53,7 +87,9 @@ class Workload:
     def describe(self) -> str:
         size = f"{self.width}x{self.height}" + (f"x{self.frames}f" if self.frames else "")
         branches = "2 branches (CFG)" if self.shape.uses_cfg else "1 branch"
-        return f"{self.shape.name} {size} {self.steps} steps x {branches} ({self.sequence} tokens)"
+        batch = f", batches of {self.batch}" if self.batch > 1 else ""
+        encode = f", VAE-encoding its {self.encode.describe()}" if self.encode is not None else ""
+        return f"{self.shape.name} {size} {self.steps} steps x {branches} ({self.sequence} tokens){batch}{encode}"
 
 
 def make_workload(
@@ -64,14 +100,19 @@ def make_workload(
     frames: int | None = None,
     steps: int | None = None,
     offload_text_encoder: bool = False,
+    encode: EncodeInput | None = None,
+    batch: int = 1,
 ) -> Workload:
-    """The workload at the given size, the model's defaults filling what is not given."""
+    """The workload at the given size, the model's defaults filling what is not given; `encode`: what its VAE
+    encodes first (`conditioning.encode_input`), `batch`: rows per forward."""
     width = shape.width if width is None else width
     height = shape.height if height is None else height
     steps = shape.steps if steps is None else steps
-    for flag, value in (("--width", width), ("--height", height), ("--steps", steps)):
+    for flag, value in (("--width", width), ("--height", height), ("--steps", steps), ("--batch-size", batch)):
         if value < 1:
             raise ValueError(f"{flag} {value} must be at least 1")
+    if batch > MAX_BATCH:
+        raise ValueError(f"--batch-size {batch} is more than the planner prices ({MAX_BATCH}); give at most that")
     if shape.is_video:
         frames = shape.frames if frames is None else frames
         if frames is None or frames < 1:
@@ -81,4 +122,4 @@ def make_workload(
     else:
         frames = None
     return Workload(shape=shape, width=width, height=height, frames=frames, steps=steps,
-                    offload_text_encoder=offload_text_encoder)
+                    offload_text_encoder=offload_text_encoder, encode=encode, batch=batch)

@@ -27,10 +27,11 @@ def _json(*args: str) -> dict:
 
 def test_json_schema_best_first_with_rejections():
     data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
-    assert data["schema"] == 6 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["schema"] == 7 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
     assert data["profile"] is None
     assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
-                                "image_tokens": 75600, "offload_text_encoder": False}
+                                "image_tokens": 75600, "offload_text_encoder": False, "batch_size": 1,
+                                "encode": None}
     assert data["cluster"]["gpu"] == "h100" and data["cluster"]["gpus"] == 8 and data["cluster"]["network"] is None
     layouts = data["layouts"]
     for layout in layouts:
@@ -79,7 +80,8 @@ def _check_explanation(layout: dict) -> None:
     """The terms add up to the estimate, and every active axis names its link, kind, figures and source."""
     why = layout["explain"]
     assert why["profile"] is None and why["inputs"]["steps"] == 50
-    assert set(why["terms_s_per_job"]) == {"compute_s", "fixed_s", "exposed_comm_s", "pipeline_s", "decode_s"}
+    assert set(why["terms_s_per_job"]) == {"compute_s", "fixed_s", "exposed_comm_s", "pipeline_s", "encode_s",
+                                          "decode_s"}
     assert why["sum_s_per_job"] == pytest.approx(layout["seconds_per_job"], rel=1e-3)
     assert why["terms_s_per_job"]["compute_s"] == pytest.approx(50 * layout["breakdown"]["compute_s_per_step"], rel=1e-3)
     assert why["inputs"]["comm_bytes_per_step"] == layout["breakdown"]["comm_bytes_per_step"]

@@ -1,0 +1,143 @@
+"""What an image-conditioned job's VAE encodes before it denoises: whether the model takes an image, and the
+pixels and frames its encoder sees.
+
+    encode_input("wan2.1-i2v-14b", resolve_shape("wan2.1-i2v-14b"), width=1280, height=720, frames=81)
+    # EncodeInput(width=1280, height=720, frames=81, what='conditioning video')
+
+Each family encodes as its diffusers pipeline does (the family modules' docstrings):
+- Wan 2.1/2.2 I2V and FLF2V (`WanImageToVideoPipeline`): the conditioning video (the first frame, zeros, the
+  last frame) at the output's size and frames. Wan 2.2 TI2V (in channels = out channels, the image optional):
+  the image alone, at the output's size, as the first latent frame.
+- FLUX.1 Kontext (`FluxKontextPipeline`): the input image, resized to the preferred resolution (about a
+  megapixel) nearest its aspect ratio; a model whose defaults carry `auto_resize: 0` keeps the image's size.
+- Qwen-Image-Edit (`QwenImageEditPipeline`): the input image at `input_area` (a megapixel) at its aspect ratio,
+  each side a multiple of 32.
+
+The planner does not see the images, so it takes the input's aspect ratio for the output's (`gen plan
+--input-size WxH` gives the resized input instead). Which family encodes what is listed here, by family name,
+until `ModelShape` carries it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from genbatch.models import families, resolve_model
+from genbatch.models import qwen_image_edit
+from genbatch.models.spec import ModelSpec, UnknownModelError
+from genbatch.planner.shapes import ModelShape, PUBLISHED
+from genbatch.planner.workload import EncodeInput
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Encodes:
+    """How one family's rows feed an image to the VAE encoder."""
+
+    video: bool
+    """True: the conditioning video at the output's size and frames; False: one image."""
+    area: int | None = None
+    """Pixels the input image is resized to (at its aspect ratio); None: the output's size."""
+    multiple: int = 16
+    """Each side of the resized input is rounded to a multiple of this."""
+    required: bool = True
+    """True when every row of the model carries an image."""
+
+
+FAMILY_ENCODES: dict[str, Encodes] = {
+    "wan-i2v": Encodes(video=True),
+    "flux-kontext": Encodes(video=False, area=1024 * 1024, multiple=16, required=False),
+    "qwen-image-edit": Encodes(video=False, area=qwen_image_edit.INPUT_AREA, multiple=qwen_image_edit.INPUT_MULTIPLE),
+}
+"""Families whose rows start from an image, by `ModelFamily.name`."""
+
+
+def _published_family(name: str) -> str | None:
+    """The family a published shape is listed under; None for a planned-only model or another name."""
+    for family in families().values():
+        if any(shape.name == name for shape in family.published):
+            return family.name
+    return None
+
+
+def _model_encodes(model: str | ModelSpec | ModelShape, shape: ModelShape) -> Encodes | None:
+    """How `model`'s rows encode an image, from its spec where there is one (a preset or a directory says which
+    media it takes, and its defaults the input's area), else from the family that publishes the shape."""
+    spec = model if isinstance(model, ModelSpec) else None
+    if spec is None and isinstance(model, str) and model.lower() not in PUBLISHED:
+        try:
+            spec = resolve_model(model)
+        except UnknownModelError:
+            spec = None
+    if spec is not None:
+        if not spec.media_inputs:
+            return None
+        encodes = FAMILY_ENCODES.get(spec.family) or Encodes(video=spec.is_video)
+        required = bool(spec.media_required)
+        defaults = spec.defaults
+        area = encodes.area
+        if "input_area" in defaults:
+            area = int(defaults["input_area"])
+        if defaults.get("auto_resize") == 0:
+            area = None  # the image's own size: taken at the output's
+        # Wan 2.2 TI2V: the image is optional and replaces the first latent frame, so only it is encoded
+        video = encodes.video and required
+        return Encodes(video=video, area=area, multiple=encodes.multiple, required=required)
+    family = _published_family(model.lower() if isinstance(model, str) else shape.name)
+    if family in FAMILY_ENCODES:
+        return FAMILY_ENCODES[family]
+    if shape.joins_image_tokens:  # an edit model the planner knows by shape alone
+        return Encodes(video=False, area=None, required=True)
+    return None
+
+
+def resized(width: int, height: int, area: int, multiple: int) -> tuple[int, int]:
+    """(width, height) of an image of `width` x `height`'s aspect ratio resized to about `area` pixels, each side
+    rounded to the nearest multiple of `multiple` (Qwen-Image-Edit's `calculate_dimensions`)."""
+    ratio = width / height
+    new_width = max(multiple, round(math.sqrt(area * ratio) / multiple) * multiple)
+    new_height = max(multiple, round(new_width / ratio / multiple) * multiple)
+    return new_width, new_height
+
+
+def takes_image(model: str | ModelSpec | ModelShape, shape: ModelShape) -> bool:
+    """True when `model`'s rows can start from an image."""
+    return _model_encodes(model, shape) is not None
+
+
+def encode_input(model: str | ModelSpec | ModelShape, shape: ModelShape, *, width: int, height: int,
+                 frames: int | None, image: bool | None = None,
+                 input_size: tuple[int, int] | None = None) -> EncodeInput | None:
+    """What `model`'s VAE encodes for a job of `width` x `height` (x `frames`), or None when the job starts from
+    noise alone. `image`: whether the jobs carry an image (None: the model's way, with one if it takes one);
+    `input_size`: the resized input image's (width, height) instead of the one derived from the output's size."""
+    encodes = _model_encodes(model, shape)
+    if encodes is None:
+        if image:
+            raise ValueError(f"{shape.name} takes no image (it generates from text alone); drop --image")
+        if input_size is not None:
+            raise ValueError(f"--input-size applies to a model that takes an image; {shape.name} takes none")
+        return None
+    if image is False:
+        if encodes.required:
+            raise ValueError(f"every row of {shape.name} starts from an image; drop --no-image")
+        if input_size is not None:
+            raise ValueError("--input-size describes the input image; drop it with --no-image")
+        return None
+    if encodes.video:
+        if input_size is not None:
+            raise ValueError(f"{shape.name} resizes its image to the output's size; drop --input-size")
+        return EncodeInput(width=width, height=height, frames=frames, what="conditioning video")
+    if input_size is not None:
+        in_width, in_height = input_size
+        if in_width < 1 or in_height < 1:
+            raise ValueError(f"--input-size {in_width}x{in_height} must be at least 1x1")
+    elif encodes.area is not None:
+        in_width, in_height = resized(width, height, encodes.area, encodes.multiple)
+    else:
+        in_width, in_height = width, height
+    what = "first frame" if shape.is_video else "input image"
+    return EncodeInput(width=in_width, height=in_height, frames=None, what=what)
+
+
+__all__ = ["FAMILY_ENCODES", "Encodes", "encode_input", "resized", "takes_image"]

@@ -1,0 +1,102 @@
+"""Each VAE's real encode peak and work: what an image-conditioned row costs before its first denoising step.
+
+    encode_peak_bytes(WAN_ENCODER, width=1280, height=720, frames=81, ranks=1, bytes_per_value=4)
+
+A row that starts from an image runs the VAE encoder first (the runner's `parallel_encoding`, patch-parallel
+over the job group where the VAE class decodes patch-parallel too, `ModelFamily.vae_classes`):
+- Wan 2.1/2.2 I2V and FLF2V (`AutoencoderKLWan`) encode the whole conditioning video (the first frame, zeros,
+  the last frame) at the output's size, frame-causally as diffusers does: the first frame alone, then four
+  frames at a time, with a cache of each causal convolution's last frames; Wan 2.2 TI2V encodes the image alone.
+- Qwen-Image-Edit (`AutoencoderKLQwenImage`, Wan's encoder) and FLUX.1 Kontext (`AutoencoderKL`) encode the
+  input image at its resized area.
+
+The peak is the activations of one chunk (`frames_at_once` input frames over the encoded area, `values_per_pixel`
+live values per input pixel and frame, plus `values_per_area` per pixel that do not grow with the chunk: the
+feature caches) plus the whole input alive beside it (`input_copies`: the conditioning video the pipeline built).
+Patch-parallel, each rank encodes a tile of 1/p of the area, and holds the whole input and its own tile of it
+(`genbatch.parallel.vae.encode.parallel_encode` slices the tile from the whole input); the gathered latent is
+2 z channels at 1/64 of the pixels, which no peak notices.
+
+The constants were counted on diffusers' encoders at their published configs with random weights: live tensors
+under a dispatch mode, the input built inside the count as the pipeline builds it, and FLOPs under torch's
+`FlopCounterMode` (`bench/vae_memory.py`; its output, bench/results/cpu/vae_memory-encode.txt, compares this model
+with the counts). On the meta device attention is decomposed into its math form, so a single large frame counts
+its mid-block attention scores, which the fused kernels of a GPU and a CPU never hold: the constants are fitted
+where those scores are negligible.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EncoderMemory:
+    """How one VAE class's encoder holds memory and spends work while it encodes."""
+
+    vae_class: str
+    """The diffusers class name."""
+    channels: int
+    """Input-side channel width of the config the constants were counted on (activations scale with it)."""
+    values_per_pixel: float
+    """Live values per input pixel and per input frame of the chunk encoded at once, at the peak."""
+    values_per_area: float
+    """Live values per input pixel that do not grow with the chunk (the causal convolutions' feature caches)."""
+    frames_at_once: int
+    """Input frames encoded at once after the first (1 for an image VAE)."""
+    input_copies: float
+    """Whole inputs (3 values per pixel and frame) alive during the encode: the tensor the pipeline built."""
+    mflop_per_pixel: float
+    """Encoder work per input pixel and frame, MFLOP."""
+
+    def scale(self, channels: int | None) -> float:
+        """How much larger an encoder of `channels` input-side channels is than the one measured."""
+        return 1.0 if not channels else channels / self.channels
+
+
+IMAGE_ENCODER = EncoderMemory(vae_class="AutoencoderKL", channels=128, values_per_pixel=640.0, values_per_area=0.0,
+                              frames_at_once=1, input_copies=1.0, mflop_per_pixel=4.7)
+"""FLUX / SD3 (block_out_channels 128, 256, 512, 512): 5 x 128 values a pixel at the first stage, counted 640.0 at
+512^2 and at 1024^2 (2.5 GiB in fp32 at 1024^2); 4.66 MFLOP a pixel at 1024^2 (4.26 at 512^2: the mid-block
+attention grows with the tokens)."""
+WAN_ENCODER = EncoderMemory(vae_class="AutoencoderKLWan", channels=96, values_per_pixel=854.0, values_per_area=117.0,
+                            frames_at_once=4, input_copies=1.0, mflop_per_pixel=5.1)
+"""Wan 2.1 (base_dim 96): 971 values a pixel for one frame, 3,533 from nine frames on (the first frame, then
+chunks of four beside a full cache), the same at 208x120 and 1280x720; 5.1 MFLOP a pixel and frame at 81 frames."""
+QWEN_IMAGE_ENCODER = EncoderMemory(vae_class="AutoencoderKLQwenImage", channels=96, values_per_pixel=854.0,
+                                   values_per_area=117.0, frames_at_once=4, input_copies=1.0, mflop_per_pixel=6.7)
+"""Qwen-Image: Wan's encoder, encoding one frame (the first frame's causal padding makes it dearer a pixel)."""
+
+ENCODERS: dict[str, EncoderMemory] = {memory.vae_class: memory for memory in (IMAGE_ENCODER, WAN_ENCODER,
+                                                                              QWEN_IMAGE_ENCODER)}
+"""Every VAE class whose encoder the planner models, by class name."""
+
+
+def encoder_memory(vae_class: str, *, is_video: bool) -> EncoderMemory:
+    """The model of `vae_class`'s encoder; an unknown or unnamed class is taken for Wan's (video) or the image VAE's."""
+    return ENCODERS.get(vae_class) or (WAN_ENCODER if is_video else IMAGE_ENCODER)
+
+
+def encode_peak_bytes(memory: EncoderMemory, *, width: int, height: int, frames: int | None, ranks: int = 1,
+                      bytes_per_value: int = 2, channels: int | None = None) -> float:
+    """Peak bytes on one rank while encoding a `width` x `height` x `frames` input over `ranks` ranks
+    (patch-parallel when more than one); `channels` describes an encoder configured otherwise than the one the
+    constants were counted on."""
+    frames = max(frames or 1, 1)
+    area = height * width
+    chunk = min(frames, memory.frames_at_once)
+    activations = memory.scale(channels) * area * (memory.values_per_pixel * chunk + memory.values_per_area)
+    whole_input = 3 * frames * area
+    ranks = max(ranks, 1)
+    # each rank: its tile's activations and its tile of the input, beside the whole input it was handed
+    tile_input = whole_input / ranks if ranks > 1 else 0.0
+    values = activations / ranks + memory.input_copies * whole_input + tile_input
+    return values * bytes_per_value
+
+
+def encode_flops(memory: EncoderMemory, *, width: int, height: int, frames: int | None) -> float:
+    """The encoder's FLOPs over the whole input (all ranks together)."""
+    return width * height * max(frames or 1, 1) * memory.mflop_per_pixel * 1e6
+
+
+__all__ = ["ENCODERS", "EncoderMemory", "encode_flops", "encode_peak_bytes", "encoder_memory"]
