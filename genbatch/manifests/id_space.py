@@ -1,9 +1,9 @@
 """The job ids of a whole manifest, column-wise: which rows take an id an earlier row's jobs already have.
 
 With `num_outputs`, a row's job ids are `<id>-0` to `<id>-(K-1)` (`genbatch.manifests.outputs`). They share one
-namespace with every row's own id, first use first: a later row whose own id an earlier row derives, or one
-of whose derived ids an earlier row has (as its id or among its derived ids), is rejected naming the id and
-the earlier row. An id equal to an earlier row's own id is the duplicate rule's (`columns.first_uses`).
+namespace with every row's own id, first use first: a later row whose own id an earlier row derives, or which
+derives an earlier row's own id, is rejected naming the id and the earlier row. An id two rows both have as
+their own, or both derive (then their own ids are equal too), is the duplicate rule's (`columns.first_uses`).
 
 Every entry (each usable row's id, then the ids it derives) is one string in an Arrow array sorted once, as
 `first_uses` does for the ids alone; a manifest without a count above 1 builds nothing.
@@ -29,7 +29,7 @@ def _strings(ids: pa.Array | pa.ChunkedArray) -> pa.Array:
 
 def collisions(ids: pa.Array | pa.ChunkedArray, counts: np.ndarray) -> dict[int, list[tuple[str, str]]]:
     """Row -> its (column, reason) collisions: `id` when its own id is an earlier row's derived id,
-    `num_outputs` (once per row, the first id named, how many more said) when its derived ids are taken.
+    `num_outputs` (once per row, the first id named, how many more said) when it derives earlier rows' ids.
     `counts`: the jobs each row makes (`outputs.output_counts`). Rows whose own id is unusable take no part."""
     counts = np.asarray(counts, np.int64)
     ids = _strings(ids)
@@ -52,16 +52,16 @@ def collisions(ids: pa.Array | pa.ChunkedArray, counts: np.ndarray) -> dict[int,
     found: dict[int, list[tuple[str, str]]] = {}
     taken: dict[int, list[tuple[int, int]]] = {}  # row -> (its entry, the earlier entry) for its derived ids
     for position, earlier in zip(later.tolist(), first.tolist(), strict=True):
-        row = int(rows[position])
-        if ks[position] < 0:
-            if ks[earlier] >= 0:  # own against own: a duplicate id, said by the duplicate rule
-                found.setdefault(row, []).append(("id", outputs.id_collision(names[position].as_py(),
-                                                                              int(rows[earlier]))))
-        else:
+        row, own, earlier_own = int(rows[position]), ks[position] < 0, ks[earlier] < 0
+        if own and not earlier_own:
+            found.setdefault(row, []).append(("id", outputs.id_collision(names[position].as_py(),
+                                                                          int(rows[earlier]))))
+        elif earlier_own and not own:
             taken.setdefault(row, []).append((position, earlier))
+        # own against own, derived against derived: a duplicate id, said by the duplicate rule
     for row, pairs in taken.items():
         position, earlier = pairs[0]
         reason = outputs.outputs_collision(int(counts[row]), names[position].as_py(), int(rows[earlier]),
-                                           bool(ks[earlier] >= 0), len(pairs) - 1)
+                                           len(pairs) - 1)
         found.setdefault(row, []).append((outputs.COLUMN, reason))
     return found

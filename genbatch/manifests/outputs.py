@@ -5,9 +5,10 @@ Output k runs with the row's `seed` plus k, or without a seed with the hash of i
 own id and seed: such a manifest runs exactly as before. Every job keeps its row's index (`row`) and id
 (`source_id`).
 
-The ids K derives share one namespace with the rows' own ids: a row one of whose job ids an earlier row
-already has (as its id, or among the ids its `num_outputs` derives) is rejected, as a duplicate id is, naming
-the id and the earlier row. This module holds the rules (the messages), the row-by-row namespace
+The ids K derives share one namespace with the rows' own ids: a row whose own id an earlier row derives, or
+which derives an earlier row's own id, is rejected, as a duplicate id is, naming the id and the earlier row.
+(Two rows derive the same id only when they have the same id: `<a>-k` ends in the one integer k, so that is
+the duplicate rule's to say.) This module holds the rules (the messages), the row-by-row namespace
 (`JobIds`, for `validate.RowChecker`) and the expansion of a checked row or record batch into its jobs; the
 whole manifest's namespace, column-wise, is `genbatch.manifests.id_space`.
 """
@@ -82,20 +83,17 @@ def seed_problem(seed: int | None, count: int) -> str | None:
             f"seed up to {INT64_MAX - count + 1}, or leave it null")
 
 
-def _earlier(row: int, derived: bool) -> str:
-    return f"a job id of row {row} (from its num_outputs)" if derived else f"the id of row {row}"
-
-
 def id_collision(job_id: str, row: int) -> str:
     """The `id` problem of a row whose own id an earlier row's `num_outputs` derives."""
-    return f"{job_id!r} is already {_earlier(row, True)}; job ids must be unique, rename this row or that one"
+    return (f"{job_id!r} is already a job id of row {row} (from its num_outputs); job ids must be unique, "
+            "rename this row or that one")
 
 
-def outputs_collision(count: int, job_id: str, row: int, derived: bool, more: int) -> str:
-    """The `num_outputs` problem of a row one of whose derived ids (`job_id`, the first; `more` others) an
-    earlier row already has (`derived`: among its own derived ids)."""
+def outputs_collision(count: int, job_id: str, row: int, more: int) -> str:
+    """The `num_outputs` problem of a row that derives an earlier row's id (`job_id`, the first such; `more`
+    others)."""
     others = f" (and {more} more of this row's ids)" if more else ""
-    return (f"num_outputs {count} derives {job_id!r}, already {_earlier(row, derived)}{others}; job ids must be "
+    return (f"num_outputs {count} derives {job_id!r}, already the id of row {row}{others}; job ids must be "
             "unique, rename one of the rows or lower num_outputs")
 
 
@@ -108,16 +106,16 @@ class JobIds:
 
     def add(self, row: int, job_id: str, count: int) -> list[tuple[str, str]]:
         """Record a row whose own id is usable; the (column, reason) problems of its ids an earlier row has.
-        Its own id against an earlier row's own id is the duplicate rule's, not this one's."""
+        An id both rows have as their own, or both derive, is the duplicate rule's, not this one's."""
         problems = []
         held = self._first.get(job_id)
         if held is not None and held[1]:
             problems.append(("id", id_collision(job_id, held[0])))
         derived = [] if count == 1 else job_ids(job_id, count)
-        taken = [(name, self._first[name]) for name in derived if name in self._first]
+        taken = [(name, self._first[name][0]) for name in derived if name in self._first and not self._first[name][1]]
         if taken:
-            name, (first_row, first_derived) = taken[0]
-            problems.append((COLUMN, outputs_collision(count, name, first_row, first_derived, len(taken) - 1)))
+            name, first_row = taken[0]
+            problems.append((COLUMN, outputs_collision(count, name, first_row, len(taken) - 1)))
         self._first.setdefault(job_id, (row, False))
         for name in derived:
             self._first.setdefault(name, (row, True))

@@ -41,10 +41,14 @@ LORA_POOL = [None] * 200 + [[], [{"uri": "org/style"}], [{"uri": "./loras/a.safe
                             [{"uri": "org/a"}, {"uri": "org/b", "scale": 2.0, "weight_name": "b.safetensors"}],
                             [{"uri": "loras/x.bin"}], [{"uri": ""}], [{"uri": "org/c", "scale": float("nan")}]]
 """The `lora` column's values, drawn apart too: good sets, none, and three kinds of bad entry."""
+OUTPUTS_POOL = [None] * 16 + [1, 2, 2, 3, 3, 0, -1, 1001]
+"""`num_outputs`, drawn apart: one job, several (some rows take ids others derive), bad counts."""
+FLOAT_OUTPUTS = [2.0, 2.5, float("nan")]
+"""What a float `num_outputs` column (pandas' integers with nulls) adds."""
 LORA_TYPE = pa.list_(pa.struct([("uri", pa.string()), ("scale", pa.float64()), ("weight_name", pa.string())]))
-PLAIN = {"seed": pa.uint64(), "width": pa.int64(), "height": pa.int64(), "num_frames": pa.int64(),
+PLAIN = {"num_outputs": pa.int64(), "seed": pa.uint64(), "width": pa.int64(), "height": pa.int64(), "num_frames": pa.int64(),
          "num_inference_steps": pa.int64(), "fps": pa.int64(), "guidance_scale": pa.float64()}
-ODD = {"seed": pa.uint64(), "width": pa.int8(), "height": pa.int16(), "num_frames": pa.int32(),
+ODD = {"num_outputs": pa.float64(), "seed": pa.uint64(), "width": pa.int8(), "height": pa.int16(), "num_frames": pa.int32(),
        "num_inference_steps": pa.int64(), "fps": pa.null(), "guidance_scale": pa.float32()}
 
 
@@ -60,7 +64,16 @@ def _manifest(path, types, drop=()) -> str:
         ids[i] = ids[int(rng.integers(0, ROWS))]
     for i in rng.integers(0, ROWS, 60):
         ids[i] = POOLS["id"][int(rng.integers(0, len(POOLS["id"])))]
+    outputs_rng = np.random.default_rng(17)
+    for i in outputs_rng.integers(0, ROWS, 400):  # ids that other rows' num_outputs derive, ids too long to derive
+        ids[i] = f"job-{int(outputs_rng.integers(0, ROWS))}-{int(outputs_rng.integers(0, 3))}"
+    for i in outputs_rng.integers(0, ROWS, 10):
+        ids[i] = "y" * 199
+    for i in outputs_rng.integers(0, ROWS, 100):
+        columns["seed"][i] = 2**63 - 1
     columns["id"] = ids
+    pool = OUTPUTS_POOL + (FLOAT_OUTPUTS if types.get("num_outputs") == pa.float64() else [])
+    columns["num_outputs"] = [pool[k] for k in outputs_rng.integers(0, len(pool), ROWS)]
     media_rng = np.random.default_rng(11)
     for name, pool in MEDIA_POOLS.items():
         columns[name] = [pool[k] for k in media_rng.integers(0, len(pool), ROWS)]
@@ -133,9 +146,14 @@ def test_column_checks_equal_the_row_rules(tmp_path, types, drop, overrides):
                      "not a preset", "empty model name", "video models only", "must be positive", "is negative",
                      "not a finite number", "not a multiple of", "not of the form", "is not a cache mode",
                      "the teacache threshold", "the fbc threshold", "the taylorseer interval",
-                     "is a pickle file", "has no uri", "has scale nan"):
+                     "is a pickle file", "has no uri", "has scale nan", "already a job id of row",
+                     "already the id of", "at least one", "more than the 1000", "makes ids of up to", "one seed per output"):
             assert part in reasons, part
+        assert len(result.jobs) > len({job.row for job in result.jobs})  # rows of several outputs
+        assert "num_outputs" in columns
         assert () in sets and any(sets - {()})  # rows with adapters, rows with none
+    if types is ODD:
+        assert "is not a whole number" in " ".join(rejection.reason for rejection in result.rejected)
 
     # the hand-out order and every share, from the columns, equal those of the JobSpecs
     keys = OrderKeys(result.jobs, resolve_model)
