@@ -9,6 +9,7 @@ image-to-video and edit rows start from (examples/images/).
 Rows without `model` run on the run's `--model` (here the tiny-wan preset; there is no default model, so a
 manifest with such rows needs one); null settings take the run-level option or the model's default; a null
 `seed` is derived from the row's `id`. The `image` column is a path relative to the manifest's directory.
+`num_outputs` 2 makes the owl row two jobs, `flux-owl-0` and `flux-owl-1`, each with its own seed.
 `category` and `priority` are extra columns: genbatch carries them into the results table untouched.
 """
 
@@ -34,6 +35,7 @@ SCHEMA = pa.schema(
         ("seed", pa.int64()),
         ("fps", pa.int64()),
         ("image", pa.string()),
+        ("num_outputs", pa.int64()),
         ("category", pa.string()),
         ("priority", pa.int32()),
     ]
@@ -69,7 +71,8 @@ ROWS = [
         category="landscape",
         priority=2,
     ),
-    dict(id="flux-owl", prompt="an owl in a pine tree", model="tiny-flux", num_inference_steps=4, category="animals"),
+    dict(id="flux-owl", prompt="an owl in a pine tree", model="tiny-flux", num_inference_steps=4, num_outputs=2,
+         category="animals"),
 ]
 
 

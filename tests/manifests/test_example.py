@@ -30,9 +30,11 @@ def test_shipped_manifest_matches_the_script(tmp_path):
 
 def test_shipped_manifest_mixes_video_and_image_rows_and_is_valid():
     result = read_jobs(str(EXAMPLES / "manifest.parquet"), overrides=JobOverrides(model="tiny-wan"))
-    assert not result.rejected and len(result.jobs) == 9
+    assert not result.rejected and len(result.jobs) == 10 and result.rows == 9  # the owl row makes two
     models = [job.model for job in result.jobs]
-    assert models.count("tiny-wan") == 3 and models.count("tiny-flux") == 3
+    assert models.count("tiny-wan") == 3 and models.count("tiny-flux") == 4
+    owls = [job for job in result.jobs if job.source_id == "flux-owl"]
+    assert [job.id for job in owls] == ["flux-owl-0", "flux-owl-1"] and owls[0].seed != owls[1].seed
     assert models.count("tiny-wan-i2v") == 1 and models.count("tiny-flux-kontext") == 1
     assert models.count("tiny-qwen-image-edit") == 1
     started = [job for job in result.jobs if job.image is not None]
