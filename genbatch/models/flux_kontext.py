@@ -8,7 +8,8 @@ The hooks reproduce `FluxKontextPipeline.__call__` exactly. The row's image is t
   preset, whose sizes are tens of pixels) keeps the image's own size, rounded down to a multiple of 16.
 - **Its tokens.** The VAE encodes it (the latent's mode, no noise drawn) and its packed latent tokens follow the
   noise's in the transformer's one image stream, with position ids whose first axis is 1; the prediction keeps
-  the noise's tokens only. So sequence parallelism splits both, as one stream.
+  the noise's tokens only. So sequence parallelism and DistriFusion split both, as one stream; a PipeFusion
+  patch holds a share of the rows of each grid, the noise's and the input's (`conditioning_grids`).
 - **The output size** is the row's width x height: the pipeline is given those and `max_area = width x height`,
   which keeps them.
 
@@ -24,7 +25,7 @@ from typing import Any
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import flux, tiny_configs
 from genbatch.models.base import TinyPreset
-from genbatch.models.hooks import Trajectory
+from genbatch.models.hooks import TokenGrid, Trajectory
 from genbatch.models.spec import ModelSpec
 
 CALL_DEFAULTS = {**flux.CALL_DEFAULTS, "guidance_scale": 3.5, "auto_resize": 1}
@@ -89,6 +90,16 @@ class FluxKontextHooks(flux.FluxHooks):
         # (b, n, c) + (b, m, c) -> (b, n + m, c): one image stream; the prediction keeps the noise's n tokens
         joined = torch.cat([latents, image_latents], dim=1)
         return super().predict(pipe, trajectory, joined, t, step, branch)[:, :latents.shape[1]]
+
+    def conditioning_grids(self, pipe, trajectory: Trajectory) -> tuple[TokenGrid, ...]:
+        """The input image's grid after the noise's (none for a row without an image): its position ids are
+        (1, row, column) per token, so a row holds the largest column plus one."""
+        image_latents = trajectory.shared.get("image_latents")
+        if image_latents is None:
+            return ()
+        tokens = image_latents.shape[1]  # (b, m, c): the same m for every row of a batch
+        image_ids = trajectory.shared["img_ids"][-tokens:]  # (m, 3), after the noise's
+        return (TokenGrid(tokens=tokens, row_tokens=int(image_ids[:, 2].max()) + 1),)
 
 
 def build_tiny(meta: frozenset[str] = frozenset()):

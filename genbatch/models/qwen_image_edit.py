@@ -17,8 +17,9 @@ pipeline needs one: a row without an image is rejected at validation, naming the
 - **Its tokens.** The VAE encodes it (the latent's mode, no noise drawn; normalised by the VAE's per-channel
   mean and std) and its packed latent tokens follow the noise's in the transformer's one image stream;
   `img_shapes` carries both grids, so the rotary positions of each are their own. The prediction keeps the
-  noise's tokens only. So sequence parallelism splits both, as one stream (the transformer's own `_cp_plan`),
-  and PipeFusion's and DistriFusion's patches, which hold the output's rows only, refuse the model.
+  noise's tokens only. So sequence parallelism and DistriFusion split both, as one stream (the transformer's
+  own `_cp_plan`), and a PipeFusion patch holds a share of the rows of each grid, the noise's and the input's
+  (Qwen-Image's `conditioning_grids`, read from `img_shapes`).
 - **The output size** is the row's width x height: the pipeline is given those as `height` and `width`, which
   it keeps (the sizes are multiples of 16, the spec's `size_multiple`).
 """

@@ -70,8 +70,8 @@ class ModelSpec:
     """The media columns every row of this model must fill (image-to-video: `image`)."""
     joins_image_tokens: bool = False
     """True when an input image's latent tokens join the noise's in the transformer's image stream (FLUX.1
-    Kontext, Qwen-Image-Edit), rather than its channels (Wan I2V). Sequence parallelism splits them with the
-    rest; PipeFusion's and DistriFusion's patches, which hold whole rows of the output's tokens, do not run them."""
+    Kontext, Qwen-Image-Edit), rather than its channels (Wan I2V). Sequence parallelism and DistriFusion split
+    them with the rest; a PipeFusion patch holds a share of the rows of each grid (`Family.conditioning_grids`)."""
     tp_all_reduces: float = 2.0
     """All-reduces of [N, d] a block does under tensor parallelism, over this model's blocks: the family's
     `TensorPlan.all_reduces_per_layer` of its block counts (seed 000's 2; Wan 3; FLUX and HunyuanVideo between

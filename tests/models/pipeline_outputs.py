@@ -43,14 +43,58 @@ def pipeline_frames(model: str, spec_job, **call) -> np.ndarray:
     return output.frames[0] if spec_job.num_frames is not None else output.images[0]
 
 
-def assert_pipefusion_refuses(preset: str, image: str, tmp_path) -> None:
-    """`gen run --pipefusion 2` of an edit row of `preset` exits 2 naming the model, why (its patches would hold
-    the output's rows only, not the input's tokens) and the flags that split the joined stream."""
+def _stale_latents(rank, world_size, spec_job, cases, out):
+    results = []
+    for index, (layout, stale) in enumerate(cases):
+        with job_executor(f"{out}/{index}/rank{rank}", **layout) as (world, executor):
+            executor.stale = stale
+            results.append(executor.denoise(spec_job, JobTimer(world.ctx.device)))
+    return results
+
+
+def assert_stale_methods_run_it(spec_job, tmp_path) -> None:
+    """PipeFusion 2 and DistriFusion 2 run an edit row (its input's tokens in the image stream) as they run a text
+    row, held to their text rows' checks (`tests/parallel/test_pipefusion.py`, `test_distrifusion.py`): with the
+    warm-up over every step the latents equal one process's within 1e-5 on every rank; with one warm-up step
+    both ranks hold one latent, and it errs (MSE against exact) more than 0 and at most half as much as naive
+    patches on the same layout, each patch attending only to itself (its share of the noise's rows and of the
+    input's)."""
+    from genbatch.parallel.stale import DISTRIFUSION, NAIVE_PATCH, PIPEFUSION, StaleConfig
+    from tests.support.distributed import run_on_ranks
+
+    steps = spec_job.num_inference_steps
+    cases = []
+    for layout, method in (({"pp": 2}, PIPEFUSION), ({"distrifusion": 2}, DISTRIFUSION)):
+        cases += [(layout, StaleConfig(method=method, patches=2, warmup_steps=steps)),
+                  (layout, StaleConfig(method=method, patches=2, warmup_steps=1)),
+                  (layout, StaleConfig(method=NAIVE_PATCH, patches=2, warmup_steps=1))]
+    per_rank = run_on_ranks(_stale_latents, 2, args=(spec_job, cases, str(tmp_path / "ranks")), timeout_s=90)
+    exact = _stale_latents(0, 1, spec_job, [({}, None)], str(tmp_path / "one"))[0]
+    for first in range(0, len(cases), 3):
+        name = cases[first][1].method
+        for latents in per_rank:
+            diff = (latents[first] - exact).abs().max().item()
+            assert diff <= 1e-5, f"{name} warmed up over every step: latents differ by {diff}"
+        assert all(torch.equal(latents[first + 1], per_rank[0][first + 1]) for latents in per_rank), name
+        stale, naive = (float((per_rank[0][index] - exact).pow(2).mean()) for index in (first + 1, first + 2))
+        print(name, {"stale": stale, "naive": naive})
+        assert 0 < stale <= 0.5 * naive, (name, stale, naive)
+
+
+def assert_stale_methods_run_it_end_to_end(preset: str, image: str, tmp_path) -> None:
+    """`gen run --pipefusion 2` and `--distrifusion 2` of an edit row of `preset` write the image, the results row
+    naming the approximation it ran under."""
+    import pyarrow.parquet as pq
+
     from tests.support.runs import run_cli_on_ranks, write_manifest
 
     manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "edit", "prompt": "a red boat", "model": preset,
-                                                             "image": image}])
-    result = run_cli_on_ranks(2, "run", manifest, "--out", str(tmp_path / "out"), "--pipefusion", "2", "-q")
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert f"model {preset}: its input image's tokens join the image stream" in result.stderr
-    assert "--ulysses/--ring" in result.stderr
+                                                             "image": image, "num_inference_steps": 2,
+                                                             "width": 48, "height": 32}])
+    for flag, label in (("--pipefusion", "pipefusion(patches=2,warmup=1)"),
+                        ("--distrifusion", "distrifusion(patches=2,warmup=1)")):
+        out = tmp_path / flag.strip("-")
+        result = run_cli_on_ranks(2, "run", manifest, "--out", str(out), flag, "2", "--warmup-steps", "1", "-q")
+        assert result.returncode == 0, result.stderr[-3000:]
+        (row,) = pq.read_table(out / "results").to_pylist()
+        assert (row["status"], row["attention_approximation"]) == ("done", label), row

@@ -1,7 +1,8 @@
 """FLUX.1 Kontext image editing (`tiny-flux-kontext`): a row's image gives the image
 `FluxKontextPipeline.__call__` gives at the row's size, for an input of the output's aspect ratio and of
 another; the input's tokens join the image stream, which sequence parallelism, tp and --fsdp split as one
-process does; PipeFusion, whose patches hold the output's rows only, refuses the model by name."""
+process does, and PipeFusion's and DistriFusion's patches (a share of the noise's rows and of the input's each)
+run as they run FLUX text rows: exact over their warm-up, at most half naive patches' error after it."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from PIL import Image
 
 from genbatch.models.flux_kontext import input_size
 from tests.models.pipeline_outputs import (
-    assert_pipefusion_refuses,
+    assert_stale_methods_run_it,
+    assert_stale_methods_run_it_end_to_end,
     genbatch_frames,
     pipeline_frames,
     random_image,
@@ -61,5 +63,12 @@ def test_sequence_fsdp_and_tp_layouts_equal_one_process(tmp_path):
     _check(cases, per_rank, reference)
 
 
-def test_pipefusion_refuses_the_model_by_name(tmp_path):
-    assert_pipefusion_refuses(PRESET, random_image(tmp_path / "in.png", (64, 64)), tmp_path)
+def test_pipefusion_and_distrifusion_run_it_as_they_run_flux(tmp_path):
+    # 3 rows of 4 noise tokens and 3 rows of 3 of the input's: each patch a share of both
+    image = random_image(tmp_path / "in.png", (48, 48))
+    assert_stale_methods_run_it(job(PRESET, width=64, height=48, num_inference_steps=4, seed=17, image=image),
+                                tmp_path)
+
+
+def test_gen_run_runs_it_under_pipefusion_and_distrifusion(tmp_path):
+    assert_stale_methods_run_it_end_to_end(PRESET, random_image(tmp_path / "in.png", (64, 64)), tmp_path)

@@ -2,8 +2,9 @@
 `QwenImageEditPipeline.__call__` gives at the row's size, with true CFG and without, for an input of the
 output's aspect ratio and of another, at the preset's input area and at the pipeline's own megapixel; the
 input is resized as `calculate_dimensions` resizes it; a row without an image is rejected naming the column;
-the input's tokens join the image stream, which ulysses, ring, cfg, tp and --fsdp run as one process does;
-PipeFusion, whose patches hold the output's rows only, refuses the model by name; `gen run` records the image's
+the input's tokens join the image stream, which ulysses, ring, cfg, tp and --fsdp run as one process does, and
+PipeFusion's and DistriFusion's patches (a share of the noise's rows and of the input's each) run as they run
+text rows: exact over their warm-up, at most half naive patches' error after it; `gen run` records the image's
 URL and sha256."""
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from PIL import Image
 from genbatch.models import resolve_model
 from genbatch.models.qwen_image_edit import INPUT_AREA, input_size
 from tests.models.pipeline_outputs import (
-    assert_pipefusion_refuses,
+    assert_stale_methods_run_it,
+    assert_stale_methods_run_it_end_to_end,
     genbatch_frames,
     pipeline_frames,
     random_image,
@@ -112,8 +114,15 @@ def test_sequence_cfg_fsdp_and_tp_layouts_equal_one_process(tmp_path):
     _check(cases, per_rank, reference)
 
 
-def test_pipefusion_refuses_the_model_by_name(tmp_path):
-    assert_pipefusion_refuses(PRESET, random_image(tmp_path / "in.png", (64, 64)), tmp_path)
+def test_pipefusion_and_distrifusion_run_it_as_they_run_text_rows(tmp_path):
+    # 3 rows of 4 noise tokens and 2 rows of 6 of the input's (96 x 32), both branches of true CFG on each rank
+    image = random_image(tmp_path / "in.png", (72, 40))
+    assert_stale_methods_run_it(job(PRESET, width=64, height=48, num_inference_steps=4, seed=17, image=image,
+                                    negative_prompt="grey"), tmp_path)
+
+
+def test_gen_run_runs_it_under_pipefusion_and_distrifusion(tmp_path):
+    assert_stale_methods_run_it_end_to_end(PRESET, random_image(tmp_path / "in.png", (64, 64)), tmp_path)
 
 
 def test_gen_run_records_the_image_and_its_sha256(tmp_path):

@@ -1,32 +1,53 @@
 """PipeFusion's bookkeeping, without processes: patch metadata, rotary-table slicing, K/V buffer positions
 (also under Ulysses and for joint text + image attention), each patch's part of a 5-D video latent and of a
-packed one, and the per-patch schedulers (one step index advance a step, each patch's own multistep history)."""
+packed one, and the per-patch schedulers (one step index advance a step, each patch's own multistep history);
+an image stream of two grids (the noise's, then an input image's) cut into a share of each grid's rows."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+from genbatch.models.hooks import TokenGrid
 from genbatch.parallel.pipeline.regions import PatchSchedulers, region_masks
 from genbatch.parallel.pipeline.state import PipeState
 
 
-def _state(patches=2, row_tokens=4, text=()):
-    return PipeState(patches=patches, row_tokens=row_tokens, text_streams=frozenset(text))
+def _state(tokens, patches=2, row_tokens=4, text=(), more=()):
+    grids = (TokenGrid(tokens=tokens, row_tokens=row_tokens), *more)
+    return PipeState(patches=patches, grids=grids, text_streams=frozenset(text))
 
 
 def test_patches_hold_whole_token_rows_longer_ones_first():
-    state = _state(patches=3, row_tokens=4)
-    assert [state.patch_range(7 * 4, patch) for patch in range(3)] == [(0, 12), (12, 8), (20, 8)]
+    state = _state(7 * 4, patches=3, row_tokens=4)
+    assert [state.patch_ranges(patch) for patch in range(3)] == [((0, 12),), ((12, 8),), ((20, 8),)]
+
+
+def test_a_patch_holds_a_share_of_the_rows_of_each_grid_of_the_stream():
+    # 3 rows of 4 noise tokens, then an input image's 2 rows of 3: patch 0 holds 2 + 1 rows, patch 1 1 + 1
+    state = _state(12, patches=2, row_tokens=4, text=("text",), more=(TokenGrid(tokens=6, row_tokens=3),))
+    assert [state.patch_ranges(patch) for patch in range(2)] == [((0, 8), (12, 3)), ((8, 4), (15, 3))]
+    state.begin("cond", 1)
+    stream = torch.arange(18.0).view(1, 18, 1)
+    assert state.cut(stream, 1, "image").view(-1).tolist() == [8, 9, 10, 11, 15, 16, 17]
+    assert state.windows == {"image": (18, ((8, 4), (15, 3)))}
+    assert state.place(torch.ones(1, 7, 1), 1, "image").view(-1).tolist() == [0] * 8 + [1] * 4 + [0] * 3 + [1] * 3
+    # under Ulysses 2 rank 0 gathered the text's first half and the patch's first 4 tokens, rank 1 the rest
+    positions, length = state.positions((("text", 2), ("image", 7)), ranks=2, device="cpu")
+    assert length == 2 + 18
+    assert positions.tolist() == [0, 2 + 8, 2 + 9, 2 + 10, 2 + 11, 1, 2 + 15, 2 + 16, 2 + 17]
+    with pytest.raises(RuntimeError, match="must declare the rest"):  # a stream the grids do not make up
+        state.cut(torch.zeros(1, 12, 1), 1, "image")
 
 
 def test_a_patch_forward_cuts_image_streams_and_rotary_tables_and_keeps_text_whole():
-    state = _state(patches=2, row_tokens=2, text=("encoder_hidden_states",))
+    state = _state(8, patches=2, row_tokens=2, text=("encoder_hidden_states",))
     state.begin("cond", 1)
     rope = torch.arange(8.0).view(1, 8, 1, 1).expand(1, 8, 1, 6)  # (1, N, 1, d): one row per token
     assert state.cut(rope, 1, "rope:0")[0, :, 0, 0].tolist() == [4.0, 5.0, 6.0, 7.0]
     text = torch.zeros(1, 5, 3)
     assert state.cut(text, 1, "encoder_hidden_states") is text
-    assert state.windows == {"rope:0": (8, 4)}
+    assert state.windows == {"rope:0": (8, ((4, 4),))}
     placed = state.place(torch.ones(1, 4, 2), 1, "rope:0")  # back at its place in a whole-length output
     assert placed[0, :, 0].tolist() == [0, 0, 0, 0, 1, 1, 1, 1]
     state.begin("cond", None)  # a whole forward passes everything through
@@ -34,7 +55,7 @@ def test_a_patch_forward_cuts_image_streams_and_rotary_tables_and_keeps_text_who
 
 
 def test_kv_positions_follow_ulysses_rank_order_into_the_natural_order_buffer():
-    state = _state(patches=2, row_tokens=3, text=("text",))
+    state = _state(12, patches=2, row_tokens=3, text=("text",))
     state.begin("cond", 1)
     state.cut(torch.zeros(1, 12, 1), 1, "image")  # patch 1 of 12 image tokens: tokens 6..11
     positions, length = state.positions((("text", 4), ("image", 6)), ranks=2, device="cpu")

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from genbatch.models.hooks import TokenGrid
 from genbatch.models.spec import ModelSpec
 from genbatch.models import family
 from genbatch.parallel.comm import Comm
@@ -36,6 +37,14 @@ from genbatch.parallel.sequence import SEQUENCE_PARALLEL
 def row_tokens(spec: ModelSpec, width: int) -> int:
     """Tokens in one row of a job's latent: its width over the VAE's and the patch's downsampling."""
     return width // (spec.vae_spatial * spec.patch_size[-1])
+
+
+def image_grids(start: JobStart) -> tuple[TokenGrid, ...]:
+    """The job's image stream, grid by grid: the output's noise, then what the family says follows it (a
+    conditioning image's tokens: `Family.conditioning_grids`)."""
+    job, spec = start.job, start.spec
+    noise = TokenGrid(tokens=spec.tokens(job.width, job.height, job.num_frames), row_tokens=row_tokens(spec, job.width))
+    return (noise, *start.family.conditioning_grids(start.pipe, start.trajectory))
 
 
 def switch_steps(family, pipe, trajectory) -> list[int]:
@@ -68,8 +77,6 @@ class PipeSession(JobHook):
     """The denoisers' stage links (their sends in flight are waited for at the end)."""
     spec: ModelSpec | None = None
     """The job's model."""
-    tokens: int = 0
-    """The job's image tokens."""
     comm: Comm | None = None
     """The pp group: stage 0 is its rank 0."""
     patch_schedulers: PatchSchedulers | None = None
@@ -81,12 +88,11 @@ class PipeSession(JobHook):
     """The step before ran one forward per patch (a synchronous step after it first resyncs every stage)."""
 
     @classmethod
-    def start(cls, pipe, spec: ModelSpec, config: StaleConfig, comm, width: int, tokens: int, start_step: int = 0,
-              extra_sync: frozenset[int] = frozenset()) -> PipeSession:
-        """A fresh state on each denoiser for a job `width` pixels wide with `tokens` image tokens, resumed at
-        `start_step`; `comm`: the pp group."""
-        session = cls(config=config, first_step=start_step, extra_sync=frozenset(extra_sync), spec=spec,
-                      tokens=tokens, comm=comm)
+    def start(cls, pipe, spec: ModelSpec, config: StaleConfig, comm, grids: tuple[TokenGrid, ...],
+              start_step: int = 0, extra_sync: frozenset[int] = frozenset()) -> PipeSession:
+        """A fresh state on each denoiser for a job whose image stream holds `grids` (`image_grids`: the
+        output's noise first), resumed at `start_step`; `comm`: the pp group."""
+        session = cls(config=config, first_step=start_step, extra_sync=frozenset(extra_sync), spec=spec, comm=comm)
         plans = family(spec.family)
         for name in plans.denoisers:
             model = getattr(pipe, name, None)
@@ -94,7 +100,7 @@ class PipeSession(JobHook):
             if parallel is None:
                 continue
             text = frozenset(parallel.plan.text_streams)
-            state = PipeState(patches=config.patches, row_tokens=row_tokens(spec, width), text_streams=text,
+            state = PipeState(patches=config.patches, grids=tuple(grids), text_streams=text,
                               naive=config.method == NAIVE_PATCH)
             link = PIPELINE.get(model)
             readers = [*stateful_strategies(model), *filter(None, (PATCHES.get(model), link))]
@@ -142,7 +148,8 @@ class PipeSession(JobHook):
         """The per-patch schedulers, copied from `scheduler` at the first asynchronous step."""
         if self.patch_schedulers is None:
             state = self.parts[0][0]
-            ranges = [state.patch_range(self.tokens, patch) for patch in range(self.config.patches)]
+            # each patch's range of the noise grid (the stream's first): the latent's tokens
+            ranges = [state.patch_ranges(patch)[0] for patch in range(self.config.patches)]
             self.patch_schedulers = PatchSchedulers(scheduler, region_masks(latents, self.spec.patch_size, ranges))
         return self.patch_schedulers
 
@@ -182,11 +189,10 @@ class PipeSession(JobHook):
 def start_job(start: JobStart) -> PipeSession | None:
     """PipeFusion's session for the job (its pp stages' states; re-warming where Wan 2.2's second expert takes
     over); None off the pp axis or under DistriFusion."""
-    config, job = start.run.stale, start.job
+    config = start.run.stale
     if config is None or config.method == DISTRIFUSION or start.ctx.dims.pp == 1:
         return None
-    tokens = start.spec.tokens(job.width, job.height, job.num_frames)
     rewarm = {index + offset for index in switch_steps(start.family, start.pipe, start.trajectory)
               for offset in range(config.warmup_steps)}
-    return PipeSession.start(start.pipe, start.spec, config, start.ctx.pp_comm, width=job.width, tokens=tokens,
+    return PipeSession.start(start.pipe, start.spec, config, start.ctx.pp_comm, image_grids(start),
                              start_step=start.start_step, extra_sync=start.run.resync_steps | rewarm)

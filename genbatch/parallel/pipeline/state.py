@@ -7,6 +7,10 @@ patches of `SequenceLayout.split(rows, patches)` rows), the text streams stay wh
 joint-attention call writes its fresh K/V into its buffer (every token of the sequence, natural order) and
 attends to the whole buffer: the patches before this one are this step's, those after it the step before's.
 
+An image stream may hold several grids one after the other (`TokenGrid`: the output's noise, then a
+conditioning image's latent tokens, FLUX.1 Kontext's and Qwen-Image-Edit's): patch i then holds the i-th share
+of whole rows of each, two or more ranges of the stream (`patch_ranges`), cut out and put back together.
+
 With Ring inside a stage each ring rank's buffer keeps the keys its Ulysses row holds in the patch forwards (its
 part of every patch), and the patch's queries attend to every ring rank's buffer around the ring
 (`BufferSlots`); a whole forward gathers its keys over the ring once, attends exactly and keeps its own.
@@ -18,7 +22,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+from genbatch.models.hooks import TokenGrid
 from genbatch.parallel.attention.layout import SequenceLayout
+
+Ranges = tuple[tuple[int, int], ...]
+"""(start, count) ranges of an image stream, in stream order: where one patch's tokens sit."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -40,8 +48,8 @@ class BufferSlots:
 class PipeState:
     patches: int
     """Patches an asynchronous step splits the image tokens into."""
-    row_tokens: int
-    """Tokens in one row of the latent (patches hold whole rows)."""
+    grids: tuple[TokenGrid, ...]
+    """The image stream's grids in stream order, the output's noise first (patches hold whole rows of each)."""
     text_streams: frozenset[str]
     """The split streams that stay whole in a patch forward (the text)."""
     naive: bool = False
@@ -54,8 +62,9 @@ class PipeState:
     """The guidance branch of the running forward."""
     calls: int = 0
     """Attention calls made so far by the running forward."""
-    windows: dict[str, tuple[int, int]] = field(default_factory=dict)
-    """Stream -> (its full length, where this forward's tokens start), for the streams a patch forward cuts."""
+    windows: dict[str, tuple[int, Ranges]] = field(default_factory=dict)
+    """Stream -> (its full length, the ranges this forward's tokens come from), for the streams a patch forward
+    cuts."""
     lengths: dict[str, int] = field(default_factory=dict)
     """Stream -> its tokens in the running forward (before the sequence-parallel split), noted at each cut: what
     the attention calls place their keys by (read at run time, so a compiled block does not guard on them)."""
@@ -69,30 +78,49 @@ class PipeState:
         self.windows.clear()
         self.lengths.clear()
 
-    def patch_range(self, total: int, patch: int) -> tuple[int, int]:
-        """(start, count) of `patch`'s tokens in a stream of `total` image tokens."""
-        rows = SequenceLayout.split(total // self.row_tokens, self.patches)
-        return rows.offsets[patch] * self.row_tokens, rows.lengths[patch] * self.row_tokens
+    @property
+    def image_tokens(self) -> int:
+        """Tokens of an image stream: every grid's."""
+        return sum(grid.tokens for grid in self.grids)
+
+    def patch_ranges(self, patch: int) -> Ranges:
+        """(start, count) of `patch`'s tokens in an image stream, one range per grid: its share of the grid's
+        whole rows (`SequenceLayout.split` of the rows, longer shares first)."""
+        ranges, base = [], 0
+        for grid in self.grids:
+            rows = SequenceLayout.split(grid.tokens // grid.row_tokens, self.patches)
+            ranges.append((base + rows.offsets[patch] * grid.row_tokens, rows.lengths[patch] * grid.row_tokens))
+            base += grid.tokens
+        return tuple(ranges)
 
     def cut(self, tensor: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
         """A split value in a patch forward: an image stream keeps the patch's tokens (recorded in `windows`)."""
         total = self.lengths[stream] = tensor.shape[dim]
         if self.patch is None or stream in self.text_streams:
             return tensor
-        start, count = self.patch_range(total, self.patch)
-        self.windows[stream], self.lengths[stream] = (total, start), count
-        return tensor.narrow(dim, start, count)
+        if total != self.image_tokens:
+            raise RuntimeError(f"PipeFusion: image stream {stream} has {total} tokens, and the job's grids "
+                               f"{self.grids} make {self.image_tokens}; a family whose image stream carries more "
+                               "than the noise must declare the rest (`Family.conditioning_grids`)")
+        ranges = self.patch_ranges(self.patch)
+        self.windows[stream] = (total, ranges)
+        self.lengths[stream] = sum(count for _, count in ranges)
+        # (..., S, ...) -> (..., S_patch, ...): the patch's rows of each grid, in stream order
+        return torch.cat([tensor.narrow(dim, start, count) for start, count in ranges], dim=dim)
 
     def place(self, tensor: torch.Tensor, dim: int, stream: str) -> torch.Tensor:
         """A gathered output in a patch forward: the patch's tokens at their place in a whole-length tensor
         (zeros elsewhere), so the model's own unpatchify runs on it."""
         if self.patch is None:
             return tensor
-        total, start = self.windows[stream]
+        total, ranges = self.windows[stream]
         shape = list(tensor.shape)
         shape[dim] = total
-        whole = tensor.new_zeros(shape)
-        whole.narrow(dim, start, tensor.shape[dim]).copy_(tensor)
+        whole = tensor.new_zeros(shape)  # (..., S_patch, ...) -> (..., S, ...): each range back at its place
+        taken = 0
+        for start, count in ranges:
+            whole.narrow(dim, start, count).copy_(tensor.narrow(dim, taken, count))
+            taken += count
         return whole
 
     def next_call(self) -> tuple[str, int]:
@@ -123,13 +151,12 @@ class PipeState:
             return cached
         pieces, bases, base = [], [], 0
         for name, count in streams:
-            full, start = self.windows.get(name, (count, 0))
-            bases.append((base + start, SequenceLayout.split(count, ranks)))
+            full, ranges = self.windows.get(name, (count, ((0, count),)))
+            bases.append((base + _positions_of(ranges), SequenceLayout.split(count, ranks)))
             base += full
         for rank in sp_ranks:
-            for first, layout in bases:
-                at = first + layout.offsets[rank]
-                pieces.append(torch.arange(at, at + layout.lengths[rank]))
+            for where, layout in bases:  # the forward's tokens of the stream, as the sequence split cuts them
+                pieces.append(where[layout.offsets[rank] : layout.offsets[rank] + layout.lengths[rank]])
         found = self._positions[key] = (torch.cat(pieces).to(device), base)
         return found
 
@@ -140,14 +167,14 @@ class PipeState:
         ranks, row = ulysses * ring, range(ring_rank * ulysses, (ring_rank + 1) * ulysses)
         pieces, base = [], 0
         for name, count in streams:
-            full = self.windows.get(name, (count, 0))[0]
+            full = self.windows.get(name, (count, ()))[0]
             cut = name not in self.text_streams
-            windows = [self.patch_range(full, patch) for patch in range(self.patches)] if cut else [(0, full)]
-            for start, length in windows:
-                layout = SequenceLayout.split(length, ranks)
+            windows = [self.patch_ranges(patch) for patch in range(self.patches)] if cut else [((0, full),)]
+            for ranges in windows:
+                where = base + _positions_of(ranges)
+                layout = SequenceLayout.split(len(where), ranks)
                 for rank in row:
-                    at = base + start + layout.offsets[rank]
-                    pieces.append(torch.arange(at, at + layout.lengths[rank]))
+                    pieces.append(where[layout.offsets[rank] : layout.offsets[rank] + layout.lengths[rank]])
             base += full
         return torch.cat(pieces).sort().values
 
@@ -177,3 +204,8 @@ class PipeState:
     def clear(self) -> None:
         self.buffers.clear()
         self._positions.clear()
+
+
+def _positions_of(ranges: Ranges) -> torch.Tensor:
+    """The stream positions of the tokens `ranges` cover, in order."""
+    return torch.cat([torch.arange(start, start + count) for start, count in ranges])
