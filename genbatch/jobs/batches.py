@@ -9,8 +9,9 @@ guidance branch only for a row with one). The run's dtype and layout are the sam
     batches[i]                                -> [JobSpec, ...] (at most 4, one key)
     batch_id([job.id for job in batches[i]])  -> '3f0c9a2e71b4' (what the results rows record)
 
-The batches are a pure function of the pending jobs and `size`: a rerun or a requeue of the same state forms
-the same batches, whatever the timing. Within a key, jobs keep their hand-out order except that jobs sharing a
+The batches are a pure function of the jobs and `size`. The runner forms them over every job of its share,
+done or not, and then leaves out the done ones (`Batches.keeping`): a batch's jobs commit together, so a rerun,
+a requeue or a resume after a kill runs the very batches the first attempt formed, whatever the timing. Within a key, jobs keep their hand-out order except that jobs sharing a
 (prompt, negative prompt) are put next to each other, so that they share a batch and its prompt encode. Batches
 are handed out in the order of their first job, so the largest-first order of `genbatch.jobs.schedule` holds.
 With `size` 1 every job is a batch of its own, in the given order, exactly as without batching.
@@ -73,6 +74,11 @@ class Batches(Sequence[list[JobSpec]]):
         """Each batch's number of jobs."""
         return np.diff(self.starts)
 
+    @classmethod
+    def single(cls, jobs: JobTable) -> Batches:
+        """Every job a batch of its own, in order."""
+        return cls(jobs=jobs, starts=np.arange(len(jobs) + 1, dtype=np.int64))
+
 
 def _codes(column) -> np.ndarray:
     """A column as int64 codes, equal values (nulls too) sharing one code."""
@@ -98,13 +104,20 @@ def _combined(columns: list[np.ndarray]) -> np.ndarray:
 
 def form_batches(jobs: JobTable, size: int) -> Batches:
     """`jobs` (in hand-out order) cut into batches of at most `size` jobs of one key (see the module docstring)."""
+    positions, starts = batch_positions(jobs, size)
+    return Batches(jobs=jobs.take(positions), starts=starts)
+
+
+def batch_positions(jobs: JobTable, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """`form_batches` as (the positions of `jobs` in batch order, where each batch starts, with the count at the
+    end)."""
     import pyarrow.compute as pc
 
     check_size(size)
     count = len(jobs)
-    if size == 1 or count <= 1:
-        return Batches(jobs=jobs, starts=np.arange(count + 1, dtype=np.int64))
     position = np.arange(count, dtype=np.int64)
+    if size == 1 or count <= 1:
+        return position, np.arange(count + 1, dtype=np.int64)
     kind = [pc.is_valid(jobs.column(name)).to_numpy(zero_copy_only=False).astype(np.int64) for name in KIND_COLUMNS]
     key = _first_seen(_combined([_codes(jobs.column(name)) for name in BATCH_KEY] + kind))
     prompt = _first_seen(_combined([_codes(jobs.column("prompt")), _codes(jobs.column("negative_prompt"))]))
@@ -113,14 +126,21 @@ def form_batches(jobs: JobTable, size: int) -> Batches:
     sorted_key = key[order]
     run_start = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
     run_of = np.repeat(np.arange(len(run_start)), np.diff(np.r_[run_start, count]))
-    within = position - run_start[run_of]
-    starts = np.flatnonzero(within % size == 0)
+    starts = np.flatnonzero((position - run_start[run_of]) % size == 0)
     # batches in the order of their first job in the hand-out order
     member = np.repeat(np.arange(len(starts)), np.diff(np.r_[starts, count]))
-    first = np.minimum.reduceat(order, starts)
-    ranked = np.argsort(first, kind="stable")
-    lengths = np.diff(np.r_[starts, count])[ranked]
+    ranked = np.argsort(np.minimum.reduceat(order, starts), kind="stable")
     rank_of = np.empty_like(ranked)
     rank_of[ranked] = np.arange(len(ranked))
     final = order[np.argsort(rank_of[member], kind="stable")]  # each batch's jobs keep their order
-    return Batches(jobs=jobs.take(final), starts=np.r_[0, np.cumsum(lengths)].astype(np.int64))
+    lengths = np.diff(np.r_[starts, count])[ranked]
+    return final, np.r_[0, np.cumsum(lengths)].astype(np.int64)
+
+
+def kept_starts(starts: np.ndarray, keep: np.ndarray) -> np.ndarray:
+    """The batch starts once the jobs where `keep` is false are left out (a batch left empty disappears)."""
+    if len(keep) == 0:
+        return np.zeros(1, dtype=np.int64)
+    counts = np.add.reduceat(keep.astype(np.int64), starts[:-1]) if len(starts) > 1 else np.zeros(0, np.int64)
+    counts = counts[counts > 0]
+    return np.r_[0, np.cumsum(counts)].astype(np.int64)

@@ -1,7 +1,7 @@
 """`gen run --batch-size auto`: the largest batch, up to `MOST_AUTO` rows, whose activations fit.
 
 The planner prices a batch on the group's fullest rank for the run's layout (`genbatch.planner.batching`):
-weights once, activations N times. Every model of the pending jobs is priced at its largest job (width x height
+weights once, activations N times. Every model of the run's jobs is priced at its largest job (width x height
 x frames), and the run takes the smallest of their answers, so no batch of any model is priced past the memory.
 The memory is the device's: a GPU's total memory, or on CPUs the machine's memory shared by the processes on it.
 Rank 0 decides (`World.shared_value`), so every rank forms the same batches.
@@ -28,11 +28,11 @@ def device_memory_gib(device, processes_here: int) -> float:
     return pages * page / 2**30 / max(processes_here, 1)
 
 
-def largest_jobs(pending) -> dict[str, tuple[int, int, int | None]]:
-    """Each model's largest pending job as (width, height, frames), by pixels x frames."""
-    models = pending.column("model").to_pylist()
-    width, height = pending.numbers("width"), pending.numbers("height")
-    frames = pending.numbers("num_frames", fill=0)
+def largest_jobs(jobs) -> dict[str, tuple[int, int, int | None]]:
+    """Each model's largest job as (width, height, frames), by pixels x frames."""
+    models = jobs.column("model").to_pylist()
+    width, height = jobs.numbers("width"), jobs.numbers("height")
+    frames = jobs.numbers("num_frames", fill=0)
     size = width.astype(np.int64) * height * np.maximum(frames, 1)
     largest: dict[str, tuple[int, int, int | None]] = {}
     for name in dict.fromkeys(models):
@@ -42,17 +42,17 @@ def largest_jobs(pending) -> dict[str, tuple[int, int, int | None]]:
     return largest
 
 
-def batch_size_for(options, world, pending) -> int:
+def batch_size_for(options, world, jobs) -> int:
     """The run's batch size: `options.batch_size`, or with `auto` the planner's (see the module docstring)."""
     if options.batch_size != "auto":
         return options.batch_size
-    if not len(pending):
+    if not len(jobs):
         return 1
     from genbatch.planner.batching import largest_batch_for
 
     limit = options.vae_memory_gib or device_memory_gib(world.ctx.device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
     sizes = {name: largest_batch_for(name, width, height, frames, world.ctx.dims, limit, most=MOST_AUTO)
-             for name, (width, height, frames) in largest_jobs(pending).items()}
+             for name, (width, height, frames) in largest_jobs(jobs).items()}
     chosen = min(sizes.values())
     if not options.quiet:
         detail = ", ".join(f"{name} {size}" for name, size in sizes.items())

@@ -20,7 +20,7 @@ import torch
 
 from genbatch.io.retry import StorageError
 from genbatch.models import resolve_model
-from genbatch.jobs.batches import form_batches
+from genbatch.jobs.batches import Batches, batch_positions, kept_starts
 from genbatch.runner.auto_batch import batch_size_for
 from genbatch.jobs.schedule import OrderKeys, hand_out_positions, share_positions
 from genbatch.jobs.spec import JobOverrides
@@ -259,10 +259,11 @@ def _preflight(options: RunOptions, store) -> str | None:
     return None
 
 
-def _pending(jobs, share, store, max_attempts: int, listing: dict | None = None):
+def _pending(jobs, share, store, max_attempts: int, listing: dict | None = None, batch_size: int = 1):
     """The jobs to run (a JobTable), in hand-out order, of one `share` (None: all): not done, and failed in
     fewer than `max_attempts` run attempts; with (the jobs in the share, {job id: failed runs} of those left
-    out for having failed too often). One listing of the done markers, whatever the number of jobs (kept in
+    out for having failed too often, where each batch of `batch_size` starts in the jobs, None for batches of
+    one). One listing of the done markers, whatever the number of jobs (kept in
     `listing["done"]`, for the results when nothing runs)."""
     import numpy as np
     import pyarrow as pa
@@ -280,7 +281,13 @@ def _pending(jobs, share, store, max_attempts: int, listing: dict | None = None)
     given_up = {job_id: failed_runs[job_id] for job_id in selected_ids.filter(pc.is_in(selected_ids, tried)).to_pylist()}
     left_out = pc.is_in(ids, value_set=pa.array([*done, *given_up], pa.string())).to_numpy(zero_copy_only=False)
     order = hand_out_positions(keys, selected)
-    return jobs.take(order[~left_out[order]]), (len(selected), given_up)
+    if batch_size == 1:
+        return jobs.take(order[~left_out[order]]), (len(selected), given_up, None)
+    # batches over the whole share, done jobs left out after: a rerun runs the batches the first attempt formed
+    in_batches, starts = batch_positions(jobs.take(order), batch_size)
+    positions = order[in_batches]
+    keep = ~left_out[positions]
+    return jobs.take(positions[keep]), (len(selected), given_up, kept_starts(starts, keep))
 
 
 def _print_given_up(given_up: dict[str, int], max_attempts: int, out: str, shown: int = 5) -> None:
@@ -340,9 +347,10 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     jobs, rejected, extra_columns = manifest
     world.shared_value(lambda: _start_up(options, world, store, rejected, run_id, started))  # on rank 0
     listing = {}  # rank 0's listing of the done markers
+    batch_size = world.shared_value(lambda: batch_size_for(options, world, jobs))  # rank 0's, on every rank
     with stop.waiting("the broadcast of the pending jobs"):
-        pending, (selected, given_up) = world.shared_jobs(
-            lambda: _pending(jobs, options.share, store, options.max_attempts, listing))
+        pending, (selected, given_up, starts) = world.shared_jobs(
+            lambda: _pending(jobs, options.share, store, options.max_attempts, listing, batch_size))
     if given_up and ctx.rank == 0 and not options.quiet:
         _print_given_up(given_up, options.max_attempts, store.url)
 
@@ -358,7 +366,7 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     interrupted = False
     coordination = coordination_store(ctx)
     try:
-        batches = form_batches(pending, world.shared_value(lambda: batch_size_for(options, world, pending)))
+        batches = Batches.single(pending) if starts is None else Batches(jobs=pending, starts=starts)
         for batch in HandOut(jobs=batches, ctx=ctx, store=coordination, key=f"genbatch/{run_id}/next",
                              dynamic=options.dynamic_hand_out, stop=stop):
             with stop.waiting("the stop check between jobs"):

@@ -1,0 +1,66 @@
+"""`gen run --batch-size` and the prompt-encode cache end to end, in this process: what the results and timings
+record, one encode per distinct prompt, and outputs unchanged by either."""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+from PIL import Image
+
+from tests.support.runs import run_cli, write_manifest
+
+ROWS = [{"id": f"same-{index}", "prompt": "a lighthouse on a cliff at dawn", "seed": index, "model": "tiny-flux",
+         "width": 32, "height": 32, "num_inference_steps": 2} for index in range(8)]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batched")
+    manifest = write_manifest(str(root / "m.parquet"), ROWS)
+    found = {}
+    for name, args in {"cached": (), "uncached": ("--embedding-cache-gib", "0"),
+                       "batched": ("--batch-size", "4")}.items():
+        result = run_cli("run", manifest, "--out", str(root / name), "-q", *args)
+        assert result.returncode == 0, result.stderr
+        found[name] = root / name
+    return found
+
+
+def _encodes(out) -> list[dict]:
+    return [row for row in pq.read_table(out / "timings").to_pylist() if row["stage"] == "text_encode"]
+
+
+def _pixels(out) -> dict[str, np.ndarray]:
+    return {path.stem: np.asarray(Image.open(path)).astype(int) for path in sorted((out / "outputs").iterdir())}
+
+
+def test_one_prompt_is_encoded_once_and_outputs_are_unchanged(runs):
+    cached, uncached = _encodes(runs["cached"]), _encodes(runs["uncached"])
+    assert len(cached) == len(uncached) == len(ROWS)  # one text_encode row per job, each saying hit or miss
+    assert sum(not row["cache_hit"] for row in cached) == 1
+    assert sum(not row["cache_hit"] for row in uncached) == len(ROWS)
+    for name in _pixels(runs["cached"]):
+        assert (runs["cached"] / "outputs" / f"{name}.png").read_bytes() == \
+            (runs["uncached"] / "outputs" / f"{name}.png").read_bytes()
+
+
+def test_batched_results_name_their_batch_and_equal_the_rows_alone(runs):
+    results = pq.read_table(runs["batched"] / "results").to_pylist()
+    assert {row["batch_size"] for row in results} == {4}
+    batches: dict[str, list[str]] = {}
+    for row in sorted(results, key=lambda row: row["id"]):
+        batches.setdefault(row["batch_id"], []).append(row["id"])
+    assert sorted(batches.values()) == [[f"same-{index}" for index in range(4)],
+                                         [f"same-{index}" for index in range(4, 8)]]
+    alone = pq.read_table(runs["cached"] / "results").to_pylist()
+    assert {row["batch_size"] for row in alone} == {1}
+    # fp32 rounding of a batched GEMM moves a pixel by at most one level
+    ours, theirs = _pixels(runs["batched"]), _pixels(runs["cached"])
+    for name, pixels in ours.items():
+        assert np.abs(pixels - theirs[name]).max() <= 1, name
+    # the denoise steps are the batch's: one row per step for the batch, under its first job's id
+    steps = [row for row in pq.read_table(runs["batched"] / "timings").to_pylist() if row["stage"] == "denoise_step"]
+    assert len(steps) == 2 * ROWS[0]["num_inference_steps"]
+    assert {row["batch_size"] for row in steps} == {4}
+    assert {row["job_id"] for row in steps} == {"same-0", "same-4"}
