@@ -32,6 +32,8 @@ def collisions(ids: pa.Array | pa.ChunkedArray, counts: np.ndarray) -> dict[int,
     `num_outputs` (once per row, the first id named, how many more said) when it derives earlier rows' ids.
     `counts`: the jobs each row makes (`outputs.output_counts`). Rows whose own id is unusable take no part."""
     counts = np.asarray(counts, np.int64)
+    if not (counts > 1).any():
+        return {}
     ids = _strings(ids)
     usable = np.ones(len(ids), dtype=bool)
     usable[list(id_problems(ids))] = False

@@ -12,7 +12,7 @@ import pytest
 from genbatch.jobs.schedule import OrderKeys, hand_out_order, hand_out_positions, select_share, share_positions
 from genbatch.jobs.media import manifest_base
 from genbatch.jobs.lora import LoraRef
-from genbatch.jobs.spec import JobOverrides, JobSpec
+from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import ManifestReader, RowChecker, read_jobs
 from genbatch.manifests.columns import WHITESPACE
 from genbatch.models import resolve_model
