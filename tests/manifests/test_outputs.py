@@ -121,6 +121,11 @@ def test_derived_ids_must_still_name_files_and_seeds_fit(write_manifest):
     assert [(job.id, job.seed) for job in result.jobs] == [("ok-0", 2**63 - 2), ("ok-1", 2**63 - 1)]
 
 
+def test_a_string_column_is_refused_naming_it(write_manifest):
+    with pytest.raises(ManifestFileError, match="column 'num_outputs' has type string, but it must be an integer"):
+        _read(write_manifest, id=["a"], prompt=["p"], num_outputs=["2"])
+
+
 def test_source_id_is_reserved(write_manifest):
     with pytest.raises(ManifestFileError, match="extra column 'source_id' clashes"):
         _read(write_manifest, id=["a"], prompt=["p"], source_id=["x"])
