@@ -1,8 +1,10 @@
-"""The planner's memory model against the peaks diffusers' own code reaches: VAE decodes and denoise activations.
+"""The planner's memory model against the peaks diffusers' own code reaches: VAE decodes, VAE encodes and
+denoise activations.
 
-    python bench/vae_memory.py                  # every case (about 13 minutes on one core, 8 of them the
+    python bench/vae_memory.py                  # every case (about 15 minutes on one core, 8 of them the
                                                 # 480p Wan decode)
-    python bench/vae_memory.py --quick          # without the two largest CPU decodes (about 4)
+    python bench/vae_memory.py --quick          # without the largest CPU decodes and encodes (about 5)
+    python bench/vae_memory.py --encode --quick # the encodes alone, without the largest CPU ones (about 1)
 
 Each case builds the real-size module (random weights), runs it once under genbatch's live-tensor count
 (`genbatch.parallel.vae.peak_memory`: the bytes of every storage an operator makes, until it is freed) and
@@ -15,6 +17,13 @@ for the denoise), with the relative error and whether it is within 25%.
 - `meta` cases count the same code on the meta device, shapes only, in seconds: the tiled modes and the
   published large decodes (HunyuanVideo 720p x 129 frames, CogVideoX 1.5 1360x768 x 161). One decode is
   counted both ways first, to show the two counts agree.
+- Encodes (`genbatch.planner.vae_encode`) build their input inside the count as the pipelines do (Wan I2V's
+  conditioning video: the first frame and zeros to the output's frames; an edit model's input image) and count
+  the encoder's FLOPs under torch's `FlopCounterMode` beside the planner's MFLOP per pixel: Wan 2.1's VAE at
+  720p x 81 frames (the I2V job of issue 27), 480p x 81 and 208x120 x 1..81, the image VAE at 1024^2 and 512^2,
+  Qwen-Image's at 512^2 and 1024^2. On the meta device attention is its math form, so a single large frame
+  counts the mid-block's attention scores, which the fused kernels of a GPU or a CPU never hold (the 720p
+  one-frame and 1024^2 Qwen-Image cases show it; the CPU case beside them does not).
 """
 
 from __future__ import annotations
@@ -74,6 +83,92 @@ DECODES = (
     Decode(vae="AutoencoderKLCogVideoX", mode="full", width=720, height=480, frames=49, device="meta"),
     Decode(vae="AutoencoderKLCogVideoX", mode="tiled", width=1360, height=768, frames=161, device="meta"),
 )
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Encode:
+    """One encode to count, its input built as the pipeline builds it."""
+
+    vae: str
+    """The diffusers class (the published config; the image VAE's is FLUX's)."""
+    width: int
+    height: int
+    frames: int | None
+    """Frames of the conditioning video (Wan I2V); None: one image."""
+    device: str
+    """`cpu` (computes) or `meta` (shapes only)."""
+    heavy: bool = False
+    """Left out by --quick."""
+
+
+ENCODES = (
+    Encode(vae="AutoencoderKLWan", width=208, height=120, frames=9, device="meta"),
+    Encode(vae="AutoencoderKLWan", width=208, height=120, frames=9, device="cpu"),
+    Encode(vae="AutoencoderKLWan", width=208, height=120, frames=1, device="meta"),
+    Encode(vae="AutoencoderKLWan", width=208, height=120, frames=5, device="meta"),
+    Encode(vae="AutoencoderKLWan", width=208, height=120, frames=81, device="meta"),
+    Encode(vae="AutoencoderKLWan", width=832, height=480, frames=81, device="meta"),
+    Encode(vae="AutoencoderKLWan", width=1280, height=720, frames=81, device="meta"),
+    Encode(vae="AutoencoderKLWan", width=1280, height=720, frames=1, device="meta"),
+    Encode(vae="AutoencoderKL", width=512, height=512, frames=None, device="cpu"),
+    Encode(vae="AutoencoderKL", width=1024, height=1024, frames=None, device="meta"),
+    Encode(vae="AutoencoderKL", width=1024, height=1024, frames=None, device="cpu", heavy=True),
+    Encode(vae="AutoencoderKLQwenImage", width=512, height=512, frames=None, device="meta"),
+    Encode(vae="AutoencoderKLQwenImage", width=512, height=512, frames=None, device="cpu", heavy=True),
+    Encode(vae="AutoencoderKLQwenImage", width=1024, height=1024, frames=None, device="meta"),
+)
+
+
+def _build_vae(name: str, device: str):
+    import diffusers
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        cls = getattr(diffusers, name)
+        return (cls(**IMAGE_VAE) if name == "AutoencoderKL" else cls()).eval()
+
+
+def _encode_input(case: Encode, first: torch.Tensor) -> torch.Tensor:
+    """The tensor the pipeline hands the encoder, made from the first frame (or the image) `first`."""
+    if case.vae == "AutoencoderKL":
+        return first.clone()  # the preprocessed image, (1, 3, h, w)
+    frames = case.frames or 1
+    if frames == 1:
+        return first.clone()
+    # WanImageToVideoPipeline.prepare_latents: the first frame, then zeros to num_frames
+    return torch.cat([first, first.new_zeros(1, 3, frames - 1, case.height, case.width)], dim=2)
+
+
+def count_encode(case: Encode) -> tuple[int, float, float]:
+    """(counted peak bytes, FLOPs, seconds) of one encode, its input built inside the count."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from genbatch.parallel.vae import peak_memory
+
+    vae = _build_vae(case.vae, case.device)
+    shape = (1, 3, case.height, case.width) if case.vae == "AutoencoderKL" else (1, 3, 1, case.height, case.width)
+    first = torch.randn(shape, device=case.device)
+    start = time.perf_counter()
+    with torch.no_grad(), peak_memory(case.device) as peak:
+        vae.encode(_encode_input(case, first))
+    seconds = time.perf_counter() - start
+    flops = 0.0
+    if case.device == "meta":  # the FLOPs of the same shapes, counted without computing
+        with torch.no_grad(), FlopCounterMode(display=False) as counter:
+            vae.encode(_encode_input(case, first))
+        flops = float(counter.get_total_flops())
+    return peak.bytes, flops, seconds
+
+
+def model_encode(case: Encode) -> tuple[float, float]:
+    """(the planner's peak bytes in fp32, its MFLOP per input pixel and frame) for one rank's encode."""
+    from genbatch.planner.vae_encode import encode_peak_bytes, encoder_memory
+
+    memory = encoder_memory(case.vae, is_video=case.frames is not None)
+    peak = encode_peak_bytes(memory, width=case.width, height=case.height, frames=case.frames, bytes_per_value=4)
+    frames = case.frames or 1
+    mflop = (memory.first_frame_mflop_per_pixel + (frames - 1) * memory.mflop_per_pixel) / frames
+    return peak, mflop
 
 
 def _latent(case: Decode, vae) -> tuple[int, ...]:
@@ -137,7 +232,8 @@ def _line(name: str, counted: float, modelled: float, seconds: float) -> tuple[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="leave out the two largest CPU decodes")
+    parser.add_argument("--quick", action="store_true", help="leave out the largest CPU decodes and encodes")
+    parser.add_argument("--encode", action="store_true", help="the encodes alone")
     parser.add_argument("--threads", type=int, default=1, help="torch threads for the CPU cases")
     opts = parser.parse_args()
     torch.set_num_threads(opts.threads)
@@ -151,6 +247,22 @@ def main() -> None:
     from genbatch.planner.workload import BYTES_PER_VALUE
 
     verdicts = []
+    print("VAE encode peaks (fp32, input built inside the count; frames None: an image)")
+    for case in ENCODES:
+        if opts.quick and case.heavy:
+            continue
+        counted, flops, seconds = count_encode(case)
+        modelled, mflop = model_encode(case)
+        line, ok = _line(f"  {case.vae} encode {case.width}x{case.height}x{case.frames} {case.device}",
+                         counted, modelled, seconds)
+        if flops:
+            pixels = case.width * case.height * (case.frames or 1)
+            line += f"; {flops / pixels / 1e6:.2f} MFLOP a pixel (planner {mflop:.2f})"
+        print(line, flush=True)
+        verdicts.append(ok)
+    if opts.encode:
+        print(f"{sum(verdicts)} of {len(verdicts)} within {WITHIN:.0%}")
+        return
     print("VAE decode peaks (fp32; frames None: an image)")
     for case in DECODES:
         if opts.quick and case.heavy:

@@ -27,7 +27,7 @@ where those scores are negligible.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,7 +47,10 @@ class EncoderMemory:
     input_copies: float
     """Whole inputs (3 values per pixel and frame) alive during the encode: the tensor the pipeline built."""
     mflop_per_pixel: float
-    """Encoder work per input pixel and frame, MFLOP."""
+    """Encoder work per input pixel and frame after the first, MFLOP."""
+    first_frame_mflop_per_pixel: float
+    """Encoder work per pixel of the first frame (or the one image), MFLOP: a causal encoder pads it with
+    copies of itself, so it costs more than the frames after it."""
 
     def scale(self, channels: int | None) -> float:
         """How much larger an encoder of `channels` input-side channels is than the one measured."""
@@ -55,17 +58,18 @@ class EncoderMemory:
 
 
 IMAGE_ENCODER = EncoderMemory(vae_class="AutoencoderKL", channels=128, values_per_pixel=640.0, values_per_area=0.0,
-                              frames_at_once=1, input_copies=1.0, mflop_per_pixel=4.7)
+                              frames_at_once=1, input_copies=1.0, mflop_per_pixel=4.7,
+                              first_frame_mflop_per_pixel=4.7)
 """FLUX / SD3 (block_out_channels 128, 256, 512, 512): 5 x 128 values a pixel at the first stage, counted 640.0 at
 512^2 and at 1024^2 (2.5 GiB in fp32 at 1024^2); 4.66 MFLOP a pixel at 1024^2 (4.26 at 512^2: the mid-block
 attention grows with the tokens)."""
 WAN_ENCODER = EncoderMemory(vae_class="AutoencoderKLWan", channels=96, values_per_pixel=854.0, values_per_area=117.0,
-                            frames_at_once=4, input_copies=1.0, mflop_per_pixel=5.1)
+                            frames_at_once=4, input_copies=1.0, mflop_per_pixel=5.05, first_frame_mflop_per_pixel=6.7)
 """Wan 2.1 (base_dim 96): 971 values a pixel for one frame, 3,533 from nine frames on (the first frame, then
-chunks of four beside a full cache), the same at 208x120 and 1280x720; 5.1 MFLOP a pixel and frame at 81 frames."""
-QWEN_IMAGE_ENCODER = EncoderMemory(vae_class="AutoencoderKLQwenImage", channels=96, values_per_pixel=854.0,
-                                   values_per_area=117.0, frames_at_once=4, input_copies=1.0, mflop_per_pixel=6.7)
-"""Qwen-Image: Wan's encoder, encoding one frame (the first frame's causal padding makes it dearer a pixel)."""
+chunks of four beside a full cache), the same at 208x120 and 1280x720; 6.67 MFLOP a pixel for one frame, 5.03 to
+5.11 a pixel and frame over 81 (208x120 to 1280x720)."""
+QWEN_IMAGE_ENCODER = replace(WAN_ENCODER, vae_class="AutoencoderKLQwenImage")
+"""Qwen-Image: Wan's encoder, encoding one frame (counted 968 values and 6.76 MFLOP a pixel at 512^2)."""
 
 ENCODERS: dict[str, EncoderMemory] = {memory.vae_class: memory for memory in (IMAGE_ENCODER, WAN_ENCODER,
                                                                               QWEN_IMAGE_ENCODER)}
@@ -96,7 +100,8 @@ def encode_peak_bytes(memory: EncoderMemory, *, width: int, height: int, frames:
 
 def encode_flops(memory: EncoderMemory, *, width: int, height: int, frames: int | None) -> float:
     """The encoder's FLOPs over the whole input (all ranks together)."""
-    return width * height * max(frames or 1, 1) * memory.mflop_per_pixel * 1e6
+    later = max(frames or 1, 1) - 1
+    return width * height * (memory.first_frame_mflop_per_pixel + later * memory.mflop_per_pixel) * 1e6
 
 
 __all__ = ["ENCODERS", "EncoderMemory", "encode_flops", "encode_peak_bytes", "encoder_memory"]
