@@ -18,7 +18,9 @@ and once more, with symbolic sizes, at the first shape that differs: a run of mi
 counts makes at most two compiles per block class instead of one per shape. Under sequence parallel the
 same holds while every split stream divides evenly over the group: the routed attention then takes its
 layout from the query's symbolic size (`SequenceParallel.layout`); a job with uneven shards compiles its own
-graph (its layout's lengths are constants).
+graph (its layout's lengths are constants). A batch's size (`--batch-size`) is one more size the symbolic graph
+covers, except a batch of one: dynamo specialises a size of 1, so a run whose batches hold one row and more
+than one (a share's last, smaller batch) compiles at most three times per block class.
 
 `CompileClock` turns dynamo's compile start / end callbacks into timed intervals (`genbatch.runner.timing`
 writes each as a `compile` row, with the block class and its input shape, and takes its seconds out of
