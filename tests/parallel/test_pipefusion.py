@@ -35,8 +35,8 @@ STEPS = 3
     pytest.param("tiny-flux", {"pp": 2, "ring": 2}),
     ("tiny-flux", {"pp": 2, "fsdp": True}),
     pytest.param("tiny-wan", {"cfg": 2, "pp": 2, "fsdp": True}),
-], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "qwen-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2", "sd3-pp2-ulysses2",
-        "wan-pp2-ring2", "flux-pp2-ring2", "flux-pp2-fsdp", "wan-cfg2-pp2-fsdp"])
+], ids=["wan-pp2", "flux-pp2", "sd3-pp2", "qwen-pp2", "wan-pp2-ulysses2", "wan-cfg2-pp2", "flux-pp2-ulysses2",
+        "sd3-pp2-ulysses2", "wan-pp2-ring2", "flux-pp2-ring2", "flux-pp2-fsdp", "wan-cfg2-pp2-fsdp"])
 def test_pure_layer_pipelining_equals_one_process(preset, layout, tmp_path):
     reference = denoised(str(tmp_path / "single"), {}, preset, None, (7,), STEPS)["latents"][7]
     stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=STEPS)
