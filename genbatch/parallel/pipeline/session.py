@@ -2,7 +2,8 @@
 link; which steps are synchronous; the per-patch schedulers of the asynchronous steps. It is the feature's
 `JobHook`: it runs the asynchronous steps itself (`genbatch.parallel.pipeline.steps`).
 
-    session = PipeSession.start(pipe, spec, config, job, start_step)
+    session = PipeSession.start(pipe, spec, config, comm, image_grids(start), start_step)
+                                                 the grids: the noise's, then an input image's (edit models)
     session.synchronous(index)                   the first `warmup_steps` steps of the job (and of a resumed
                                                  job, which starts a new session), and `extra_sync`
     with session.branch("cond", index, patch):   one forward of a branch, on a patch (None: whole)
