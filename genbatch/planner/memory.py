@@ -10,7 +10,8 @@ The VAE decode peak is the decoder's own (`vae_memory`: frame-causal, framewise 
 split 1/p with patch parallel over the job's group (§7.1). The VAE encode's is the encoder's own (`vae_encode`:
 Wan's frame-causal chunks, an image VAE whole, beside the input the pipeline built), split 1/p over the job's
 group where the VAE class encodes patch-parallel (the runner's `parallel_encoding` always does, on a group of
-two or more), on one rank otherwise. A batch of B rows (`Workload.batch`) holds B times the activations and the
+two or more), on one rank otherwise, at the VAE's dtype (fp32 for a video model, as the runner keeps it; the
+decode is still priced in bf16). A batch of B rows (`Workload.batch`) holds B times the activations and the
 stale K/V; the weights do not grow, and the VAE encodes and decodes its rows one at a time.
 
 The decode mode is the layout's choice too: `auto` takes the first exact mode that fits (patch-parallel over
