@@ -63,6 +63,7 @@ class FluxKontextHooks(flux.FluxHooks):
     """FLUX.1 Kontext: FLUX's one branch per step, the input image's latent tokens after the noise's."""
 
     name = "flux-kontext"
+    per_row_shared = ("guidance", "image_latents")
 
     def trajectory(self, pipe, job: JobSpec, generator, device) -> Trajectory:
         import torch

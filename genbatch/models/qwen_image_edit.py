@@ -89,6 +89,7 @@ class QwenImageEditHooks(qwen_image.QwenImageHooks):
     tokens after the noise's in the image stream."""
 
     name = "qwen-image-edit"
+    per_row_shared = ("img_shapes", "image_latents")
 
     @staticmethod
     def _resized(pipe, job: JobSpec):
