@@ -3,6 +3,7 @@ text encode's seconds per job with 1 and with 8 seeds per prompt.
 
     python bench/batching.py [--sizes 1 2 4 8] [--jobs 8] [--steps 2] [--rounds 2] [--cases flux-256 sd3-512]
                              [--threads N] [--cache-dir DIR]
+    python bench/batching.py --cases flux.1-dev-512 flux.1-dev-1024 --steps 4   # a GPU (bench/gpu.sh step 6)
 
 Two image families at their real transformer widths, random weights, few blocks (the width sets a step's GEMM
 shapes, which is what batching changes; the depth only multiplies):
@@ -12,6 +13,10 @@ shapes, which is what batching changes; the depth only multiplies):
                forwards a step)
 Both have CLIP-L and T5-XXL text encoders at their real widths (768, 4096) with 2 layers each, and the tiny
 presets' narrow VAE (8 channels, 4 levels: a real VAE's scale factor, its decode a small part of a job).
+On a GPU, FLUX.1-dev's whole architecture (the `flux.1-dev-random` bench model, 12B, bf16, its real VAE):
+    flux.1-dev-512    512 x 512 at batch 1, 4 and 16 (16 jobs)     the sizes SGLang measured Qwen-Image at on an
+    flux.1-dev-1024   1024 x 1024 at batch 1 and 2 (4 jobs)        H200: 3.21x at batch 16 at 512, 1.02x at 2 at 1024
+and `tiny-flux` (the preset, 64 x 64, batch 1 and 2: what `bench/gpu.sh --device cpu --tiny` runs in the tests).
 
 Each case's pipeline is saved with save_pretrained and run from its directory through genbatch's executor
 (`JobExecutor.generate_batch`: encode, denoise in one forward per step for the batch, decode row by row) and
@@ -50,6 +55,11 @@ CASES = {
         sample_size=64, patch_size=2, in_channels=16, num_layers=2, attention_head_dim=64, num_attention_heads=24,
         caption_projection_dim=1536, joint_attention_dim=4096, pooled_projection_dim=1536, out_channels=16,
         pos_embed_max_size=96), guidance=5.0),
+    "tiny-flux": dict(family="flux", size=64, preset="tiny-flux", guidance=3.5, sizes=[1, 2], jobs=2),
+    "flux.1-dev-512": dict(family="flux", size=512, bench_model="flux.1-dev-random", guidance=3.5, sizes=[1, 4, 16],
+                           jobs=16),
+    "flux.1-dev-1024": dict(family="flux", size=1024, bench_model="flux.1-dev-random", guidance=3.5, sizes=[1, 2],
+                            jobs=4),
 }
 PROMPTS = ["a lighthouse on a cliff at dawn", "a bowl of ramen, steam rising", "two cats asleep on a red sofa",
            "a city street in the rain at night", "an owl on a snowy branch", "a sailing boat in a storm",
@@ -92,6 +102,12 @@ def _build(case: dict):
 
 
 def _saved(name: str, cache_dir: str) -> str:
+    if "preset" in CASES[name]:
+        return CASES[name]["preset"]
+    if "bench_model" in CASES[name]:  # built once (on the GPU when there is one) and shared with gen bench
+        from genbatch.benchmark.models import MODELS, materialize
+
+        return materialize(MODELS[CASES[name]["bench_model"]])
     path = os.path.join(cache_dir, name)
     if not os.path.exists(os.path.join(path, "model_index.json")):
         _build(CASES[name]).save_pretrained(path)
@@ -152,29 +168,30 @@ def _case(name: str, opts) -> list[str]:
 
     case = CASES[name]
     model = _saved(name, opts.cache_dir)
+    sizes, count = opts.sizes or case.get("sizes", [1, 2, 4, 8]), opts.jobs or case.get("jobs", 8)
     lines = []
     with tempfile.TemporaryDirectory() as out:
         world, executor = _executor(model, out)
         try:
-            jobs = _jobs(model, case, opts.jobs, opts.steps)
+            jobs = _jobs(model, case, count, opts.steps)
             _pass(world, executor, jobs, 1)  # warm-up; encodes every prompt into the cache
-            passes: dict[int, list[dict]] = {size: [] for size in opts.sizes}
+            passes: dict[int, list[dict]] = {size: [] for size in sizes}
             for _ in range(opts.rounds):
-                for order in (opts.sizes, list(reversed(opts.sizes))):
+                for order in (sizes, list(reversed(sizes))):
                     for size in order:
                         passes[size].append(_pass(world, executor, jobs, size))
             base = None
-            for size in opts.sizes:
+            for size in sizes:
                 wall = statistics.mean(run["wall"] for run in passes[size]) / len(jobs)
                 denoise = statistics.mean(run["denoise"] for run in passes[size]) / len(jobs)
                 base = base or (wall, denoise)
                 lines.append(f"{name} N={size}: {3600 / wall:7.1f} jobs/h ({wall:6.2f} s a job, denoise "
                              f"{denoise:6.2f} s), x{base[0] / wall:.2f} jobs/h and x{base[1] / denoise:.2f} denoise "
                              f"throughput vs N=1")
-            distinct = _encode_seconds(world, executor, _jobs(model, case, opts.jobs, 1))
-            shared = _encode_seconds(world, executor, _jobs(model, case, opts.jobs, 1, one_prompt=True))
+            distinct = _encode_seconds(world, executor, _jobs(model, case, max(sizes), 1))
+            shared = _encode_seconds(world, executor, _jobs(model, case, max(sizes), 1, one_prompt=True))
             lines.append(f"{name} text encode: {distinct:.3f} s a job with 1 seed per prompt, {shared:.3f} s with "
-                         f"{opts.jobs} seeds per prompt (x{distinct / shared:.1f})")
+                         f"{max(sizes)} seeds per prompt (x{distinct / shared:.1f})")
         finally:
             executor.stop.restore()
             world.close()
@@ -183,11 +200,13 @@ def _case(name: str, opts) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[1, 2, 4, 8])
-    parser.add_argument("--jobs", type=int, default=8, help="jobs per pass (a multiple of every size)")
+    parser.add_argument("--sizes", type=int, nargs="+", default=None, help="batch sizes (default: the case's, "
+                        "1 2 4 8 on the CPU cases)")
+    parser.add_argument("--jobs", type=int, default=None, help="jobs per pass, a multiple of every size (default: "
+                        "the case's, 8 on the CPU cases)")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="passes each way (1: 1 2 4 8 8 4 2 1)")
-    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=list(CASES))
+    parser.add_argument("--cases", nargs="+", choices=sorted(CASES), default=["flux-256", "sd3-512"])
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--cache-dir", default=os.path.join(os.environ.get("TMPDIR", "/tmp"), "genbatch-bench-batching"))
     opts = parser.parse_args()
@@ -195,8 +214,9 @@ def main() -> None:
 
     if opts.threads:
         torch.set_num_threads(opts.threads)
-    print(f"bench/batching.py: torch {torch.__version__}, {torch.get_num_threads()} threads, {opts.jobs} jobs a "
-          f"pass, {opts.steps} steps, sizes {opts.sizes}, {opts.rounds} round(s) each way", flush=True)
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU, {torch.get_num_threads()} threads"
+    print(f"bench/batching.py: torch {torch.__version__}, {device}, {opts.steps} steps, {opts.rounds} round(s) each "
+          "way", flush=True)
     for name in opts.cases:
         for line in _case(name, opts):
             print(line, flush=True)

@@ -11,7 +11,10 @@
 #   4. the attention kernels, eager: cuDNN attention on both sides (`--attention cudnn`), and flash-attn only when
 #      the machine already has it;
 #   5. the FLUX.1-dev architecture (12B, random weights built on the GPU, bf16) at 1024x1024, 2 images, 10 steps:
-#      genbatch against FluxPipeline.__call__ eager, then compiled (`--compile` against compile_repeated_blocks).
+#      genbatch against FluxPipeline.__call__ eager, then compiled (`--compile` against compile_repeated_blocks);
+#   6. batched rows (`--batch-size`) on the same FLUX.1-dev model: batch 1, 4 and 16 at 512x512 and batch 1 and 2
+#      at 1024x1024, 4 steps, jobs per hour and the ratios to batch 1 (bench/batching.py; SGLang measured
+#      Qwen-Image on an H200 at 3.21x for batch 16 at 512x512 and 1.02x for batch 2 at 1024x1024).
 # Every step prints its seconds, so a run that overran says which step to trim.
 # Results go to bench/results/gpu/<UTC time>/ (commit them).
 #
@@ -80,18 +83,18 @@ baseline=()
 if [ -n "${GENBATCH_BENCH_BASELINE:-}" ]; then baseline=(--baseline "$GENBATCH_BENCH_BASELINE"); fi
 step_started=$SECONDS
 took() { echo "bench/gpu.sh: $1 took $((SECONDS - step_started)) s" >&2; step_started=$SECONDS; }
-echo "== 1/5 gen bench --suite $suite on one device -> $results/suite" >&2
+echo "== 1/6 gen bench --suite $suite on one device -> $results/suite" >&2
 status=0
 "$py" -m genbatch bench --suite "$suite" --layouts single --out "$results/suite" "${baseline[@]}" || status=$?
 took "step 1"
 
-echo "== 2/5 genbatch vs diffusers on $device -> $results/versus" >&2
+echo "== 2/6 genbatch vs diffusers on $device -> $results/versus" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus"
 took "step 2"
 
 # at tiny size (the tests) aot_eager stands in for inductor and math for the CUDA kernels: the same steps, cheap
 compile_backend=$([ "$suite" = tiny ] && echo aot_eager || echo inductor)
-echo "== 3/5 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
+echo "== 3/6 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-compiled" \
     --compile-backend "$compile_backend"
 took "step 3"
@@ -100,18 +103,26 @@ kernels=(cudnn)
 if [ "$device" = cpu ]; then kernels=(math); fi
 if [ "$device" != cpu ] && "$py" -c "import flash_attn" >/dev/null 2>&1; then kernels+=(flash-attn); fi
 for kernel in "${kernels[@]}"; do
-    echo "== 4/5 attention $kernel on both sides -> $results/versus-$kernel" >&2
+    echo "== 4/6 attention $kernel on both sides -> $results/versus-$kernel" >&2
     "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-$kernel" \
         --attention "$kernel" || status=$?
 done
 took "step 4"
 
 image_suite=$([ "$suite" = tiny ] && echo tiny-flux || echo flux)
-echo "== 5/5 $image_suite: genbatch vs diffusers FluxPipeline, eager then compiled ($compile_backend) -> $results/versus-flux*" >&2
+echo "== 5/6 $image_suite: genbatch vs diffusers FluxPipeline, eager then compiled ($compile_backend) -> $results/versus-flux*" >&2
 "$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux" || status=$?
 "$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux-compiled" \
     --compile-backend "$compile_backend" || status=$?
 took "step 5"
+
+batch_cases=$([ "$suite" = tiny ] && echo tiny-flux || echo "flux.1-dev-512 flux.1-dev-1024")
+echo "== 6/6 batched rows ($batch_cases) -> $results/batching.txt" >&2
+# shellcheck disable=SC2086
+"$py" bench/batching.py --cases $batch_cases --steps "$([ "$suite" = tiny ] && echo 1 || echo 4)" \
+    > "$results/batching.txt" || status=$?
+cat "$results/batching.txt" >&2
+took "step 6"
 
 rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs   # the videos: not results
 echo "bench/gpu.sh: done in $((SECONDS - started)) s; results in $results (suite report: $results/suite/report.md)" >&2

@@ -56,3 +56,7 @@ def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
         assert len(side_result["step_periods"]) == SUITES["tiny-flux"].jobs * (SUITES["tiny-flux"].num_inference_steps - 1)
     assert "genbatch vs diffusers FluxPipeline.__call__" in result.stdout
     assert "bench/gpu.sh: step 5 took" in result.stderr
+    # batched rows: jobs per hour at batch 1 and 2, with the ratio
+    batching = (results / "batching.txt").read_text()
+    assert "tiny-flux N=1:" in batching and "tiny-flux N=2:" in batching and "vs N=1" in batching
+    assert "bench/gpu.sh: step 6 took" in result.stderr
