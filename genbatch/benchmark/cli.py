@@ -34,6 +34,9 @@ from genbatch.planner.memory import DECODE_CHOICES
 @cache_option
 @click.option("--vae-decode", type=click.Choice(DECODE_CHOICES), default="auto", show_default=True,
               help="How every layout's runs decode (gen run --vae-decode).")
+@click.option("--batch-size", default="1", show_default=True, metavar="N|auto",
+              help="Rows per forward in every layout's runs (gen run --batch-size); with --cache, the exact run "
+                   "the quality is scored against batches the same rows.")
 @click.option("--warmup-steps", type=click.IntRange(min=0), default=None, metavar="W",
               help="The synchronous steps of the PipeFusion and DistriFusion layouts (gen run --warmup-steps) "
                    "[default: each method's].")
@@ -52,7 +55,7 @@ from genbatch.planner.memory import DECODE_CHOICES
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
                   model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
                   compile: bool, compile_backend: str, attention: str, compile_cache: str | None,
-                  cache: str | None, vae_decode: str, warmup_steps: int | None, patches: int | None,
+                  cache: str | None, vae_decode: str, batch_size: str, warmup_steps: int | None, patches: int | None,
                   lora: tuple[str, ...], lora_scale: tuple[float, ...], lora_steps: int | None,
                   lora_guidance: float | None) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
@@ -75,7 +78,12 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
     from genbatch.benchmark.nightly import BenchOptions, run_bench
     from genbatch.benchmark.recipe import FewStepRecipe
     from genbatch.jobs.lora import run_loras
+    from genbatch.jobs.batches import parse_size
 
+    try:
+        parse_size(batch_size)  # a bad value fails here, naming the fix, not in every layout
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--batch-size") from None
     recipe = None
     if lora or lora_scale or lora_steps is not None or lora_guidance is not None:
         try:
@@ -88,7 +96,8 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
                            model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
                            run_args=(*kernel_args(compile, compile_backend, attention, compile_cache),
                                      *(("--cache", cache) if cache else ()),
-                                     *(("--vae-decode", vae_decode) if vae_decode != "auto" else ())),
+                                     *(("--vae-decode", vae_decode) if vae_decode != "auto" else ()),
+                                     *(("--batch-size", str(batch_size)) if batch_size != "1" else ())),
                            stale_args=(*(("--warmup-steps", str(warmup_steps)) if warmup_steps is not None else ()),
                                        *(("--patches", str(patches)) if patches is not None else ())),
                            recipe=recipe)

@@ -42,7 +42,9 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
         f"- when: {info['created']}  ",
         f"- model: `{info['model']}` ({info['model_detail']})  ",
         f"- work: {manifest['jobs']} jobs of {manifest['width']}x{manifest['height']}{frames}, "
-        f"{manifest['num_inference_steps']} steps, guidance {manifest['guidance_scale']}, dtype {info['dtype']}  ",
+        f"{manifest['num_inference_steps']} steps, guidance {manifest['guidance_scale']}, dtype {info['dtype']}"
+        + (f", batches of {info['batch_size']} rows" if info.get("batch_size", 1) != 1 else "")
+        + (f", step cache {info['cache']}" if info.get("cache", "none") != "none" else "") + "  ",
         *([f"- recipe: {info['recipe']}  "] if info.get("recipe") else []),
         f"- machine: {info['host']}, {info['cpus']} CPUs, {info['accelerators']}, load average "
         f"{info['load_average']:.2f} at the end (other work on the machine slows every layout)  ",

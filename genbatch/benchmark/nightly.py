@@ -163,7 +163,7 @@ def run_bench(options: BenchOptions) -> int:
     from genbatch.benchmark.layouts import layout_name
     from genbatch.benchmark.metrics import report_metrics
     from genbatch.benchmark.models import materialize
-    from genbatch.benchmark.quality import cache_mode
+    from genbatch.benchmark.quality import batch_size_of, cache_mode
     from genbatch.benchmark.report import machine_info, write_report
     from genbatch.io.options import open_filesystem
     from genbatch.io.tables import concat, records_to_table, to_parquet_bytes
@@ -207,6 +207,7 @@ def run_bench(options: BenchOptions) -> int:
         comparison.changes += _quality_changes(quality, options.baseline, storage)
     info = machine_info(suite=suite, model_dir=model_dir, dtype=options.dtype)
     info["cache"] = cache_mode(options.run_args) or "none"  # the step caching every layout ran with
+    info["batch_size"] = batch_size_of(options.run_args)  # and its rows per forward (`--batch-size`)
     if recipe is not None:
         base = info["manifest"]
         info["recipe"] = recipe.describe(base["num_inference_steps"], base["guidance_scale"])

@@ -106,6 +106,16 @@ def cache_mode(run_args: tuple[str, ...]) -> str | None:
     return None if mode in (None, "none") else mode
 
 
+def batch_size_of(run_args: tuple[str, ...]) -> int | str:
+    """The `--batch-size` among a bench's `gen run` arguments (1 when not given). The exact run keeps it, so a
+    step cache under batches is scored against exact batches of the same rows."""
+    args = list(run_args)
+    if "--batch-size" not in args[:-1]:
+        return 1
+    value = args[args.index("--batch-size") + 1]
+    return value if value == "auto" else int(value)
+
+
 def without_cache(run_args: tuple[str, ...]) -> tuple[str, ...]:
     """The same `gen run` arguments for the exact configuration: `--cache MODE` left out."""
     args = list(run_args)

@@ -42,6 +42,20 @@ def check_size(size: int) -> None:
         raise ValueError(f"--batch-size {size!r} must be an integer from 1 to {MOST} (or auto), e.g. --batch-size 4")
 
 
+def parse_size(text: str) -> int | str:
+    """`--batch-size`'s text: a whole number from 1 to `MOST`, or `auto`; ValueError naming the fix."""
+    if text == "auto":
+        return text
+    try:
+        size = int(text)
+    except ValueError:
+        size = None
+    if size is None or not 1 <= size <= MOST:
+        raise ValueError(f"--batch-size {text!r} is not a batch size: pass a whole number from 1 to {MOST}, or "
+                         "auto (e.g. --batch-size 4)")
+    return size
+
+
 def batch_id(ids: Sequence[str]) -> str:
     """The batch's name in the results: 12 hex digits of the sha256 of its job ids in batch order."""
     return hashlib.sha256("\0".join(ids).encode()).hexdigest()[:12]

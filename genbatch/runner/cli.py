@@ -196,18 +196,13 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
 
 
 def _batch_size(text: str) -> int | str:
-    """`--batch-size`'s value: a whole number (checked by `genbatch.jobs.batches.check_size`) or `auto`."""
-    from genbatch.jobs.batches import check_size
+    """`--batch-size`'s value (`genbatch.jobs.batches.parse_size`), a bad one as click's usage error."""
+    from genbatch.jobs.batches import parse_size
 
-    if text == "auto":
-        return text
     try:
-        size = int(text)
-        check_size(size)
-    except ValueError:
-        raise click.BadParameter(f"{text!r} is not a batch size: pass a whole number from 1 to 256, or auto "
-                                 "(e.g. --batch-size 4)") from None
-    return size
+        return parse_size(text)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from None
 
 
 def _args_without_nproc(argv: list[str]) -> list[str]:

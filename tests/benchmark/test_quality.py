@@ -37,6 +37,8 @@ def test_only_a_psnr_drop_past_one_db_regresses():
 def test_gen_bench_scores_a_cache_against_the_exact_run_and_judges_the_drop(tmp_path):
     import json
 
+    import pyarrow.parquet as pq
+
     from genbatch.benchmark.quality import PSNR_CAP_DB
     from tests.support.runs import run_cli
 
@@ -45,14 +47,21 @@ def test_gen_bench_scores_a_cache_against_the_exact_run_and_judges_the_drop(tmp_
                     "--model-cache", models, "--cache", "fbc:0")
     assert exact.returncode == 0, exact.stderr
     assert json.loads((tmp_path / "a" / "quality.json").read_text())["single"]["psnr_db"] == PSNR_CAP_DB
+    # the cached night runs its two rows as one batch: its cache decides per batch, scored as any cache is
     cached = run_cli("bench", "--suite", "tiny", "--layouts", "single", "--out", str(tmp_path / "b"),
-                     "--model-cache", models, "--cache", "fbc:0.5", "--baseline", str(tmp_path / "a"))
+                     "--model-cache", models, "--cache", "fbc:0.5", "--baseline", str(tmp_path / "a"),
+                     "--batch-size", "2")
     scores = json.loads((tmp_path / "b" / "quality.json").read_text())["single"]
     assert scores["psnr_db"] < PSNR_CAP_DB - 1 and 0 < scores["ssim"] < 1 and scores["jobs"] == 2
     assert cached.returncode == 3  # the quality regression fails the night like a slower step would
     assert "psnr_db" in cached.stderr and "REGRESSION" in cached.stderr
     report = (tmp_path / "b" / "report.md").read_text()
     assert "## Quality against the exact configuration" in report and "](plots/quality.png)" in report
+    assert "batches of 2 rows, step cache fbc:0.5" in report
+    results = pq.read_table(tmp_path / "b" / "exact" / "runs" / "single" / "results").to_pylist()
+    assert {row["batch_size"] for row in results} == {2}  # the exact run batches the same rows
+    cached_rows = pq.read_table(tmp_path / "b" / "runs" / "single" / "results").to_pylist()
+    assert {row["batch_id"] for row in cached_rows} == {row["batch_id"] for row in results}
     _assert_quality_plot(tmp_path / "b" / "plots" / "quality.png")
 
 
