@@ -51,7 +51,8 @@ def batch_size_for(options, world, jobs) -> int:
     from genbatch.planner.batching import largest_batch_for
 
     limit = options.vae_memory_gib or device_memory_gib(world.ctx.device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    sizes = {name: largest_batch_for(name, width, height, frames, world.ctx.dims, limit, most=MOST_AUTO)
+    sizes = {name: largest_batch_for(name, width, height, frames, world.ctx.dims, limit, decode=options.vae_decode,
+                                     most=MOST_AUTO)
              for name, (width, height, frames) in largest_jobs(jobs).items()}
     chosen = min(sizes.values())
     if not options.quiet:

@@ -19,10 +19,11 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("batched")
     manifest = write_manifest(str(root / "m.parquet"), ROWS)
     found = {}
-    for name, args in {"cached": (), "uncached": ("--embedding-cache-gib", "0"),
-                       "batched": ("--batch-size", "4")}.items():
-        result = run_cli("run", manifest, "--out", str(root / name), "-q", *args)
+    for name, args in {"cached": ("-q",), "uncached": ("--embedding-cache-gib", "0", "-q"),
+                       "batched": ("--batch-size", "4", "-q"), "auto": ("--batch-size", "auto")}.items():
+        result = run_cli("run", manifest, "--out", str(root / name), *args)
         assert result.returncode == 0, result.stderr
+        (root / f"{name}.stderr").write_text(result.stderr)
         found[name] = root / name
     return found
 
@@ -64,3 +65,10 @@ def test_batched_results_name_their_batch_and_equal_the_rows_alone(runs):
     assert len(steps) == 2 * ROWS[0]["num_inference_steps"]
     assert {row["batch_size"] for row in steps} == {4}
     assert {row["job_id"] for row in steps} == {"same-0", "same-4"}
+
+
+def test_auto_takes_the_largest_batch_that_fits_up_to_16(runs):
+    stderr = (runs["auto"].parent / "auto.stderr").read_text()
+    assert "--batch-size auto picked 16 (tiny-flux 16;" in stderr  # a tiny model fits 16 rows in any memory
+    results = pq.read_table(runs["auto"] / "results").to_pylist()
+    assert {row["batch_size"] for row in results} == {len(ROWS)}  # all 8 rows: one batch
