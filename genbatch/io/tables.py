@@ -20,9 +20,11 @@ TIMING_COLUMNS: dict[str, pa.DataType] = {
 }
 _TIMING_REQUIRED = ("run_id", "job_id", "rank", "stage", "start", "seconds")
 RESULT_COLUMNS = (
-    "id", "status", "output_uri", "error", "seed", "model", "width", "height", "num_frames",
+    "id", "source_id", "status", "output_uri", "error", "seed", "model", "width", "height", "num_frames",
     "num_inference_steps", "guidance_scale", "fps",
 )
+"""The results table's leading columns: `source_id` is the manifest row's id a job came from (its own id unless
+the row has `num_outputs` above 1; null for a rejected row)."""
 _STATUS_RANK = {"done": 0, "failed": 1, "rejected": 2}
 
 

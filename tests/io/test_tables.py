@@ -33,7 +33,7 @@ def test_results_one_row_per_job_done_beats_failed_beats_rejected():
     rows = table.to_pylist()
     assert [(r["id"], r["status"]) for r in rows] == [("b", "failed"), ("a", "done"), ("c", "rejected")]
     names = table.column_names
-    assert names[:4] == ["id", "status", "output_uri", "error"]
+    assert names[:5] == ["id", "source_id", "status", "output_uri", "error"]
     assert names.index("seconds_denoise") < names.index("extra") < names.index("never_set")
     assert rows[1]["error"] is None and rows[0]["error"] == "boom"
 
