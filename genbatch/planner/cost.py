@@ -75,7 +75,9 @@ VIDEO_VAE_EFFICIENCY = 0.076
 HunyuanVideo 720p 129 frames, 1904 s on one H100 against 337.6 s on eight (peers.md), the one published pair
 that tells a one-rank decode from the denoise. xDiT decodes it on one rank with diffusers' tiling on; with
 Ulysses 8 the 50 steps take about 239 s, so the ~99 s left is that decode: 7.5 PFLOP (25 MFLOP a pixel and
-frame, framewise tiles overlapping 17/12, 256-pixel tiles every 192) at 7.6% of the peak."""
+frame, framewise tiles overlapping 17/12, 256-pixel tiles every 192) at 7.6% of the peak. An end-to-end rate: it
+carries whatever dtype that run's VAE used (not published), so no further factor is applied for the fp32 VAE
+genbatch runs a video model with; only the output's gather counts bytes at that dtype."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -429,7 +431,8 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Pr
 
 def _decode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster, mode: str) -> float:
     """The VAE decode in `mode`: patch-parallel over the job's group, then gathering the frames to the group's
-    leader; or the leader alone (tiling decodes the tiles' overlaps twice)."""
+    leader at the VAE's dtype (`Workload.vae_bytes_per_value`); or the leader alone (tiling decodes the tiles'
+    overlaps twice)."""
     shape = work.shape
     flops = work.megapixels * 1e6 * shape.vae_mflop_per_pixel * 1e6
     flops *= decoder_memory(shape.vae_class, is_video=shape.is_video).work(mode)
@@ -437,7 +440,7 @@ def _decode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster, mode
     ranks = layout.group_size if mode == "parallel" else 1
     seconds = flops / (cluster.gpu.bf16_tflops * 1e12 * efficiency * ranks)
     if ranks > 1:
-        pixels = work.megapixels * 1e6 * 3 * BYTES_PER_VALUE
+        pixels = work.megapixels * 1e6 * 3 * work.vae_bytes_per_value
         seconds += _transfer(pixels * (ranks - 1) / ranks, link_for_extent(ranks, cluster))
     return seconds
 

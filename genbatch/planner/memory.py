@@ -10,9 +10,9 @@ The VAE decode peak is the decoder's own (`vae_memory`: frame-causal, framewise 
 split 1/p with patch parallel over the job's group (§7.1). The VAE encode's is the encoder's own (`vae_encode`:
 Wan's frame-causal chunks, an image VAE whole, beside the input the pipeline built), split 1/p over the job's
 group where the VAE class encodes patch-parallel (the runner's `parallel_encoding` always does, on a group of
-two or more), on one rank otherwise, at the VAE's dtype (fp32 for a video model, as the runner keeps it; the
-decode is still priced in bf16). A batch of B rows (`Workload.batch`) holds B times the activations and the
-stale K/V; the weights do not grow, and the VAE encodes and decodes its rows one at a time.
+two or more), on one rank otherwise. Both run at the VAE's dtype (`Workload.vae_bytes_per_value`: fp32 for a
+video model, as the runner keeps it, bf16 for an image model). A batch of B rows (`Workload.batch`) holds B times
+the activations and the stale K/V; the weights do not grow, and the VAE encodes and decodes its rows one at a time.
 
 The decode mode is the layout's choice too: `auto` takes the first exact mode that fits (patch-parallel over
 the group where the VAE has it, then a one-rank full decode) and tiling only when neither does, since tiles are
@@ -61,11 +61,12 @@ def decode_modes(layout: ParallelDims, work: Workload) -> tuple[str, ...]:
 
 
 def vae_decode_gib(layout: ParallelDims, work: Workload, mode: str) -> float:
-    """The decode's peak on the group's leader in `mode`, GiB."""
+    """The decode's peak on the group's leader in `mode`, GiB, at the VAE's dtype (`Workload.vae_bytes_per_value`,
+    as the encode's)."""
     memory = decoder_memory(work.shape.vae_class, is_video=work.shape.is_video)
     ranks = layout.group_size if mode == "parallel" else 1
     return decode_peak_bytes(memory, mode, width=work.width, height=work.height, frames=work.frames, ranks=ranks,
-                             bytes_per_value=BYTES_PER_VALUE) / GIB
+                             bytes_per_value=work.vae_bytes_per_value) / GIB
 
 
 def encode_ranks(layout: ParallelDims, work: Workload) -> int:

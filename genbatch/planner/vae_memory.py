@@ -1,6 +1,6 @@
 """Each VAE's real decode peak, per decode mode: how diffusers' own decoders walk a video, not one untiled pass.
 
-    decode_peak_bytes(WAN, "full", width=832, height=480, frames=81, ranks=1, bytes_per_value=2)
+    decode_peak_bytes(WAN, "full", width=832, height=480, frames=81, ranks=1, bytes_per_value=4)
 
 A decoder never holds the whole video's activations at once:
 - Wan (`AutoencoderKLWan`, and Qwen-Image's `AutoencoderKLQwenImage`) decodes frame-causally: one latent frame

@@ -10,8 +10,8 @@ from genbatch.planner.shapes import ModelShape
 BYTES_PER_VALUE = 2
 """bf16 weights, activations and messages."""
 VIDEO_VAE_BYTES_PER_VALUE = 4
-"""A video model's VAE runs in fp32 (`genbatch.runner.loading.finish_placement`, as the Wan reference code
-runs it); an image model's in the run's bf16."""
+"""A video model's VAE encodes and decodes in fp32 (`genbatch.runner.loading.finish_placement`, as the Wan
+reference code runs it); an image model's in the run's bf16."""
 MAX_BATCH = 256
 """The largest `--batch-size` the planner prices (the runner's `auto` stops at 16)."""
 
@@ -59,7 +59,10 @@ class Workload:
 
     @property
     def vae_bytes_per_value(self) -> int:
-        """Bytes of one value in the VAE's encode: fp32 for a video model, bf16 for an image model."""
+        """Bytes of one value the runner's VAE runs in, for its encode and its decode alike: fp32 (4) for a video
+        model, bf16 (2) for an image model. The runner decides it in `genbatch.runner.loading.finish_placement`,
+        which casts a video model's VAE to fp32 after placing the pipeline in the run's dtype; the latents are
+        cast to the VAE's dtype before decoding (`genbatch.models.wan`), so its activations and output are too."""
         return VIDEO_VAE_BYTES_PER_VALUE if self.shape.is_video else BYTES_PER_VALUE
 
     @property
