@@ -125,7 +125,7 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
         # the runner's FSDP shards the text encoders over the job group too
         "text_encoder": 0.0 if work.offload_text_encoder
         else shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp_size / GIB,
-        "vae_weights": shape.vae_parameters * BYTES_PER_VALUE / GIB,
+        "vae_weights": shape.vae_parameters * work.vae_bytes_per_value / GIB,  # fp32 for a video model
         "activations": (activations + stale_kv) / GIB,
         "stale_kv": stale_kv / GIB,  # of the activations: the previous step's K/V kept for the other patches
         "vae_decode": vae_decode_gib(layout, work, decode),  # one row at a time, whatever the batch

@@ -45,9 +45,9 @@ def test_auto_takes_an_exact_mode_when_one_fits_and_tiles_only_when_none_does():
     one = ParallelDims()
     assert decode_modes(one, work) == ("full", "tiled")  # no patch-parallel decode for HunyuanVideo's VAE
     # 720p 129 frames on one rank: the full decode (69 GiB in the fp32 the runner keeps a video VAE in) needs
-    # 110 GiB in all, the tiled one 49
+    # 110 GiB in all (its weights in fp32 too), the tiled one 49
     full = memory_per_rank(one, work, "full")["total"]
-    assert full == pytest.approx(109.8, abs=0.2) and memory_per_rank(one, work, "tiled")["total"] < 50
+    assert full == pytest.approx(110.2, abs=0.2) and memory_per_rank(one, work, "tiled")["total"] < 50
     assert choose_decode(one, work, 140) == "full"
     assert choose_decode(one, work, full) == "full"
     assert choose_decode(one, work, 80) == "tiled"
