@@ -72,3 +72,18 @@ def test_auto_takes_the_largest_batch_that_fits_up_to_16(runs):
     assert "--batch-size auto picked 16 (tiny-flux 16;" in stderr  # a tiny model fits 16 rows in any memory
     results = pq.read_table(runs["auto"] / "results").to_pylist()
     assert {row["batch_size"] for row in results} == {len(ROWS)}  # all 8 rows: one batch
+
+
+def test_a_failure_fails_its_own_batch_and_no_other(tmp_path):
+    # guidance 1e38 overflows fp32 (the latents turn inf): those two rows batch together and fail together
+    rows = [{"id": f"{kind}-{index}", "prompt": f"a kite over a beach {index}", "seed": index, "model": "tiny-sd3",
+             "width": 32, "height": 32, "num_inference_steps": 2, "negative_prompt": "grey",
+             "guidance_scale": 1e38 if kind == "bad" else 4.0} for kind in ("good", "bad") for index in range(2)]
+    manifest = write_manifest(str(tmp_path / "m.parquet"), rows)
+    result = run_cli("run", manifest, "--out", str(tmp_path / "out"), "--batch-size", "4", "-q")
+    assert result.returncode == 1, result.stderr  # some jobs failed
+    results = {row["id"]: row for row in pq.read_table(tmp_path / "out" / "results").to_pylist()}
+    assert {job: row["status"] for job, row in results.items()} == {
+        "good-0": "done", "good-1": "done", "bad-0": "failed", "bad-1": "failed"}
+    assert "NaN/inf" in results["bad-0"]["error"] and "bad-0, bad-1" in results["bad-1"]["error"]
+    assert results["good-0"]["batch_size"] == 2
