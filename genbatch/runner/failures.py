@@ -20,7 +20,7 @@ from genbatch.runner.execute import NonFiniteLatents
 _GRACE_SECONDS = 2.0  # how long peers get to post what they saw before the failure is written
 _OUT_OF_MEMORY_FIX = ("; the job does not fit in this group's memory: shard the weights with --fsdp, split the job "
                       "over more ranks (--ulysses / --ring; `gen plan --gpu-mem` says which fit), or make it smaller "
-                      "(size, frames, --dtype bf16)")
+                      "(size, frames, --dtype bf16, a smaller --batch-size or --batch-size auto)")
 
 
 def describe_error(error: BaseException) -> str:
