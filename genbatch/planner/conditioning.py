@@ -12,6 +12,7 @@ Each family encodes as its diffusers pipeline does (the family modules' docstrin
   megapixel) nearest its aspect ratio; a model whose defaults carry `auto_resize: 0` keeps the image's size.
 - Qwen-Image-Edit (`QwenImageEditPipeline`): the input image at `input_area` (a megapixel) at its aspect ratio,
   each side a multiple of 32.
+- HunyuanVideo I2V (`HunyuanVideoImageToVideoPipeline`): the image alone, one frame at the output's size.
 
 The planner does not see the images, so it takes the input's aspect ratio for the output's (`gen plan
 --input-size WxH` gives the resized input instead). Which family encodes what is listed here, by family name,
@@ -48,6 +49,7 @@ FAMILY_ENCODES: dict[str, Encodes] = {
     "wan-i2v": Encodes(video=True),
     "flux-kontext": Encodes(video=False, area=1024 * 1024, multiple=16, required=False),
     "qwen-image-edit": Encodes(video=False, area=qwen_image_edit.INPUT_AREA, multiple=qwen_image_edit.INPUT_MULTIPLE),
+    "hunyuan-video-i2v": Encodes(video=False),  # the image alone, as one frame at the output's size
 }
 """Families whose rows start from an image, by `ModelFamily.name`."""
 
