@@ -89,15 +89,15 @@ def _run_losing_rank_1_after_one_job(rank: int, world_size: int, manifest: str, 
     from genbatch.parallel.dims import LayoutRequest
     from genbatch.runner.run import RunOptions
 
-    finish_job = JobExecutor.run
+    finish_batch = JobExecutor.run_batch
 
-    def finish_then_exit(self, job):
-        result = finish_job(self, job)
+    def finish_then_exit(self, jobs):
+        result = finish_batch(self, jobs)
         if rank == 1:
             os._exit(9)  # gone between jobs: its peer is at the next hand-out or stop check
         return result
 
-    JobExecutor.run = finish_then_exit
+    JobExecutor.run_batch = finish_then_exit
     status = run_module.run(RunOptions(manifest=manifest, out=out, layout=LayoutRequest.of(ulysses=2), quiet=True))
     with open(os.path.join(out, "rank0-status"), "w") as handle:
         handle.write(str(status))
