@@ -223,4 +223,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    from genbatch.parallel.teardown import exit_process
+
     main()
+    exit_process(0)  # the executor's world joined a process group: never a crash in finalization

@@ -292,4 +292,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from genbatch.parallel.teardown import exit_process
+
+    exit_process(main())  # the genbatch side ran a (one-rank) process group: never a crash in finalization
