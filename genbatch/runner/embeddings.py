@@ -48,10 +48,15 @@ class EmbeddingCache:
     """The most recently used encodes whose tensors fit in `max_bytes` (0: nothing is kept)."""
 
     max_bytes: int
+    """The bound on the bytes of the kept encodes' tensors."""
     held_bytes: int = 0
+    """The bytes kept now."""
     hits: int = 0
+    """Encodes served from the cache so far."""
     misses: int = 0
+    """Encodes run so far."""
     _entries: OrderedDict = field(default_factory=OrderedDict)
+    """key -> (conditioning, its bytes), least recently used first."""
 
     def get(self, key: tuple, encode: Callable[[], Conditioning]) -> tuple[Conditioning, bool]:
         """(the encode for `key`, whether it was cached): `encode()` runs on a miss."""
