@@ -3,6 +3,7 @@ gives the same bytes as an uninterrupted run: the killed batch resumes from its 
 
 from __future__ import annotations
 
+import json
 import os
 import time
 
@@ -16,7 +17,7 @@ from tests.support.runs import gen, start_gen, write_manifest
 pytestmark = pytest.mark.processes  # about processes: fresh ones, never the pool
 
 ROWS = [{"id": f"b-{index}", "prompt": f"a quiet harbour, view {index % 3}", "seed": index, "model": "tiny-flux",
-         "width": 64, "height": 64, "num_inference_steps": 16} for index in range(8)]
+         "width": 64, "height": 64, "num_inference_steps": 24} for index in range(8)]
 ARGS = ("--batch-size", "2", "--checkpoint-every", "2", "-q")
 
 
@@ -44,28 +45,39 @@ def test_a_killed_batched_run_resumes_to_the_same_batches_and_bytes(tmp_path):
     process = start_gen("run", manifest, "--out", str(out), "--nproc", "2", *ARGS)
     deadline = time.monotonic() + 120
     checkpoints = out / "checkpoints"
-    while time.monotonic() < deadline and process.poll() is None and not (
-            checkpoints.exists() and any(name.endswith(".ckpt") for name in os.listdir(checkpoints))):
-        time.sleep(0.02)
-    assert process.poll() is None, "the run finished before it could be killed; give it more steps"
-    time.sleep(0.3)  # into the batch's next steps
-    assert _kill_all(process)
+
+    def saved() -> set[str]:
+        return {name[:-5] for name in os.listdir(checkpoints) if name.endswith(".ckpt")} if checkpoints.exists() \
+            else set()
+
+    while time.monotonic() < deadline and process.poll() is None and not saved():
+        time.sleep(0.01)
+    # at once: a batch just checkpointed at a step boundary and has most of its 24 steps to go
+    assert _kill_all(process), "the run finished before it could be killed; give it more steps"
+    done_before = {name[:-5] for name in os.listdir(out / "done")} if (out / "done").exists() else set()
+    resumable = saved() - done_before
     deadline = time.monotonic() + 10
     while processes_of(str(out)) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not processes_of(str(out))
+    assert resumable, "no unfinished batch had a checkpoint at the kill"
 
     resumed = gen("run", manifest, "--out", str(out), "--nproc", "2", *ARGS)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert _batches(out) == expected  # the same batches, whichever group ran them and when
     assert outputs_of(out) == reference
-    timings = pq.read_table(out / "timings").to_pylist()
-    steps = [row for row in timings if row["stage"] == "denoise_step"]
-    started_late = {row["job_id"] for row in steps if row["step"] > 0} - {row["job_id"] for row in steps
-                                                                         if row["step"] == 0}
-    runs = {(row["run_id"], row["job_id"]) for row in steps if row["step"] == 0}
-    assert len(runs) == len({job for _, job in runs}), "a batch started from step 0 twice"
-    assert started_late or any(row["step"] > 0 for row in steps), "no batch resumed from a checkpoint"
+    steps = [row for row in pq.read_table(out / "timings").to_pylist() if row["stage"] == "denoise_step"]
+    rerun_id = json.loads((out / "run.json").read_text())["run_id"]  # the last run's
+    rerun = [row for row in steps if row["run_id"] == rerun_id]
+    first_step = {}
+    for row in rerun:
+        first_step[row["job_id"]] = min(first_step.get(row["job_id"], row["step"]), row["step"])
+    # a batch checkpointed at the kill resumed from its checkpoint, not from step 0 (its steps are under its first
+    # job's id, the name of its checkpoint)
+    assert all(first_step[job] > 0 for job in resumable if job in first_step), (resumable, first_step)
+    assert any(job in first_step for job in resumable), (resumable, first_step)
+    # and no batch done before the kill ran again
+    assert not done_before & set(first_step), (done_before, first_step)
 
 
 def outputs_of(out) -> dict[str, bytes]:
