@@ -98,3 +98,30 @@ def assert_stale_methods_run_it_end_to_end(preset: str, image: str, tmp_path) ->
         assert result.returncode == 0, result.stderr[-3000:]
         (row,) = pq.read_table(out / "results").to_pylist()
         assert (row["status"], row["attention_approximation"]) == ("done", label), row
+
+
+def check_two_rank_layouts(spec_job, layouts, tmp_path, timeout_s: float = 90) -> None:
+    """`spec_job` under each of `layouts` ((dp, cfg, ring, ulysses, fsdp[, tp]) on two gloo ranks) equals one
+    process's run of it, by `tests/parallel/test_layouts.py`'s criteria."""
+    from tests.parallel.test_layouts import _all_layouts, _check, _run_job
+    from tests.support.distributed import run_on_ranks
+
+    cases = [(spec_job, *layout) for layout in layouts]
+    per_rank = run_on_ranks(_all_layouts, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=timeout_s)
+    _check(cases, per_rank, {spec_job.model: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))})
+
+
+def assert_a_row_without_an_image_is_rejected(preset: str, tmp_path, prompt: str = "a red boat") -> None:
+    """A manifest of an image row and a row without one: the second is rejected alone, naming `image` and why."""
+    from genbatch.jobs.spec import JobOverrides
+    from genbatch.manifests import read_jobs
+    from tests.support.runs import write_manifest
+
+    rows = [{"id": "with-image", "prompt": prompt, "model": preset, "image": "in.png"},
+            {"id": "no-image", "prompt": prompt, "model": preset}]
+    result = read_jobs(write_manifest(str(tmp_path / "m.parquet"), rows), overrides=JobOverrides(),
+                       check_media=False)
+    assert [spec_job.id for spec_job in result.jobs] == ["with-image"]
+    (rejection,) = result.rejected
+    assert (rejection.job_id, rejection.column) == ("no-image", "image")
+    assert f"{preset} starts from an image, and the row names none; fill `image`" in rejection.reason

@@ -12,6 +12,7 @@ from PIL import Image
 
 from genbatch.models.flux_kontext import input_size
 from tests.models.pipeline_outputs import (
+    check_two_rank_layouts,
     assert_stale_methods_run_it,
     assert_stale_methods_run_it_end_to_end,
     genbatch_frames,
@@ -50,17 +51,11 @@ def test_the_input_is_resized_to_the_preferred_resolution_nearest_its_aspect():
 
 
 def test_sequence_fsdp_and_tp_layouts_equal_one_process(tmp_path):
-    from tests.parallel.test_layouts import _all_layouts, _check, _run_job
-    from tests.support.distributed import run_on_ranks
-
     image = random_image(tmp_path / "in.png", (48, 48))
     # 12 noise tokens and 9 of the image's: 21, uneven over 2 ranks
     spec_job = job(PRESET, width=64, height=48, num_inference_steps=3, seed=17, image=image)
-    layouts = [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True), (1, 1, 1, 1, False, 2)]
-    cases = [(spec_job, *layout) for layout in layouts]
-    per_rank = run_on_ranks(_all_layouts, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=60)
-    reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
-    _check(cases, per_rank, reference)
+    check_two_rank_layouts(spec_job, [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True),
+                                      (1, 1, 1, 1, False, 2)], tmp_path, timeout_s=60)
 
 
 def test_pipefusion_and_distrifusion_run_it_as_they_run_flux(tmp_path):

@@ -19,7 +19,14 @@ from genbatch.models import family, resolve_model
 from genbatch.models.hunyuan_video_i2v import TEXT_TOKENS, TINY_TRANSFORMER
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
-from tests.models.pipeline_outputs import genbatch_frames, pipeline_frames, random_image, saved_preset
+from tests.models.pipeline_outputs import (
+    assert_a_row_without_an_image_is_rejected,
+    check_two_rank_layouts,
+    genbatch_frames,
+    pipeline_frames,
+    random_image,
+    saved_preset,
+)
 from tests.support.runs import job, job_executor
 
 PRESET = "tiny-hunyuan-video-i2v"
@@ -86,36 +93,18 @@ def test_a_batch_joins_its_rows_image_latents(tmp_path):
 
 
 def test_sequence_tp_and_fsdp_layouts_equal_one_process(tmp_path):
-    from tests.parallel.test_layouts import _all_layouts, _check, _run_job
-    from tests.support.distributed import run_on_ranks
-
     # 45 video tokens (3 latent frames of 3 x 5) and 540 text tokens: uneven over 2 ranks
     spec_job = job(PRESET, width=80, height=48, num_inference_steps=3, seed=17,
                    image=random_image(tmp_path / "in.png", (72, 40)))
-    # (dp, cfg, ring, ulysses, fsdp[, tp])
-    layouts = [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True), (1, 1, 1, 1, False, 2)]
-    cases = [(spec_job, *layout) for layout in layouts]
-    per_rank = run_on_ranks(_all_layouts, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=90)
-    reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
-    _check(cases, per_rank, reference)
+    check_two_rank_layouts(spec_job, [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 1, 1, 2, True),
+                                      (1, 1, 1, 1, False, 2)], tmp_path)
 
 
 def test_a_row_without_an_image_is_rejected_naming_the_column(tmp_path):
-    from genbatch.jobs.spec import JobOverrides
-    from genbatch.manifests import read_jobs
-    from tests.support.runs import write_manifest
-
     spec = resolve_model(PRESET)
     assert (spec.family, spec.media_inputs, spec.media_required, spec.uses_cfg, spec.text_tokens) == (
         "hunyuan-video-i2v", ("image",), ("image",), False, TEXT_TOKENS)
-    rows = [{"id": "i2v", "prompt": "a red fox", "model": PRESET, "image": "in.png"},
-            {"id": "no-image", "prompt": "a red fox", "model": PRESET}]
-    result = read_jobs(write_manifest(str(tmp_path / "m.parquet"), rows), overrides=JobOverrides(),
-                       check_media=False)
-    assert [spec_job.id for spec_job in result.jobs] == ["i2v"]
-    (rejection,) = result.rejected
-    assert (rejection.job_id, rejection.column) == ("no-image", "image")
-    assert f"{PRESET} starts from an image, and the row names none; fill `image`" in rejection.reason
+    assert_a_row_without_an_image_is_rejected(PRESET, tmp_path, "a red fox")
 
 
 def test_a_token_replace_transformer_is_refused():

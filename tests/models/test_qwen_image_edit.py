@@ -19,8 +19,10 @@ from PIL import Image
 from genbatch.models import resolve_model
 from genbatch.models.qwen_image_edit import INPUT_AREA, input_size
 from tests.models.pipeline_outputs import (
+    assert_a_row_without_an_image_is_rejected,
     assert_stale_methods_run_it,
     assert_stale_methods_run_it_end_to_end,
+    check_two_rank_layouts,
     genbatch_frames,
     pipeline_frames,
     random_image,
@@ -81,37 +83,19 @@ def test_the_input_is_resized_to_the_area_at_its_aspect_ratio():
 
 
 def test_a_row_without_an_image_is_rejected_naming_the_column(tmp_path):
-    from genbatch.jobs.spec import JobOverrides
-    from genbatch.manifests import read_jobs
-    from tests.support.runs import write_manifest
-
     spec = resolve_model(PRESET)
     assert (spec.family, spec.media_inputs, spec.media_required, spec.joins_image_tokens) == (
         "qwen-image-edit", ("image",), ("image",), True)
-    rows = [{"id": "edit", "prompt": "a red boat", "model": PRESET, "image": "in.png"},
-            {"id": "no-image", "prompt": "a red boat", "model": PRESET}]
-    result = read_jobs(write_manifest(str(tmp_path / "m.parquet"), rows), overrides=JobOverrides(),
-                       check_media=False)
-    assert [spec_job.id for spec_job in result.jobs] == ["edit"]
-    (rejection,) = result.rejected
-    assert (rejection.job_id, rejection.column) == ("no-image", "image")
-    assert f"{PRESET} starts from an image, and the row names none; fill `image`" in rejection.reason
+    assert_a_row_without_an_image_is_rejected(PRESET, tmp_path)
 
 
 def test_sequence_cfg_fsdp_and_tp_layouts_equal_one_process(tmp_path):
-    from tests.parallel.test_layouts import _all_layouts, _check, _run_job
-    from tests.support.distributed import run_on_ranks
-
     image = random_image(tmp_path / "in.png", (72, 40))
     # 12 noise tokens and 12 of the input's (96 x 32), 24 image tokens beside the text's: uneven over 2 ranks
     spec_job = job(PRESET, width=64, height=48, num_inference_steps=3, seed=17, image=image, negative_prompt="grey")
     # (dp, cfg, ring, ulysses, fsdp[, tp])
-    layouts = [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 2, 1, 1, False), (1, 1, 1, 2, True),
-               (1, 1, 1, 1, False, 2)]
-    cases = [(spec_job, *layout) for layout in layouts]
-    per_rank = run_on_ranks(_all_layouts, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=90)
-    reference = {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))}
-    _check(cases, per_rank, reference)
+    check_two_rank_layouts(spec_job, [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 2, 1, 1, False),
+                                      (1, 1, 1, 2, True), (1, 1, 1, 1, False, 2)], tmp_path)
 
 
 def test_pipefusion_and_distrifusion_run_it_as_they_run_text_rows(tmp_path):
