@@ -226,4 +226,4 @@ if __name__ == "__main__":
     from genbatch.parallel.teardown import exit_process
 
     main()
-    exit_process(0)  # the executor's world joined a process group: never a crash in finalization
+    exit_process(0, skip_finalization=True)  # every line is printed: no finalization to crash

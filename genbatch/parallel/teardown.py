@@ -38,13 +38,15 @@ def leave_process_group() -> None:
         dist.destroy_process_group()
 
 
-def exit_process(status: int) -> NoReturn:
-    """End the process with `status`; after collectives, without the finalization that can crash (see top)."""
+def exit_process(status: int, *, skip_finalization: bool = False) -> NoReturn:
+    """End the process with `status`; after collectives, without the finalization that can crash (see top).
+    `skip_finalization`: skip it in any case (a measuring process whose results are written and closed: native
+    thread pools it used, torch's or Arrow's, can abort their own teardown just the same)."""
     try:
         leave_process_group()
     except Exception as error:  # noqa: BLE001 - a broken group must not take the status with it
         print(f"genbatch: leaving the process group failed ({error}); exiting with status {status}", file=sys.stderr)
-    if not _joined:
+    if not _joined and not skip_finalization:
         sys.exit(status)
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
