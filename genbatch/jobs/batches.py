@@ -10,8 +10,9 @@ guidance branch only for a row with one). The run's dtype and layout are the sam
     batch_id([job.id for job in batches[i]])  -> '3f0c9a2e71b4' (what the results rows record)
 
 The batches are a pure function of the jobs and `size`. The runner forms them over every job of its share,
-done or not, and then leaves out the done ones (`Batches.keeping`): a batch's jobs commit together, so a rerun,
-a requeue or a resume after a kill runs the very batches the first attempt formed, whatever the timing. Within a key, jobs keep their hand-out order except that jobs sharing a
+done or not (`batch_positions`), and then leaves out the done ones (`kept_starts`): a batch's jobs commit
+together, so a rerun, a requeue or a resume after a kill runs the very batches the first attempt formed,
+whatever the timing. Within a key, jobs keep their hand-out order except that jobs sharing a
 (prompt, negative prompt) are put next to each other, so that they share a batch and its prompt encode. Batches
 are handed out in the order of their first job, so the largest-first order of `genbatch.jobs.schedule` holds.
 With `size` 1 every job is a batch of its own, in the given order, exactly as without batching.
@@ -48,11 +49,10 @@ def parse_size(text: str) -> int | str:
         return text
     try:
         size = int(text)
+        check_size(size)
     except ValueError:
-        size = None
-    if size is None or not 1 <= size <= MOST:
         raise ValueError(f"--batch-size {text!r} is not a batch size: pass a whole number from 1 to {MOST}, or "
-                         "auto (e.g. --batch-size 4)")
+                         "auto (e.g. --batch-size 4)") from None
     return size
 
 

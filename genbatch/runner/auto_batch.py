@@ -20,12 +20,9 @@ MOST_AUTO = 16
 
 def device_memory_gib(device, processes_here: int) -> float:
     """The memory one rank may fill: the GPU's, or the machine's divided among its `processes_here`."""
-    import torch
+    from genbatch.runner.decode import device_memory_bytes
 
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory / 2**30
-    pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
-    return pages * page / 2**30 / max(processes_here, 1)
+    return device_memory_bytes(device) / 2**30 / (1 if device.type == "cuda" else max(processes_here, 1))
 
 
 def largest_jobs(jobs) -> dict[str, tuple[int, int, int | None]]:
@@ -42,10 +39,8 @@ def largest_jobs(jobs) -> dict[str, tuple[int, int, int | None]]:
     return largest
 
 
-def batch_size_for(options, world, jobs) -> int:
-    """The run's batch size: `options.batch_size`, or with `auto` the planner's (see the module docstring)."""
-    if options.batch_size != "auto":
-        return options.batch_size
+def auto_batch_size(options, world, jobs) -> int:
+    """`--batch-size auto`'s batch size for the run's `jobs` (see the module docstring)."""
     if not len(jobs):
         return 1
     from genbatch.planner.batching import largest_batch_for

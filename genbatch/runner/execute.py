@@ -267,7 +267,6 @@ class JobExecutor:
 
     def denoise_batch(self, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
         """`denoise` for a batch: the final latents of its rows, joined along dim 0 in the batch's order."""
-        jobs = [self.with_media(job) for job in jobs]
         model = model or self.model_for(jobs[0])
         jobs = self._prepared(jobs, model, timer)
         family, pipe = model.family, model.pipe

@@ -21,7 +21,7 @@ import torch
 from genbatch.io.retry import StorageError
 from genbatch.models import resolve_model
 from genbatch.jobs.batches import Batches, batch_positions, kept_starts
-from genbatch.runner.auto_batch import batch_size_for
+from genbatch.runner.auto_batch import auto_batch_size
 from genbatch.jobs.schedule import OrderKeys, hand_out_positions, share_positions
 from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.dims import LayoutRequest
@@ -347,7 +347,8 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
     jobs, rejected, extra_columns = manifest
     world.shared_value(lambda: _start_up(options, world, store, rejected, run_id, started))  # on rank 0
     listing = {}  # rank 0's listing of the done markers
-    batch_size = world.shared_value(lambda: batch_size_for(options, world, jobs))  # rank 0's, on every rank
+    batch_size = options.batch_size if options.batch_size != "auto" else \
+        world.shared_value(lambda: auto_batch_size(options, world, jobs))  # auto: rank 0's, on every rank
     with stop.waiting("the broadcast of the pending jobs"):
         pending, (selected, given_up, starts) = world.shared_jobs(
             lambda: _pending(jobs, options.share, store, options.max_attempts, listing, batch_size))

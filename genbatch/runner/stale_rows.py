@@ -54,14 +54,3 @@ def reject_unfit(jobs: JobTable, layout: ParallelDims, memory_bytes: float, elem
             rejected.append(Rejection(row=job.row, job_id=job.id, column=column, reason=reason, model=job.model,
                                       extra=dict(job.extra)))
     return (jobs.where(keep) if rejected else jobs), rejected
-
-
-def device_memory_bytes(device) -> float:
-    """A rank's memory: the GPU's, or the machine's on a CPU run."""
-    import os
-
-    import torch
-
-    if device.type == "cuda":
-        return float(torch.cuda.get_device_properties(device).total_memory)
-    return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))

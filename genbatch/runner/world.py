@@ -36,7 +36,8 @@ from genbatch.runner.loading import (
     load_tensor_parallel_pipeline,
 )
 from genbatch.runner.presets import PRESETS
-from genbatch.runner.stale_rows import device_memory_bytes, reject_unfit
+from genbatch.runner.decode import device_memory_bytes
+from genbatch.runner.stale_rows import reject_unfit
 
 
 class UsageError(ValueError):
