@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from genbatch.manifests import outputs
 from genbatch.manifests.columns import first_uses, id_problems
@@ -41,10 +40,9 @@ def collisions(ids: pa.Array | pa.ChunkedArray, counts: np.ndarray) -> dict[int,
     if not len(many):
         return {}
     own = np.flatnonzero(usable)
-    derived_rows = np.repeat(many, counts[many])
-    starts = np.cumsum(counts[many]) - counts[many]
-    k = np.arange(len(derived_rows), dtype=np.int64) - np.repeat(starts, counts[many])
-    derived = pc.binary_join_element_wise(ids.take(pa.array(derived_rows)), pa.array(k).cast(pa.string()), "-")
+    local, k = outputs.output_index(counts[many])
+    derived_rows = many[local]
+    derived = outputs.derived_ids(ids.take(pa.array(derived_rows)), k)
     entry_row = np.concatenate([own, derived_rows])
     entry_k = np.concatenate([np.full(len(own), -1, np.int64), k])  # -1: the row's own id
     order = np.lexsort((entry_k, entry_row))  # manifest order: each row's own id, then its outputs

@@ -58,6 +58,19 @@ def derived_id(job_id: str, k: int) -> str:
     return f"{job_id}-{k}"
 
 
+def output_index(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For rows making `counts[i]` jobs each, one entry per job in row order: (its row, its k)."""
+    counts = np.asarray(counts, np.int64)
+    rows = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
+    starts = np.cumsum(counts) - counts
+    return rows, np.arange(len(rows), dtype=np.int64) - np.repeat(starts, counts)
+
+
+def derived_ids(ids: pa.Array, k: np.ndarray) -> pa.Array:
+    """`derived_id` column-wise: each id with its output's k, `<id>-k`."""
+    return pc.binary_join_element_wise(ids, pa.array(k).cast(pa.string()), "-")
+
+
 def job_ids(job_id: str, count: int) -> list[str]:
     """The ids of a row's jobs: its own id alone when it makes one."""
     return [job_id] if count == 1 else [derived_id(job_id, k) for k in range(count)]
@@ -137,13 +150,11 @@ def expand(batch: pa.RecordBatch, counts: np.ndarray) -> pa.RecordBatch:
     counts = np.asarray(counts, np.int64)
     if not len(counts) or (counts == 1).all():
         return batch
-    take = np.repeat(np.arange(len(counts), dtype=np.int64), counts)
-    starts = np.cumsum(counts) - counts
-    k = np.arange(len(take), dtype=np.int64) - np.repeat(starts, counts)
+    take, k = output_index(counts)
     copies = batch.take(pa.array(take))
     many = pa.array(np.repeat(counts > 1, counts))
     ids = copies.column("id")
-    names = pc.binary_join_element_wise(ids, pa.array(k).cast(pa.string()), "-")
+    names = derived_ids(ids, k)
     columns: Mapping[str, pa.Array] = {
         "id": pc.if_else(many, names, ids),
         "seed": pc.add_checked(copies.column("seed"), pa.array(k)),  # int64: validation kept the sums inside
