@@ -27,7 +27,7 @@ from genbatch.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from genbatch.models.hooks import Family
-    from genbatch.models.shapes import ModelShape
+    from genbatch.models.shapes import ImageEncode, ModelShape
 
 ReadSpec = Callable[[str, Mapping[str, Any], Mapping[str, Any], "Mapping[str, float | int] | None", "str | None"],
                     ModelSpec]
@@ -287,6 +287,9 @@ class ModelFamily:
     teacache: tuple[TeaCacheModel, ...] = ()
     """The family's models with published TeaCache coefficients (`--cache teacache:THRESHOLD` runs on these
     only: `genbatch.models.teacache`)."""
+    image_encode: ImageEncode | None = None
+    """How the family's rows feed an image to the VAE encoder, as its pipeline does (the planner prices the
+    encode); None: its rows start from noise alone."""
 
     def transformer_plan(self, class_name: str) -> TransformerPlan:
         """The plan of one of the family's transformer classes; ValueError naming the known ones."""

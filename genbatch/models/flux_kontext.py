@@ -25,6 +25,7 @@ from typing import Any
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import flux, tiny_configs
 from genbatch.models.base import TinyPreset
+from genbatch.models.shapes import ImageEncode
 from genbatch.models.hooks import TokenGrid, Trajectory
 from genbatch.models.spec import ModelSpec
 
@@ -117,6 +118,8 @@ FAMILY = replace(
     call_defaults=CALL_DEFAULTS,
     read_spec=read_spec,
     hooks=FluxKontextHooks(),
+    # the input at Kontext's preferred resolution nearest its aspect ratio: about a megapixel; a row may have none
+    image_encode=ImageEncode(video=False, area=1024 * 1024, multiple=16, required=False),
     presets=(TinyPreset(name="tiny-flux-kontext", transformer=tiny_configs.TINY_FLUX_TRANSFORMER,
                         vae=tiny_configs.TINY_FLUX_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-flux-kontext"],
                         build=build_tiny),),

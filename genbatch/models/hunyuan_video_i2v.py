@@ -39,6 +39,7 @@ from typing import Any
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import hunyuan_video
 from genbatch.models.base import CLIP_TEXT_ENCODER, Blocks, TinyPreset, decoder_tensor_plan
+from genbatch.models.shapes import ImageEncode
 from genbatch.models.hooks import COND, Conditioning, Trajectory
 from genbatch.models.spec import ModelSpec
 
@@ -217,6 +218,7 @@ FAMILY = replace(
     call_defaults=CALL_DEFAULTS,
     read_spec=read_spec,
     hooks=HunyuanVideoI2VHooks(),
+    image_encode=ImageEncode(video=False),  # the image alone, as one frame at the output's size
     # the same transformer class as HunyuanVideo's, its stream [video, text] as there: HunyuanVideo's plans
     transformers=hunyuan_video.FAMILY.transformers,
     text_encoders={

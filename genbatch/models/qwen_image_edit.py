@@ -34,6 +34,7 @@ from typing import Any
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import qwen_image
 from genbatch.models.base import TinyPreset
+from genbatch.models.shapes import ImageEncode
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Trajectory
 from genbatch.models.spec import ModelSpec
 
@@ -191,6 +192,7 @@ FAMILY = replace(
     call_defaults=CALL_DEFAULTS,
     read_spec=read_spec,
     hooks=QwenImageEditHooks(),
+    image_encode=ImageEncode(video=False, area=INPUT_AREA, multiple=INPUT_MULTIPLE),
     presets=(TinyPreset(name="tiny-qwen-image-edit", transformer=qwen_image.TINY_TRANSFORMER,
                         vae=qwen_image.TINY_VAE, defaults=TINY_DEFAULTS, build=build_tiny),),
     # Qwen-Image-Edit is Qwen-Image's transformer, VAE and text encoder; its sequence carries the input's tokens

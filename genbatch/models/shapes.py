@@ -12,6 +12,22 @@ from dataclasses import dataclass
 
 from genbatch.jobs.tokens import latent_shape, token_count
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageEncode:
+    """How a family's rows feed an image to the VAE encoder before they denoise (`ModelFamily.image_encode`;
+    the planner prices that encode, `genbatch.planner.conditioning`)."""
+
+    video: bool
+    """True: the conditioning video (first frame, zeros, last frame) at the output's size and frames; False: one
+    image."""
+    area: int | None = None
+    """Pixels the input image is resized to (at its aspect ratio); None: the output's size."""
+    multiple: int = 16
+    """Each side of the resized input is rounded to a multiple of this."""
+    required: bool = True
+    """True when every row of the model carries an image."""
+
+
 IMAGE_VAE_MFLOP_PER_PIXEL = 9.9
 """FLUX/SD3 AutoencoderKL decoder (channels 512,512,256,128; 3 resnets a stage): counting its 3x3 convs gives
 10.4 TFLOP for a 1024x1024 image, 9.9 MFLOP per output pixel."""

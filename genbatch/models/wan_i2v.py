@@ -18,6 +18,7 @@ from typing import Any
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, wan
 from genbatch.models.base import COLWISE, NORM_ACROSS_HEADS, TinyPreset
+from genbatch.models.shapes import ImageEncode
 from genbatch.models.hooks import Conditioning, Trajectory
 from genbatch.models.spec import ModelSpec
 from genbatch.models.tiny import character_tokenizer, seeded, t5_config
@@ -168,6 +169,9 @@ FAMILY = replace(
     pipelines=("WanImageToVideoPipeline",),
     read_spec=read_spec,
     hooks=WanI2VHooks(),
+    # the conditioning video (first frame, zeros, last frame) at the output's size and frames; Wan 2.2 TI2V, whose
+    # image is optional, encodes the image alone (`genbatch.planner.conditioning` tells them apart by the spec)
+    image_encode=ImageEncode(video=True),
     transformers={"WanTransformer3DModel": replace(_PLAN, tensor_plan=TENSOR_PLAN)},
     denoisers=("transformer",),
     presets=(TinyPreset(name="tiny-wan-i2v", transformer=tiny_configs.TINY_WAN_I2V_TRANSFORMER,

@@ -15,54 +15,31 @@ Each family encodes as its diffusers pipeline does (the family modules' docstrin
 - HunyuanVideo I2V (`HunyuanVideoImageToVideoPipeline`): the image alone, one frame at the output's size.
 
 The planner does not see the images, so it takes the input's aspect ratio for the output's (`gen plan
---input-size WxH` gives the resized input instead). Which family encodes what is listed here, by family name,
-until `ModelShape` carries it.
+--input-size WxH` gives the resized input instead). Each family says how it encodes on its record
+(`ModelFamily.image_encode`).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
-from genbatch.models import families, resolve_model
-from genbatch.models import qwen_image_edit
+from genbatch.models import families, family, resolve_model
+from genbatch.models.shapes import ImageEncode
 from genbatch.models.spec import ModelSpec, UnknownModelError
 from genbatch.planner.shapes import ModelShape, PUBLISHED
 from genbatch.planner.workload import EncodeInput
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Encodes:
-    """How one family's rows feed an image to the VAE encoder."""
-
-    video: bool
-    """True: the conditioning video at the output's size and frames; False: one image."""
-    area: int | None = None
-    """Pixels the input image is resized to (at its aspect ratio); None: the output's size."""
-    multiple: int = 16
-    """Each side of the resized input is rounded to a multiple of this."""
-    required: bool = True
-    """True when every row of the model carries an image."""
-
-
-FAMILY_ENCODES: dict[str, Encodes] = {
-    "wan-i2v": Encodes(video=True),
-    "flux-kontext": Encodes(video=False, area=1024 * 1024, multiple=16, required=False),
-    "qwen-image-edit": Encodes(video=False, area=qwen_image_edit.INPUT_AREA, multiple=qwen_image_edit.INPUT_MULTIPLE),
-    "hunyuan-video-i2v": Encodes(video=False),  # the image alone, as one frame at the output's size
-}
-"""Families whose rows start from an image, by `ModelFamily.name`."""
-
-
-def _published_family(name: str) -> str | None:
-    """The family a published shape is listed under; None for a planned-only model or another name."""
-    for family in families().values():
-        if any(shape.name == name for shape in family.published):
-            return family.name
+def _published_encode(name: str) -> ImageEncode | None:
+    """How the family a published shape is listed under encodes an image; None for a text-only family, a
+    planned-only model or another name."""
+    for record in families().values():
+        if any(shape.name == name for shape in record.published):
+            return record.image_encode
     return None
 
 
-def _model_encodes(model: str | ModelSpec | ModelShape, shape: ModelShape) -> Encodes | None:
+def _model_encodes(model: str | ModelSpec | ModelShape, shape: ModelShape) -> ImageEncode | None:
     """How `model`'s rows encode an image, from its spec where there is one (a preset or a directory says which
     media it takes, and its defaults the input's area), else from the family that publishes the shape."""
     spec = model if isinstance(model, ModelSpec) else None
@@ -74,7 +51,7 @@ def _model_encodes(model: str | ModelSpec | ModelShape, shape: ModelShape) -> En
     if spec is not None:
         if not spec.media_inputs:
             return None
-        encodes = FAMILY_ENCODES.get(spec.family) or Encodes(video=spec.is_video)
+        encodes = family(spec.family).image_encode or ImageEncode(video=spec.is_video)
         required = bool(spec.media_required)
         defaults = spec.defaults
         area = encodes.area
@@ -84,12 +61,12 @@ def _model_encodes(model: str | ModelSpec | ModelShape, shape: ModelShape) -> En
             area = None  # the image's own size: taken at the output's
         # Wan 2.2 TI2V: the image is optional and replaces the first latent frame, so only it is encoded
         video = encodes.video and required
-        return Encodes(video=video, area=area, multiple=encodes.multiple, required=required)
-    family = _published_family(model.lower() if isinstance(model, str) else shape.name)
-    if family in FAMILY_ENCODES:
-        return FAMILY_ENCODES[family]
+        return ImageEncode(video=video, area=area, multiple=encodes.multiple, required=required)
+    encodes = _published_encode(model.lower() if isinstance(model, str) else shape.name)
+    if encodes is not None:
+        return encodes
     if shape.joins_image_tokens:  # an edit model the planner knows by shape alone
-        return Encodes(video=False, area=None, required=True)
+        return ImageEncode(video=False, area=None, required=True)
     return None
 
 
@@ -142,4 +119,4 @@ def encode_input(model: str | ModelSpec | ModelShape, shape: ModelShape, *, widt
     return EncodeInput(width=in_width, height=in_height, frames=None, what=what)
 
 
-__all__ = ["FAMILY_ENCODES", "Encodes", "encode_input", "resized", "takes_image"]
+__all__ = ["encode_input", "resized", "takes_image"]
