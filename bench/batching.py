@@ -41,11 +41,6 @@ from dataclasses import replace
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-CLIP_L = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=2, num_attention_heads=12,
-              max_position_embeddings=77, projection_dim=768, hidden_act="quick_gelu")
-T5_XXL = dict(d_model=4096, d_kv=64, d_ff=10240, num_layers=2, num_heads=64, relative_attention_num_buckets=32,
-              relative_attention_max_distance=128, feed_forward_proj="gated-gelu", pad_token_id=0, eos_token_id=1,
-              decoder_start_token_id=0)
 CASES = {
     "flux-256": dict(family="flux", size=256, transformer=dict(
         patch_size=1, in_channels=64, num_layers=1, num_single_layers=2, attention_head_dim=128,
@@ -74,6 +69,7 @@ def _build(case: dict):
                            SD3Transformer2DModel, StableDiffusion3Pipeline)
     from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProjection, T5Config, T5EncoderModel
 
+    from genbatch.benchmark.models import FLUX1_CLIP, FLUX1_T5  # CLIP-L and T5-XXL at their widths, 2 layers
     from genbatch.models import tiny_configs
     from genbatch.models.tiny import character_tokenizer
 
@@ -82,8 +78,8 @@ def _build(case: dict):
         return make().eval()
 
     clip_tokenizer, t5_tokenizer = character_tokenizer(model_max_length=77), character_tokenizer(model_max_length=512)
-    clip = CLIPTextConfig(vocab_size=len(clip_tokenizer), **CLIP_L)
-    t5 = seeded(1, lambda: T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), **T5_XXL)))
+    clip = CLIPTextConfig(vocab_size=len(clip_tokenizer), **FLUX1_CLIP)
+    t5 = seeded(1, lambda: T5EncoderModel(T5Config(vocab_size=len(t5_tokenizer), **FLUX1_T5)))
     vae = seeded(3, lambda: AutoencoderKL(**tiny_configs.TINY_FLUX_VAE))
     if case["family"] == "flux":
         scheduler = FlowMatchEulerDiscreteScheduler(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096,
