@@ -21,7 +21,7 @@
 #   bash bench/gpu.sh                        # a machine with one NVIDIA GPU and CUDA torch installed
 #   bash bench/gpu.sh --device cpu --tiny    # the same steps at tiny size on a CPU (the tests run this)
 #
-# Environment: PYTHON (default .venv/bin/python when present, else python3); GENBATCH_BENCH_RESULTS (default
+# Environment: GENBATCH_BENCH_STEPS (the steps to run, default "1 2 3 4 5 6"); PYTHON (default .venv/bin/python when present, else python3); GENBATCH_BENCH_RESULTS (default
 # bench/results/gpu); GENBATCH_BENCH_BASELINE (an earlier suite report to compare with, optional);
 # GENBATCH_BENCH_ARCHIVE (a .tar.gz path: the results folder is packed there at exit, to copy back from a
 # remote machine, also when a step failed).
@@ -81,24 +81,33 @@ trap archive EXIT
 
 baseline=()
 if [ -n "${GENBATCH_BENCH_BASELINE:-}" ]; then baseline=(--baseline "$GENBATCH_BENCH_BASELINE"); fi
+steps=" ${GENBATCH_BENCH_STEPS:-1 2 3 4 5 6} "
+want() { [[ "$steps" == *" $1 "* ]]; }
 step_started=$SECONDS
 took() { echo "bench/gpu.sh: $1 took $((SECONDS - step_started)) s" >&2; step_started=$SECONDS; }
-echo "== 1/6 gen bench --suite $suite on one device -> $results/suite" >&2
 status=0
+if want 1; then
+echo "== 1/6 gen bench --suite $suite on one device -> $results/suite" >&2
 "$py" -m genbatch bench --suite "$suite" --layouts single --out "$results/suite" "${baseline[@]}" || status=$?
 took "step 1"
+fi
 
+if want 2; then
 echo "== 2/6 genbatch vs diffusers on $device -> $results/versus" >&2
-"$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus"
+"$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus" || status=$?
 took "step 2"
+fi
 
 # at tiny size (the tests) aot_eager stands in for inductor and math for the CUDA kernels: the same steps, cheap
 compile_backend=$([ "$suite" = tiny ] && echo aot_eager || echo inductor)
+if want 3; then
 echo "== 3/6 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-compiled" \
-    --compile-backend "$compile_backend"
+    --compile-backend "$compile_backend" || status=$?
 took "step 3"
+fi
 
+if want 4; then
 kernels=(cudnn)
 if [ "$device" = cpu ]; then kernels=(math); fi
 if [ "$device" != cpu ] && "$py" -c "import flash_attn" >/dev/null 2>&1; then kernels+=(flash-attn); fi
@@ -108,21 +117,26 @@ for kernel in "${kernels[@]}"; do
         --attention "$kernel" || status=$?
 done
 took "step 4"
+fi
 
 image_suite=$([ "$suite" = tiny ] && echo tiny-flux || echo flux)
+if want 5; then
 echo "== 5/6 $image_suite: genbatch vs diffusers FluxPipeline, eager then compiled ($compile_backend) -> $results/versus-flux*" >&2
 "$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux" || status=$?
 "$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux-compiled" \
     --compile-backend "$compile_backend" || status=$?
 took "step 5"
+fi
 
 batch_cases=$([ "$suite" = tiny ] && echo tiny-flux || echo "flux.1-dev-512 flux.1-dev-1024")
+if want 6; then
 echo "== 6/6 batched rows ($batch_cases) -> $results/batching.txt" >&2
 # shellcheck disable=SC2086
 "$py" bench/batching.py --cases $batch_cases --steps "$([ "$suite" = tiny ] && echo 1 || echo 4)" \
     > "$results/batching.txt" || status=$?
 cat "$results/batching.txt" >&2
 took "step 6"
+fi
 
 rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs   # the videos: not results
 echo "bench/gpu.sh: done in $((SECONDS - started)) s; results in $results (suite report: $results/suite/report.md)" >&2

@@ -133,6 +133,8 @@ def measure_side(side: str, *, model_dir: str, manifest: str, out: str, device_n
 
     _quiet_libraries()
     device = torch.device(device_name)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", 0)  # set_device and the memory counters want an index
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     rows = _load_rows(manifest)
     if device.type == "cuda":
