@@ -149,6 +149,12 @@ class RunStore:
         """Per failed job id, in how many run attempts it has failed."""
         return {job_id: int(record["failed_runs"]) for job_id, record in self._read_markers("failed").items()}
 
+    def failures(self) -> dict[str, dict[str, Any]]:
+        """Per job id with a failure record and no done marker, that record (its fields, `error`, `column` when
+        one is to blame, `failed_runs`: the run attempts it has failed in)."""
+        done = self.done_ids()
+        return {job_id: record for job_id, record in self._read_markers("failed").items() if job_id not in done}
+
     def failed_ids(self) -> set[str]:
         """Ids with a failure record (some may be done since: done wins)."""
         return RunLayout.ids_from_names(self.objects.list_names(self.layout.join("failed")))
@@ -266,7 +272,8 @@ class RunStore:
         failed = (self.failed_ids() & wanted) - done
         rejected_rows = self.read_rejected()
         rejected_ids = {r.get("id") for r in rejected_rows}
-        rejected = len({r.get("id") if r.get("id") else ("row", r.get("row")) for r in rejected_rows})
+        # rejected manifest rows (a duplicate id's row is one of its own), as the results table lists them
+        rejected = len({("row", r.get("row")) if r.get("row") is not None else r.get("id") for r in rejected_rows})
         pending = wanted - done - failed - rejected_ids
         return {"done": len(done), "failed": len(failed), "rejected": rejected, "pending": len(pending)}
 

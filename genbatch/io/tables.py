@@ -80,18 +80,25 @@ def flatten(record: dict[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def _rejected_rows(rejected: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One results row per rejected manifest row (by id, or by row number when the id itself is bad)."""
+def _rejected_rows(rejected: Sequence[dict[str, Any]]) -> list[tuple[Any, dict[str, Any]]]:
+    """(key, results row) per rejected manifest row, its problems joined. The key is the row's id, as a job's
+    (a row done in an earlier run and rejected now stays done), except where the id itself is what is wrong: a
+    duplicate of an earlier row's, or none; then the row number, so that it is a row of its own."""
     grouped: dict[Any, dict[str, Any]] = {}
+    own_row: set[Any] = set()
     for record in rejected:
-        key = record.get("id") if record.get("id") not in (None, "") else ("row", record.get("row"))
+        key = ("row", record.get("row")) if record.get("row") is not None else record.get("id")
         row = grouped.setdefault(key, {**flatten(record), "status": "rejected", "errors": []})
         row["errors"].append(f"{record.get('column')}: {record.get('reason')}")
-    for row in grouped.values():
+        if record.get("column") == "id" or record.get("id") in (None, ""):
+            own_row.add(key)
+    keyed = []
+    for key, row in grouped.items():
         row["error"] = "; ".join(row.pop("errors"))
         row.pop("column", None)
         row.pop("reason", None)
-    return list(grouped.values())
+        keyed.append((("rejected", key) if key in own_row else row.get("id"), row))
+    return keyed
 
 
 def build_results(
@@ -100,12 +107,12 @@ def build_results(
     rejected: Sequence[dict[str, Any]],
     extra_columns: Sequence[str] = (),
 ) -> pa.Table:
-    """ONE row per job id: done beats failed beats rejected; columns: RESULT_COLUMNS, seconds_*, extras, rest."""
+    """One row per job id (done beats failed beats rejected), and one per rejected row whose id is a duplicate
+    or missing; columns: RESULT_COLUMNS, seconds_*, extras, rest."""
     rows: dict[Any, dict[str, Any]] = {}
     candidates = [(job_id, {**flatten(r), "id": job_id, "status": "done"}) for job_id, r in done.items()]
     candidates += [(job_id, {**flatten(r), "id": job_id, "status": "failed"}) for job_id, r in failed.items()]
-    for i, row in enumerate(_rejected_rows(rejected)):
-        candidates.append((row.get("id") if row.get("id") not in (None, "") else ("rejected", i), row))
+    candidates += _rejected_rows(rejected)
     for key, row in candidates:
         held = rows.get(key)
         if held is None or _STATUS_RANK[row["status"]] < _STATUS_RANK[held["status"]]:

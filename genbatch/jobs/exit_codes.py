@@ -1,9 +1,10 @@
 """The exit statuses of `gen run`, which sbatch scripts and schedulers act on."""
 
 OK = 0
-"""Every valid manifest row is done."""
+"""Every manifest row is done."""
 JOBS_FAILED = 1
-"""The run finished, but some jobs failed (their errors are in results/)."""
+"""The run finished, but some jobs failed or some rows were rejected (`gen status OUT --failed` lists the failed
+jobs and why, rejected/ the rejected rows); the rest is done."""
 USAGE = 2
 """Bad options or a manifest that cannot be read at all; nothing was run."""
 REQUEUE = 75

@@ -51,11 +51,6 @@ class JobSpec:
     """First-and-last-frame video: the last frame's URL, or None."""
     lora: tuple[LoraRef, ...] = ()
     """The adapters the job applies, in order (the row's `lora`, else the run's `--lora`; `genbatch.jobs.lora`)."""
-    lora_sha256: tuple[str, ...] = field(default=(), compare=False, repr=False)
-    """The sha256 of each adapter's file, filled in by the executor when it applies them; () before."""
-    media: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
-    """The media the rank running the job read (column -> `genbatch.io.media_input.MediaInput`), filled in
-    by the executor just before the job runs; empty in a job as validation builds it. Not recorded."""
     extra: dict[str, object] = field(default_factory=dict)
     """The manifest's extra columns for this row, as Python values, carried into the results table."""
     row: int
@@ -80,7 +75,7 @@ class JobSpec:
         flat["cache"] = self.cache
         flat["image"] = self.image
         flat["last_image"] = self.last_image
-        flat["lora"] = lora_text(self.lora, self.lora_sha256)
+        flat["lora"] = lora_text(self.lora)
         flat.update(self.extra)
         return flat
 

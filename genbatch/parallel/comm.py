@@ -180,6 +180,15 @@ class Comm:
         dist.broadcast_object_list(holder, src=self.global_rank(src_group_rank), group=self.group)
         return holder[0]
 
+    def all_gather_object(self, value: object) -> list[object]:
+        """Every rank's picklable `value`, in group-rank order (a group of one: `[value]`); not counted (the
+        control plane)."""
+        if self.group is None or self.size == 1:
+            return [value]
+        gathered: list[object] = [None] * self.size
+        dist.all_gather_object(gathered, value, group=self.group)
+        return gathered
+
     def send(self, tensor: torch.Tensor, to_group_rank: int, kind: str = "p2p"):
         """Start sending `tensor` to group rank `to_group_rank`; returns the work to wait on (keep `tensor`
         alive until then)."""

@@ -224,21 +224,40 @@ def _args_without_nproc(argv: list[str]) -> list[str]:
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE")
 @click.option("--storage-timeout", type=click.FloatRange(min=0, min_open=True), default=120, show_default=True,
               metavar="SECONDS", help="How long one read of OUT may keep failing before the command gives up (exit 75).")
-@click.option("--json", "as_json", is_flag=True, help="Print the counts as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the counts (with --failed: the failed jobs) as JSON.")
+@click.option("--failed", "list_failed", is_flag=True, help="List the failed jobs instead, one line each: id, "
+              "manifest row, run attempts and the reason (the error's first line).")
 @click.option("--watch", is_flag=True, help="Print the line again every --interval seconds until nothing is pending "
               "(Ctrl-C stops it).")
 @click.option("--interval", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               metavar="SECONDS", help="With --watch: seconds between refreshes.")
 def status_command(out: str, manifest: str | None, storage_option: tuple[str, ...], storage_timeout: float,
-                   as_json: bool, watch: bool, interval: float) -> None:
+                   as_json: bool, list_failed: bool, watch: bool, interval: float) -> None:
     """Done / failed / rejected / pending counts of the run in OUT, its jobs per hour and the ETA of what is
-    pending (from the timings; the time between a run and its rerun does not count)."""
+    pending (from the timings; the time between a run and its rerun does not count). With --failed: each failed
+    job and why."""
     import time
 
     from genbatch.io import StorageError
-    from genbatch.runner.status import format_status, run_status
+    from genbatch.runner.status import failed_jobs, format_failed, format_status, run_status
 
     options = storage_options_from(storage_option)
+    if list_failed:
+        try:
+            jobs = failed_jobs(out, storage_options=options, storage_timeout=storage_timeout)
+        except StorageError as error:
+            click.echo(f"genbatch: {error}", err=True)
+            sys.exit(exit_codes.for_storage_error(error))
+        except (FileNotFoundError, ValueError) as error:
+            click.echo(f"genbatch: {error}", err=True)
+            sys.exit(exit_codes.USAGE)
+        if as_json:
+            import json
+
+            click.echo(json.dumps(jobs))
+        else:
+            click.echo(format_failed(jobs))
+        return
     while True:
         try:
             counts = run_status(out, manifest=manifest, storage_options=options, storage_timeout=storage_timeout)

@@ -20,14 +20,14 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from genbatch.jobs.spec import JobSpec
+from genbatch.jobs.prepared import PreparedJob
 from genbatch.models.hooks import Conditioning
 
 DEFAULT_GIB = 2.0
 """`--embedding-cache-gib`'s default."""
 
 
-def embedding_key(job: JobSpec) -> tuple:
+def embedding_key(job: PreparedJob) -> tuple:
     """What a row's prompt encode depends on (see the module docstring)."""
     media = tuple(sorted((column, getattr(value, "sha256", None)) for column, value in job.media.items()))
     return (job.model, job.prompt, job.negative_prompt, job.guidance_scale, media, job.lora, job.lora_sha256)

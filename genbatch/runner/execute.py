@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -20,8 +20,8 @@ import torch
 from genbatch.io.media_input import MediaReader
 from genbatch.jobs.batches import batch_id
 from genbatch.jobs.cache import parse_cache
-from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.models.spec import ModelSpec
+from genbatch.jobs.prepared import PreparedJob, RowFailure
 from genbatch.jobs.spec import JobSpec
 from genbatch import models
 from genbatch.models import resolve_model
@@ -44,6 +44,7 @@ from genbatch.runner.decode import Decoder
 from genbatch.runner.embeddings import DEFAULT_GIB, EmbeddingCache, embedding_key
 from genbatch.runner.denoise import denoise
 from genbatch.runner.loading import PipelineCache
+from genbatch.runner.prepare import PreparedBatch, prepare_batch
 from genbatch.runner.signals import StopRequest
 from genbatch.runner.timing import JobTimer
 
@@ -86,9 +87,15 @@ class JobModel:
 @dataclass(kw_only=True, slots=True)
 class BatchResult:
     records: list[dict]
-    """Each job's result record (status done, in batch order), also stored in its done marker."""
+    """Each job that ran's result record (status done, in batch order), also stored in its done marker."""
     timings: list[dict]
     """This rank's timing rows for the batch."""
+    failures: list[RowFailure] = field(default_factory=list)
+    """The rows that failed alone before the batch ran (their inputs could not be prepared), as its group agreed."""
+
+
+class RowNotPrepared(ValueError):
+    """A job given to `generate` / `denoise` whose inputs could not be prepared (the message says why)."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -99,7 +106,7 @@ class JobResult:
     """This rank's timing rows for the job."""
 
 
-def fingerprint(job: JobSpec, approximation: str = EXACT) -> dict:
+def fingerprint(job: PreparedJob, approximation: str = EXACT) -> dict:
     """The settings a checkpoint must match to be resumed (a changed row, or a run under another attention
     approximation, `genbatch.parallel.stale.label`, restarts the job)."""
     return {
@@ -121,7 +128,7 @@ def fingerprint(job: JobSpec, approximation: str = EXACT) -> dict:
     }
 
 
-def batch_fingerprint(jobs: list[JobSpec], approximation: str = EXACT) -> dict:
+def batch_fingerprint(jobs: list[PreparedJob], approximation: str = EXACT) -> dict:
     """A batch's checkpoint fingerprint: its one job's (`fingerprint`), or each job's id and fingerprint in
     batch order (a batch formed otherwise, or with a changed row, restarts)."""
     if len(jobs) == 1:
@@ -187,31 +194,21 @@ class JobExecutor:
             return None  # a row changed since the checkpoint was taken (or the batch is another): start over
         return checkpoint
 
-    def with_media(self, job: JobSpec) -> JobSpec:
-        """`job` with its input media read (`JobSpec.media`); MediaError naming the column, URL and reason."""
-        if job.media:
-            return job
-        named = {column: getattr(job, column) for column in MEDIA_COLUMNS if getattr(job, column) is not None}
-        if not named:
-            return job
-        return replace(job, media={column: self.media.read(column, url) for column, url in named.items()})
+    def prepare(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer) -> PreparedBatch:
+        """The batch's rows prepared before its first collective (images read, adapters switched in), and the
+        rows that fail alone, as the whole group agreed (`genbatch.runner.prepare`)."""
+        return prepare_batch(jobs, model, group=self.ctx.group, media=self.media, adapters=self.adapters,
+                             timer=timer)
 
-    def with_adapters(self, job: JobSpec, model: JobModel, timer: JobTimer) -> JobSpec:
-        """Switch the pipeline's weights to the job's adapters (the base weights for none; timed as
-        `lora_switch` when they change); `job` with each adapter's sha256. LoraError naming the adapter."""
-        if job.lora_sha256 or (not job.lora and not self.adapters.merged(model.pipe)):
-            return job  # applied already (`run` before `denoise`), or nothing to switch
-        switch = self.adapters.plan(job, model.spec, model.pipe, self.ctx.group)
-        if switch.needed:
-            with timer.stage("lora_switch"):
-                switch.apply()
-        return replace(job, lora_sha256=switch.sha256)
-
-    def _prepared(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer) -> list[JobSpec]:
-        """The batch's jobs with their media read and their adapters (one set: a batch agrees on it) applied."""
-        jobs = [self.with_media(job) for job in jobs]
-        first = self.with_adapters(jobs[0], model, timer)
-        return [first, *(replace(job, lora_sha256=first.lora_sha256) for job in jobs[1:])]
+    def _as_prepared(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer) -> list[PreparedJob]:
+        """`jobs` as they run: prepared here unless they already are; RowNotPrepared naming the first row that
+        could not be (for callers that run given jobs, not the run's batches, whose failures `run_batch` keeps)."""
+        if all(isinstance(job, PreparedJob) for job in jobs):
+            return list(jobs)
+        batch = self.prepare(jobs, model, timer)
+        if batch.failures:
+            raise RowNotPrepared(batch.failures[0].message())
+        return batch.jobs
 
     def model_for(self, job: JobSpec) -> JobModel:
         """Resolve the job's model: its spec, its family's hooks and its pipeline (loaded on first use)."""
@@ -245,7 +242,7 @@ class JobExecutor:
         """`generate` for a batch of jobs that agree on their batch key (`genbatch.jobs.batches`), run in one
         forward per step: each row's frames (None on the ranks that are not the leader)."""
         model = model or self.model_for(jobs[0])
-        jobs = self._prepared(jobs, model, timer)
+        jobs = self._as_prepared(jobs, model, timer)
         return self.decode_batch(jobs, self.denoise_batch(jobs, timer, model), timer, model)
 
     def denoise(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
@@ -268,7 +265,7 @@ class JobExecutor:
     def denoise_batch(self, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
         """`denoise` for a batch: the final latents of its rows, joined along dim 0 in the batch's order."""
         model = model or self.model_for(jobs[0])
-        jobs = self._prepared(jobs, model, timer)
+        jobs = self._as_prepared(jobs, model, timer)
         family, pipe = model.family, model.pipe
         device = self.ctx.device
         # each row's noise from its own seed, as diffusers draws a list of generators'
@@ -356,17 +353,21 @@ class JobExecutor:
     def run(self, job: JobSpec) -> JobResult:
         """Generate the job and, on the leader, hand its media and done marker to the writer."""
         result = self.run_batch([job])
+        if result.failures:
+            raise RowNotPrepared(result.failures[0].message())
         return JobResult(record=result.records[0], timings=result.timings)
 
     def run_batch(self, jobs: list[JobSpec]) -> BatchResult:
-        """Generate a batch (jobs that agree on their batch key) and, on the leader, hand each job's media and
-        done marker to the writer. A batch of one is exactly `run` of that job."""
+        """Prepare a batch (jobs that agree on their batch key), generate the rows that prepared and, on the
+        leader, hand each one's media and done marker to the writer. The rows that could not be prepared fail
+        alone (`BatchResult.failures`, to record). A batch of one is exactly `run` of that job."""
         timer = JobTimer(self.ctx.device)
         model = self.model_for(jobs[0])
-        if any(getattr(job, column) is not None for job in jobs for column in MEDIA_COLUMNS):
-            with timer.stage("read_media"):  # the rows' input images, once, on this rank
-                jobs = [self.with_media(job) for job in jobs]
-        jobs = self._prepared(jobs, model, timer)
+        prepared = self.prepare(jobs, model, timer)
+        jobs = prepared.jobs
+        if not jobs:
+            return BatchResult(records=[], timings=timer.rows(**self._timing_columns(prepared.failures[0].job)),
+                               failures=prepared.failures)
         try:
             frames = self.generate_batch(jobs, timer, model)
         except JobInterrupted:
@@ -377,7 +378,7 @@ class JobExecutor:
                     "vae_decode": self.decoder.last_mode, "attention_approximation": label(self.stale), **batch,
                     **{f"{column}_sha256": media.sha256 for column, media in job.media.items()}} for job in jobs]
         if not self.ctx.is_leader:
-            return BatchResult(records=records, timings=self._timing_rows(timer, jobs))
+            return BatchResult(records=records, timings=self._timing_rows(timer, jobs), failures=prepared.failures)
         encoded = []
         for job, job_frames in zip(jobs, frames, strict=True):
             with timer.stage("encode_media", **self._own_columns(job, jobs)):
@@ -393,7 +394,7 @@ class JobExecutor:
         timings = self._timing_rows(timer, jobs)
         for job, record, (media, ext) in zip(jobs, records, encoded, strict=True):
             self.writer.submit(self._commit, job, media, ext, record)
-        return BatchResult(records=records, timings=timings)
+        return BatchResult(records=records, timings=timings, failures=prepared.failures)
 
     @staticmethod
     def _own_columns(job: JobSpec, jobs: list[JobSpec]) -> dict:

@@ -1,6 +1,9 @@
 """Failed jobs: recorded with their error, without losing the run.
 
-In a one-rank group any exception fails just that job and the run goes on. In a multi-rank group a
+A row whose inputs cannot be prepared (an unreadable image, an adapter for another model) fails alone before
+its batch's first collective, as its whole group agreed (`genbatch.runner.prepare`; `record_row_failures`), in
+any layout. What fails later, while the batch runs: in a one-rank group any exception fails just that batch and
+the run goes on. In a multi-rank group a
 failure that is not known to be identical on every rank (anything but non-finite latents) leaves peers
 waiting inside a collective, so the group cannot go on: each rank posts what it saw to the run's
 coordination store, the failure record names the rank that raised or stopped responding, and the process
@@ -14,26 +17,12 @@ from __future__ import annotations
 import time
 import traceback
 
+from genbatch.jobs.prepared import RowFailure
 from genbatch.jobs.spec import JobSpec
+from genbatch.runner.errors import describe_error, is_collective_error, out_of_memory
 from genbatch.runner.execute import NonFiniteLatents
 
 _GRACE_SECONDS = 2.0  # how long peers get to post what they saw before the failure is written
-_OUT_OF_MEMORY_FIX = ("; the job does not fit in this group's memory: shard the weights with --fsdp, split the job "
-                      "over more ranks (--ulysses / --ring; `gen plan --gpu-mem` says which fit), or make it smaller "
-                      "(size, frames, --dtype bf16, a smaller --batch-size or --batch-size auto)")
-
-
-def describe_error(error: BaseException) -> str:
-    """`Type: first line of the message`, plus what to change when it is an out-of-memory error."""
-    text = str(error).strip().splitlines()
-    described = f"{type(error).__name__}: {text[0] if text else ''}".strip()
-    return described + _OUT_OF_MEMORY_FIX if _out_of_memory(error) else described
-
-
-def _out_of_memory(error: BaseException) -> bool:
-    import torch
-
-    return isinstance(error, torch.OutOfMemoryError)
 
 
 def _release_memory(error: BaseException) -> None:
@@ -46,9 +35,21 @@ def _release_memory(error: BaseException) -> None:
         torch.cuda.empty_cache()
 
 
-def failure_record(job: JobSpec, message: str, run_id: str, rank: int) -> dict:
-    return {**job.record(), "status": "failed", "error": message, "run_id": run_id, "rank": rank,
-            "finished_at": time.time()}
+def failure_record(job: JobSpec, message: str, run_id: str, rank: int, column: str | None = None) -> dict:
+    """A failed job's record (its failure marker, later its results row): the job's fields, `error` (the first
+    line says what failed), the `column` to blame when one is, the run and the rank that wrote it."""
+    return {**job.record(), "status": "failed", "error": message, "column": column, "run_id": run_id,
+            "rank": rank, "finished_at": time.time()}
+
+
+def record_row_failures(ctx, store, failures: list[RowFailure], run_id: str) -> None:
+    """The group leader records each row its batch's preparation failed (the group agreed on them: nothing is
+    left in a collective, and the group goes on with its next batch)."""
+    if not ctx.is_leader:
+        return
+    for failure in failures:
+        store.record_failure(failure.job.id, failure_record(failure.job, failure.message(), run_id, ctx.rank,
+                                                            column=failure.column))
 
 
 class GroupFailure(Exception):
@@ -63,16 +64,6 @@ class GroupFailure(Exception):
             store.record_failure(job.id, failure_record(job, self.message, run_id, self.rank))
 
 
-def is_collective_error(error: BaseException) -> bool:
-    """Whether `error` came from a collective or the coordination store (a peer died, hung or hung up)."""
-    import torch.distributed as dist
-
-    if isinstance(error, (dist.DistError, TimeoutError)):
-        return True
-    text = str(error)
-    return any(hint in text for hint in ("Connection closed by peer", "Timed out", "gloo", "NCCL", "Connection reset"))
-
-
 def record_failure(ctx, store, jobs: list[JobSpec], error: BaseException, run_id: str) -> None:
     """Record the failed jobs of one batch (a failure fails its own batch and no other), or raise GroupFailure
     when the group cannot go on."""
@@ -81,7 +72,7 @@ def record_failure(ctx, store, jobs: list[JobSpec], error: BaseException, run_id
         if ctx.is_leader:
             for failed in jobs:
                 store.record_failure(failed.id, failure_record(failed, describe_error(error), run_id, ctx.rank))
-        if _out_of_memory(error):
+        if out_of_memory(error):
             _release_memory(error)
         return
     from genbatch.runner.handout import coordination_store

@@ -45,4 +45,5 @@ class RunProgress:
             parts.append(f"{self.given_up} not tried again (failed in --max-attempts runs)")
         print(f"genbatch: {', '.join(parts)} in {wall_seconds:.1f} s -> {out}", file=sys.stderr)
         if summary.get("failed"):
-            print(f"genbatch: failed jobs and their errors are in {out}/results/", file=sys.stderr)
+            print(f"genbatch: `gen status {out} --failed` lists the failed jobs and why; a rerun of the same command "
+                  "tries them again", file=sys.stderr)

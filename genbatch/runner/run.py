@@ -28,7 +28,8 @@ from genbatch.parallel.dims import LayoutRequest
 from genbatch.jobs import exit_codes
 from genbatch.runner.download import DownloadStopped, prepare_models
 from genbatch.runner.execute import CheckpointPolicy, JobInterrupted
-from genbatch.runner.failures import GroupFailure, describe_error, is_collective_error, record_failure
+from genbatch.runner.errors import describe_error, is_collective_error
+from genbatch.runner.failures import GroupFailure, record_failure, record_row_failures
 from genbatch.runner.handout import HandOut, coordination_store
 from genbatch.runner.progress import RunProgress
 from genbatch.runner.world import World, start_world
@@ -375,7 +376,9 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
                     interrupted = True
                     break
             try:
-                store.append_timings(executor.run_batch(batch).timings)
+                result = executor.run_batch(batch)
+                store.append_timings(result.timings)
+                record_row_failures(ctx, store, result.failures, run_id)  # bad rows fail alone: the group goes on
             except JobInterrupted:
                 interrupted = True
                 break
@@ -435,4 +438,5 @@ def _run(options: RunOptions, world: World, store, run_id: str, writer_cls, stop
         print(f"genbatch: every row of {options.manifest} was rejected, nothing was run (exit "
               f"{exit_codes.JOBS_FAILED}); fix the causes above and rerun", file=sys.stderr)
         return exit_codes.JOBS_FAILED
-    return exit_codes.JOBS_FAILED if summary.get("failed", 0) else exit_codes.OK
+    # a row failed or rejected is work not done: 1, as for a failed job (never 75: a rerun would not fix it)
+    return exit_codes.JOBS_FAILED if summary.get("failed", 0) or summary.get("rejected", 0) else exit_codes.OK

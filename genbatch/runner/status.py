@@ -1,6 +1,7 @@
-"""`gen status OUT`: what a run has done, against its manifest, and how fast.
+"""`gen status OUT`: what a run has done, against its manifest, and how fast; `--failed`: which jobs failed and why.
 
-    run_status(out)   {"total", "done", "failed", "rejected", "pending", "jobs_per_hour", "eta_s"}
+    run_status(out)    {"total", "done", "failed", "rejected", "pending", "jobs_per_hour", "eta_s"}
+    failed_jobs(out)   [{"id", "row", "column", "attempts", "reason", "error"}, ...] by manifest row
 
 Jobs per hour come from the timings: the jobs each run attempt wrote over the span of that attempt's timing
 rows (first start to last end), summed over attempts, so the hours between a preemption and its requeue do
@@ -53,3 +54,33 @@ def _duration(seconds: float) -> str:
     hours, rest = divmod(seconds, 3600)
     minutes, secs = divmod(rest, 60)
     return f"{hours}h {minutes:02d}m" if hours else (f"{minutes}m {secs:02d}s" if minutes else f"{secs}s")
+
+
+def failed_jobs(out: str, *, storage_options: dict | None = None, storage_timeout: float = 120.0) -> list[dict]:
+    """The jobs of the run in OUT that failed and are not done since, by manifest row: each one's id, row, the
+    column to blame (None when no one column is), the run attempts it failed in, the reason (the error's first
+    line) and the whole error."""
+    from genbatch.io import RetryPolicy, RunStore
+
+    store = RunStore(out, storage_options=storage_options, retry=RetryPolicy(timeout_s=storage_timeout))
+    if store.read_run_info() is None and not store.failed_ids():
+        raise FileNotFoundError(f"{out} holds no run (no run.json): pass the --out of a `gen run`")
+    listed = []
+    for job_id, record in store.failures().items():
+        error = str(record.get("error") or "")
+        first = error.strip().split("\n", 1)[0]
+        for said in (f"row {record.get('row')} (id {job_id}), ", f"row {record.get('row')} (id {job_id}): "):
+            first = first.removeprefix(said)  # the line names the row and id already
+        listed.append({"id": job_id, "row": record.get("row"), "column": record.get("column"),
+                       "attempts": record.get("failed_runs"), "reason": first, "error": error})
+    return sorted(listed, key=lambda job: (job["row"] is None, job["row"] or 0, job["id"]))
+
+
+def format_failed(jobs: list[dict]) -> str:
+    """One line per failed job: `id  row R  attempts A  reason`, or a line saying none failed."""
+    if not jobs:
+        return "no failed jobs"
+    width = max(len(job["id"]) for job in jobs)
+    return "\n".join(f"{job['id']:<{width}}  row {job['row']}  attempts {job['attempts']}  {job['reason']}"
+                     for job in jobs)
+

@@ -170,15 +170,16 @@ def test_gen_run_makes_each_output_records_its_row_and_resumes_by_job(tmp_path):
     manifest = write_rows(str(tmp_path / "m.parquet"), rows)
     out = tmp_path / "out"
     first = run_cli("run", manifest, "--out", str(out), "--model", "tiny-flux", "-q")
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 1, first.stderr  # the rejected row: work not done
     assert sorted(path.name for path in (out / "outputs").iterdir()) == ["cat-0.png", "cat-1.png", "solo.png"]
     outputs = {name: (out / "outputs" / f"{name}.png").read_bytes() for name in ("cat-0", "cat-1", "solo")}
     assert outputs["cat-0"] == outputs["solo"] != outputs["cat-1"]  # seed 7 and seed 8
-    results = {row["id"]: row for row in pq.read_table(out / "results" / "results.parquet").to_pylist()}
+    table = pq.read_table(out / "results" / "results.parquet").to_pylist()
+    results = {row["id"]: row for row in table if row["status"] == "done"}
     assert {job_id: (row["status"], row["source_id"], row["row"], row["seed"]) for job_id, row in results.items()
-            if row["status"] == "done"} == {"cat-0": ("done", "cat", 0, 7), "cat-1": ("done", "cat", 0, 8),
-                                            "solo": ("done", "solo", 1, 7)}
-    assert results["cat-1"]["status"] == "done"  # the job, not the rejected row of the same id
+            } == {"cat-0": ("done", "cat", 0, 7), "cat-1": ("done", "cat", 0, 8), "solo": ("done", "solo", 1, 7)}
+    # the rejected row of the same id is a results row of its own
+    assert [(row["id"], row["row"]) for row in table if row["status"] == "rejected"] == [("cat-1", 2)]
     rejected = pq.read_table(out / "rejected" / "rejected.parquet").to_pylist()
     assert [(row["row"], row["id"], row["column"]) for row in rejected] == [(2, "cat-1", "id")]
     status = json.loads(run_cli("status", str(out), "--json").stdout)
@@ -187,12 +188,13 @@ def test_gen_run_makes_each_output_records_its_row_and_resumes_by_job(tmp_path):
     write_rows(manifest, rows)
     assert json.loads(run_cli("status", str(out), "--json").stdout)["pending"] == 1
     second = run_cli("run", manifest, "--out", str(out), "--model", "tiny-flux", "-q")
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == 1, second.stderr
     attempts: dict[str, set[str]] = {}
     for row in pq.read_table(out / "timings").to_pylist():
         if row["stage"] == "write":
             attempts.setdefault(row["run_id"], set()).add(row["job_id"])
     assert sorted(attempts.values(), key=len) == [{"cat-2"}, {"cat-0", "cat-1", "solo"}]
-    results = {row["id"]: row for row in pq.read_table(out / "results" / "results.parquet").to_pylist()}
+    results = {row["id"]: row for row in pq.read_table(out / "results" / "results.parquet").to_pylist()
+               if row["status"] == "done"}
     assert (results["cat-2"]["status"], results["cat-2"]["source_id"], results["cat-2"]["seed"]) == ("done", "cat", 9)
     assert json.loads(run_cli("status", str(out), "--json").stdout)["pending"] == 0

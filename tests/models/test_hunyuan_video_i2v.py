@@ -15,6 +15,7 @@ import torch
 from PIL import Image
 
 from genbatch.io.media_input import MediaReader
+from genbatch.jobs.prepared import PreparedJob
 from genbatch.models import family, resolve_model
 from genbatch.models.hunyuan_video_i2v import TEXT_TOKENS, TINY_TRANSFORMER
 from genbatch.runner.loading import load_pipeline
@@ -62,7 +63,7 @@ def test_the_image_reaches_the_prompt_encode_and_the_latents(tmp_path):
     for colour in (0, 255):
         image = str(tmp_path / f"{colour}.png")
         Image.new("RGB", (64, 48), (colour,) * 3).save(image)
-        spec_job = replace(job(PRESET, image=image), media={"image": MediaReader().read("image", image)})
+        spec_job = PreparedJob.of(job(PRESET, image=image), media={"image": MediaReader().read("image", image)})
         (branch,) = hooks.encode(pipe, spec_job, torch.device("cpu")).branches.values()
         trajectory = hooks.trajectory(pipe, spec_job, torch.Generator().manual_seed(0), torch.device("cpu"))
         runs[colour] = branch, trajectory

@@ -15,6 +15,7 @@ import pytest
 from PIL import Image
 
 from genbatch.io.media_input import MediaError, MediaReader
+from genbatch.jobs.prepared import PreparedJob
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import read_jobs
 from genbatch.runner.execute import fingerprint
@@ -59,7 +60,7 @@ def test_wan22_i2v_runs_both_experts_without_clip(tmp_path):
     pipe = load_pipeline(resolve_model(WAN22_I2V), torch.device("cpu"), torch.float32)
     image = _png(tmp_path / "first.png", (64, 48), (1, 2, 3))
     spec_job = job(WAN22_I2V, num_inference_steps=3, num_frames=5, image=image)
-    spec_job = replace(spec_job, media={"image": MediaReader().read("image", image)})
+    spec_job = PreparedJob.of(spec_job, media={"image": MediaReader().read("image", image)})
     hooks = family("wan-i2v").hooks
     trajectory = hooks.trajectory(pipe, spec_job, torch.Generator().manual_seed(0), torch.device("cpu"))
     experts = [hooks.denoiser_at(pipe, trajectory, t) for t in trajectory.timesteps]
@@ -105,11 +106,11 @@ def test_the_image_is_used(tmp_path):
 def test_a_changed_image_changes_the_fingerprint_and_a_text_job_keeps_its_own(tmp_path):
     reader = MediaReader()
     spec_job = job(PRESET, image=_png(tmp_path / "a.png", (64, 48), (1, 2, 3)))
-    before = fingerprint(replace(spec_job, media={"image": reader.read("image", spec_job.image)}))
+    before = fingerprint(PreparedJob.of(spec_job, media={"image": reader.read("image", spec_job.image)}))
     _png(tmp_path / "a.png", (64, 48), (3, 2, 1))
-    after = fingerprint(replace(spec_job, media={"image": reader.read("image", spec_job.image)}))
+    after = fingerprint(PreparedJob.of(spec_job, media={"image": reader.read("image", spec_job.image)}))
     assert before != after and before["media"]["image"] != after["media"]["image"]
-    assert "media" not in fingerprint(job("tiny-wan"))  # checkpoints of text rows resume as before
+    assert "media" not in fingerprint(PreparedJob.of(job("tiny-wan")))  # checkpoints of text rows resume as before
 
 
 def test_an_unreadable_image_is_named_and_never_shown(tmp_path):

@@ -134,12 +134,13 @@ def test_kohya_flux_and_text_encoder_loras_equal_diffusers(tmp_path):
 
 
 def test_a_changed_adapter_or_scale_restarts_a_checkpointed_job():
+    from genbatch.jobs.prepared import PreparedJob
     from genbatch.runner.execute import fingerprint
 
-    styled = replace(job("tiny-flux"), lora=(LoraRef("/a/style.safetensors"),), lora_sha256=("1" * 64,))
+    styled = PreparedJob.of(replace(job("tiny-flux"), lora=(LoraRef("/a/style.safetensors"),)), lora_sha256=("1" * 64,))
     assert fingerprint(styled) != fingerprint(replace(styled, lora_sha256=("2" * 64,)))
     assert fingerprint(styled) != fingerprint(replace(styled, lora=(LoraRef("/a/style.safetensors", 0.5),)))
-    assert "lora" not in fingerprint(job("tiny-flux"))  # a job without adapters keeps its old fingerprint
+    assert "lora" not in fingerprint(PreparedJob.of(job("tiny-flux")))  # a job without adapters keeps its old fingerprint
 
 
 def test_run_level_loras_pair_each_scale_by_order(tmp_path):
@@ -373,7 +374,7 @@ def test_two_adapters_at_two_scales_equal_diffusers(preset, tmp_path):
 def test_wan_2_2_adapters_go_into_the_expert_each_names(tmp_path):
     from PIL import Image
 
-    from genbatch.runner.adapters import LoraError
+    from genbatch.runner.execute import RowNotPrepared
 
     image = tmp_path / "first.png"
     Image.new("RGB", (64, 48), (250, 240, 20)).save(image)
@@ -398,7 +399,7 @@ def test_wan_2_2_adapters_go_into_the_expert_each_names(tmp_path):
     assert np.abs(ours - theirs).max() <= 1e-4
     assert np.abs(ours - only_high).max() > 0.01  # the low-noise expert's adapter moved it (100x the tolerance)
     with job_executor(str(tmp_path / "one"), model="tiny-wan") as (world, executor):
-        with pytest.raises(LoraError, match="expert 'low' is the transformer_2 of a two-expert model"):
+        with pytest.raises(RowNotPrepared, match="column 'lora': .*expert 'low' is the transformer_2 of a two-expert"):
             executor.generate(replace(job("tiny-wan", num_frames=5, num_inference_steps=2),
                                       lora=(LoraRef(low, expert="low"),)), JobTimer(world.ctx.device))
 

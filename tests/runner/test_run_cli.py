@@ -31,7 +31,7 @@ def finished_run(tmp_path_factory):
 
 def test_outputs_results_and_rejections(finished_run):
     manifest, out, first, _ = finished_run
-    assert first.returncode == 0, first.stderr
+    assert first.returncode == 1, first.stderr  # every valid row done; rejected rows are work not done
     video = decode_mp4((out / "outputs" / "fox.mp4").read_bytes())
     assert video.shape == (9, 48, 64, 3)  # the preset's default frames and size
     image = decode_png((out / "outputs" / "owl.png").read_bytes())
@@ -73,7 +73,7 @@ def test_run_info(finished_run):
 
 def test_rerun_skips_done_jobs(finished_run):
     _, out, _, second = finished_run
-    assert second.returncode == 0, second.stderr
+    assert second.returncode == 1, second.stderr  # the rejected rows are still rejected
     attempts = {row["run_id"] for row in pq.read_table(out / "timings").to_pylist()}
     assert len(attempts) == 1  # the second attempt generated nothing
     assert "2 skipped" in second.stderr
