@@ -11,8 +11,7 @@ from typing import TYPE_CHECKING
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from genbatch.jobs.seeds import job_seed
-from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
+from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides
 
 if TYPE_CHECKING:
     from genbatch.models.spec import ModelSpec  # a parameter's type: jobs sit below models
@@ -55,50 +54,3 @@ class SettingResolver:
             value = row.get(name)
             resolved[name] = fallback if value is None else Resolved(value, "row")
         return resolved
-
-
-def resolve_settings(row: Mapping[str, object], overrides: JobOverrides, spec: ModelSpec) -> dict[str, Resolved | None]:
-    """`SettingResolver(overrides, spec).resolve(row)` for a single row."""
-    return SettingResolver(overrides, spec).resolve(row)
-
-
-def build_job(
-    *,
-    row: int,
-    job_id: str,
-    prompt: str,
-    negative_prompt: str | None,
-    model: str,
-    seed: int | None,
-    settings: Mapping[str, Resolved | None],
-    extra: dict[str, object],
-    cache: str = "none",
-    image: str | None = None,
-    last_image: str | None = None,
-    lora: tuple = (),
-) -> JobSpec:
-    """A `JobSpec` from resolved settings that validation has already accepted (every required one present)."""
-
-    def value(name: str) -> int | float | None:
-        setting = settings.get(name)
-        return None if setting is None else setting.value
-
-    return JobSpec(
-        id=job_id,
-        prompt=prompt,
-        negative_prompt=negative_prompt,
-        model=model,
-        width=int(value("width")),
-        height=int(value("height")),
-        num_frames=None if value("num_frames") is None else int(value("num_frames")),
-        num_inference_steps=int(value("num_inference_steps")),
-        guidance_scale=float(value("guidance_scale")),
-        seed=job_seed(seed, job_id),
-        fps=None if value("fps") is None else int(value("fps")),
-        cache=cache,
-        image=image,
-        last_image=last_image,
-        lora=tuple(lora),
-        extra=extra,
-        row=row,
-    )

@@ -42,3 +42,10 @@ def output_seed(seed: int | None, job_id: str, k: int) -> int:
     """The seed of output `k` of a row (`job_id` being that output's own id, `<row id>-k`): the row's `seed`
     plus k, else `seed_from_id(job_id)`."""
     return job_seed(None if seed is None else seed + k, job_id)
+
+
+def row_seed_problem(seed: int | None) -> str | None:
+    """Why a row's own `seed` cannot be used (None: null, or it fits in int64)."""
+    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
+        return f"{seed} does not fit in int64; use a seed in [0, 2**63) or leave it null"
+    return None

@@ -6,7 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from genbatch.jobs.cache import NONE, parse_cache
-from genbatch.jobs.lora import LoraRef, lora_text
+from genbatch.jobs.lora import LoraRef
 
 # The per-job settings a manifest row, a run-level option or the model's defaults can supply, in the order
 # results tables list them.
@@ -41,16 +41,16 @@ class JobSpec:
     """The noise seed: the row's own, or derived from `id` (see `genbatch.jobs.seeds`)."""
     fps: int | None
     """Frames per second of a video; None for image models."""
+    # ---- the per-row inputs' fields (`genbatch.jobs.inputs`: each input's `job_fields` fills its own) ----
     cache: str = NONE
-    """The job's step-caching mode in canonical form (`genbatch.jobs.cache`): the row's `cache`, else the
-    run's `--cache`, else `none`."""
+    """The job's step-caching mode in canonical form (`genbatch.jobs.inputs.cache`)."""
     image: str | None = None
     """The conditioning image's URL (absolute: a relative manifest value is taken from the manifest's
-    directory, `genbatch.jobs.media`), or None."""
+    directory, `genbatch.jobs.inputs.media`), or None."""
     last_image: str | None = None
     """First-and-last-frame video: the last frame's URL, or None."""
     lora: tuple[LoraRef, ...] = ()
-    """The adapters the job applies, in order (the row's `lora`, else the run's `--lora`; `genbatch.jobs.lora`)."""
+    """The adapters the job applies, in order (`genbatch.jobs.inputs.lora`)."""
     extra: dict[str, object] = field(default_factory=dict)
     """The manifest's extra columns for this row, as Python values, carried into the results table."""
     row: int
@@ -60,7 +60,9 @@ class JobSpec:
     when the job is the row itself, whose id it keeps. Results rows carry it as `source_id` (the id there)."""
 
     def record(self) -> dict[str, object]:
-        """A flat dict for results tables: the job's fields, then its extra columns."""
+        """A flat dict for results tables: the job's fields, each input's record, then its extra columns."""
+        from genbatch.jobs.inputs import ROW_INPUTS
+
         flat: dict[str, object] = {
             "id": self.id,
             "source_id": self.id if self.source_id is None else self.source_id,
@@ -72,10 +74,8 @@ class JobSpec:
         }
         for name in SETTINGS:
             flat[name] = getattr(self, name)
-        flat["cache"] = self.cache
-        flat["image"] = self.image
-        flat["last_image"] = self.last_image
-        flat["lora"] = lora_text(self.lora)
+        for row_input in ROW_INPUTS:
+            flat.update(row_input.record(self))
         flat.update(self.extra)
         return flat
 

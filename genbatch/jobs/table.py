@@ -16,19 +16,21 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 
-from genbatch.jobs.lora import from_text
-from genbatch.jobs.media import MEDIA_COLUMNS
+from genbatch.jobs.inputs import ROW_INPUTS
 from genbatch.jobs.seeds import job_seed
 from genbatch.jobs.spec import SETTINGS, JobSpec
 
-COLUMNS = ("id", "source_id", "prompt", "negative_prompt", "model", *SETTINGS, "cache", *MEDIA_COLUMNS, "seed",
-           "row", "lora")
-"""The resolved columns, before the extra ones. `source_id` is the manifest row's id (equal to `id` but for
-the jobs of a row with `num_outputs` > 1, whose ids are `<source_id>-k`); `seed` is the job's own (the row's,
-plus k for output k; null: derived from `id` when the job is built); `num_frames` and `fps` are null for
-image models; `cache` is the canonical step-caching mode; `image` and `last_image` are absolute URLs (null:
-none); `lora` is the adapters' canonical text (`genbatch.jobs.lora.lora_text`, null: none)."""
-_STRINGS = ("id", "source_id", "prompt", "negative_prompt", "model", "cache", *MEDIA_COLUMNS, "lora")
+_ROW = ("id", "source_id", "prompt", "negative_prompt", "model", *SETTINGS)
+_INPUTS = tuple(name for row_input in ROW_INPUTS for name, _ in row_input.resolved)
+COLUMNS = (*_ROW, *_INPUTS, "seed", "row")
+"""The resolved columns, before the extra ones: the row's own, then each per-row input's (`genbatch.jobs.inputs`:
+`cache`, the absolute URLs of `image` and `last_image`, the adapters' canonical text `lora`), then `seed` and
+`row`. `source_id` is the manifest row's id (equal to `id` but for the jobs of a row with `num_outputs` > 1, whose
+ids are `<source_id>-k`); `seed` is the job's own (the row's, plus k for output k; null: derived from `id` when
+the job is built); `num_frames` and `fps` are null for image models."""
+_TYPES = {"guidance_scale": pa.float64(), **{name: kind for row_input in ROW_INPUTS
+                                             for name, kind in row_input.resolved}}
+_STRINGS = ("id", "source_id", "prompt", "negative_prompt", "model")
 
 _ITER_ROWS = 4096
 """Rows turned into Python objects at a time when iterating."""
@@ -54,8 +56,8 @@ class JobTable(Sequence[JobSpec]):
     @classmethod
     def empty(cls, extra_schema: pa.Schema | None = None) -> JobTable:
         """No jobs (with these extra columns)."""
-        fields = [pa.field(name, pa.float64() if name == "guidance_scale" else
-                           pa.string() if name in _STRINGS else pa.int64()) for name in COLUMNS]
+        fields = [pa.field(name, _TYPES.get(name, pa.string() if name in _STRINGS else pa.int64()))
+                  for name in COLUMNS]
         return cls(pa.schema([*fields, *(extra_schema or [])]).empty_table())
 
     @property
@@ -73,12 +75,14 @@ class JobTable(Sequence[JobSpec]):
 
     def _spec(self, values: dict) -> JobSpec:
         extra = {name: values[name] for name in self.extra_columns}
+        inputs = {}
+        for row_input in ROW_INPUTS:
+            inputs.update(row_input.job_fields(values))
         return JobSpec(
             id=values["id"], prompt=values["prompt"], negative_prompt=values["negative_prompt"],
             model=values["model"], width=values["width"], height=values["height"], num_frames=values["num_frames"],
             num_inference_steps=values["num_inference_steps"], guidance_scale=values["guidance_scale"],
-            seed=job_seed(values["seed"], values["id"]), fps=values["fps"], cache=values["cache"],
-            image=values["image"], last_image=values["last_image"], lora=from_text(values["lora"]), extra=extra,
+            seed=job_seed(values["seed"], values["id"]), fps=values["fps"], **inputs, extra=extra,
             row=values["row"], source_id=None if values["source_id"] == values["id"] else values["source_id"],
         )
 

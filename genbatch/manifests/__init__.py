@@ -4,7 +4,7 @@ from genbatch.manifests.loader import ManifestJobs, iter_checked, read_jobs
 from genbatch.manifests.reader import ManifestReader
 from genbatch.manifests.report import ValidationReport, validate_manifest
 from genbatch.manifests.schema import COLUMNS, MANIFEST_VERSION, ManifestFileError, ManifestSchema
-from genbatch.manifests.validate import Rejection, RowChecker
+from genbatch.manifests.validate import Rejection
 
 __all__ = [
     "COLUMNS",
@@ -14,7 +14,6 @@ __all__ = [
     "ManifestReader",
     "ManifestSchema",
     "Rejection",
-    "RowChecker",
     "ValidationReport",
     "iter_checked",
     "read_jobs",

@@ -1,11 +1,12 @@
 """The row rules over whole columns: a record batch checked with pyarrow compute, not Python per row.
 
-The rules are `validate.RowChecker`'s. Here vectorised masks find the rows each rule may reject, and the
-rule's own message function runs on those rows only, so the jobs and the rejections (row, id, column,
-reason, in the same order) are the ones `RowChecker` gives. Valid rows never become Python objects: they
-come out as a record batch of resolved columns (`genbatch.jobs.table.COLUMNS`, then the extra columns), one
-row per job (a row with `num_outputs` K, K of them: `outputs.expand`).
-Models are resolved once per distinct name, sizes once per distinct size (the `RowChecker` caches).
+The row's own rules (`validate`: id, prompt, seed, model, settings, sizes) and each per-row input's
+(`genbatch.jobs.inputs.ROW_INPUTS`: its `check`) run over the batch's columns; vectorised masks find the rows a
+rule may reject, and the rule's own message function runs on those rows only. A row's problems come in the
+order of `ORDER` and the inputs' own. Valid rows never become Python objects: they come out as a record batch of
+resolved columns (`genbatch.jobs.table.COLUMNS`, then the extra columns), one row per job (a row with
+`num_outputs` K, K of them: `num_outputs.expand`). Models are resolved once per distinct name, sizes once per
+distinct size (`validate.ModelRules`).
 
 Duplicate ids need the whole id column: `first_uses` gives the rows whose id an earlier row has, and that row;
 so do the ids `num_outputs` derives (`genbatch.manifests.id_space`, passed in as `collisions`).
@@ -19,13 +20,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from genbatch.jobs.lora import lora_text
-from genbatch.jobs.media import MEDIA_COLUMNS, media_url
+from genbatch.jobs.inputs import ROW_INPUTS, InputBatch
+from genbatch.jobs.inputs.base import flags as _flags
+from genbatch.jobs.inputs.media import MEDIA_COLUMNS
+from genbatch.jobs.inputs.num_outputs import expand
 from genbatch.jobs.resolve import Resolved, resolve_model_name
-from genbatch.jobs.seeds import INT64_MAX
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides
-from genbatch.manifests import outputs, validate
-from genbatch.manifests.validate import MAX_ID_BYTES, Rejection, RowChecker
+from genbatch.jobs.table import COLUMNS
+from genbatch.manifests import validate
+from genbatch.manifests.validate import MAX_ID_BYTES, ModelRules, Rejection
 
 WHITESPACE = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
@@ -36,24 +39,15 @@ _BLANK = r"\A[" + "".join(f"\\x{{{ord(char):x}}}" for char in WHITESPACE) + r"]*
 _UNSAFE_ID = r"[/\\\x00-\x1f\x7f]"  # the characters validate._UNSAFE_ID rejects, in RE2 syntax
 _GEOMETRY = ("width", "height", "num_frames")
 
-# Where a problem of each column stands among a row's problems (RowChecker appends them in this order).
+# Where a problem of each of the row's own columns stands among a row's problems (the inputs' come after).
 _ORDER = {"id": 0, "prompt": 1, "seed": 2, "model": 3}
 _VIDEO_ONLY_ORDER = {name: 4 + index for index, name in enumerate(VIDEO_SETTINGS)}
 _SETTING_ORDER = {name: 10 + index for index, name in enumerate(SETTINGS)}
 _GEOMETRY_ORDER = {name: 20 + index for index, name in enumerate(_GEOMETRY)}
-_CACHE_ORDER = 30
-_MEDIA_ORDER = {name: 40 + index for index, name in enumerate(MEDIA_COLUMNS)}
-_LORA_ORDER = 50
-_OUTPUTS_ORDER = {"count": 60, "length": 61, "seed": 62, "id": 63, outputs.COLUMN: 64}
 
 
 def _plain(array: pa.Array) -> pa.Array:
     return array.dictionary_decode() if pa.types.is_dictionary(array.type) else array
-
-
-def _flags(mask: pa.Array) -> np.ndarray:
-    """A boolean Arrow array (nulls false) as a NumPy bool array."""
-    return pc.fill_null(mask, False).to_numpy(zero_copy_only=False).astype(bool, copy=False)
 
 
 def _int_type(array: pa.Array | None) -> pa.DataType:
@@ -66,7 +60,7 @@ def _ints(array: pa.Array, dtype: np.dtype) -> np.ndarray:
 
 
 def id_problems(ids: pa.Array) -> dict[int, str]:
-    """Offset -> why that id cannot be used (`validate._id_problem`), for a string array of ids; the regexes
+    """Offset -> why that id cannot be used (`validate.id_problem`), for a string array of ids; the regexes
     find the suspects, the rule's own function speaks."""
     suspects = (
         _flags(pc.is_null(ids))
@@ -78,7 +72,7 @@ def id_problems(ids: pa.Array) -> dict[int, str]:
     offsets = np.flatnonzero(suspects)
     found = {}
     for offset, value in zip(offsets.tolist(), ids.take(offsets).to_pylist(), strict=True):
-        problem = validate._id_problem(value)
+        problem = validate.id_problem(value)
         if problem:
             found[offset] = problem
     return found
@@ -109,7 +103,7 @@ def first_uses(ids: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, np.ndarray]
 
 
 class ColumnChecker:
-    """Checks record batches in manifest order against the rules of `RowChecker`."""
+    """Checks record batches in manifest order: the row's own rules and every per-row input's."""
 
     def __init__(
         self, *, overrides: JobOverrides, extra_columns: Sequence[str], first_use: tuple[np.ndarray, np.ndarray],
@@ -122,11 +116,10 @@ class ColumnChecker:
         self.first_use = first_use
         """`first_uses` of the manifest's whole id column."""
         self.media_base = media_base
-        """Where a relative media path points from (`RowChecker.media_base`)."""
+        """Where a relative media path points from: the manifest's directory (`jobs.media.manifest_base`)."""
         self.collisions = collisions or {}
         """Row -> its (column, reason) job-id collisions over the whole manifest (`id_space.collisions`)."""
-        self._rules = RowChecker(overrides=overrides, extra_columns=extra_columns,  # its model and size caches
-                                 media_base=media_base)
+        self._rules = ModelRules(overrides)
 
     def check(self, first_row: int, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[Rejection]]:
         """The batch's valid rows' jobs as resolved columns (one per output of a row's `num_outputs`), and one
@@ -144,24 +137,28 @@ class ColumnChecker:
         encoded = pc.dictionary_encode(strings["model"], null_encoding="encode")
         codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         names = [resolve_model_name(value, self.overrides) for value in encoded.dictionary.to_pylist()]
-        models = [self._rules._model(name) for name in names]
+        models = [self._rules.model(name) for name in names]
         resolved = {name: self._start_setting(name, raw.get(name), size) for name in SETTINGS}
-        order = np.argsort(codes, kind="stable")
-        bounds = np.flatnonzero(np.diff(codes[order])) + 1
-        for group in np.split(order, bounds) if size else []:
+        view = InputBatch(first_row=first_row, size=size, raw=raw, strings=strings, overrides=self.overrides,
+                          media_base=self.media_base, names=names, models=models, codes=codes, bad_ids=bad_ids,
+                          collisions=self.collisions)
+        for group in view.groups():
             code = int(codes[group[0]])
             self._check_group(group, names[code], models[code], raw, resolved, problems)
-            self._media(group, names[code], models[code], strings, problems)
-        caches = self._caches(raw.get("cache"), size, problems)
-        adapters = self._adapters(raw.get("lora"), size, problems)
-        counts = self._outputs(first_row, raw.get(outputs.COLUMN), strings["id"], raw.get("seed"), bad_ids, problems)
+        inputs: dict[str, pa.Array] = {}
+        counts = np.ones(size, np.int64)
+        for row_input in ROW_INPUTS:
+            checked = row_input.check(view)
+            inputs.update(checked.resolved)
+            problems.extend(checked.problems)
+            if checked.counts is not None:
+                counts = checked.counts
         rejected = np.zeros(size, dtype=bool)
         rejected[[offset for offset, *_ in problems]] = True
         accepted = np.flatnonzero(~rejected)
-        jobs = self._jobs(first_row, batch, strings, raw.get("seed"), codes, names, resolved, caches, accepted)
-        jobs = jobs.append_column("lora", adapters.take(pa.array(accepted, pa.int64())))
+        jobs = self._jobs(first_row, batch, strings, raw.get("seed"), codes, names, resolved, inputs, accepted)
         rejections = self._rejections(first_row, batch, strings["id"], codes, names, problems)
-        return outputs.expand(jobs, counts[accepted]), rejections
+        return expand(jobs, counts[accepted]), rejections
 
     # ---- row problems ---------------------------------------------------------------------------------
     def _ids(self, first_row: int, ids: pa.Array, problems: list) -> np.ndarray:
@@ -174,7 +171,7 @@ class ColumnChecker:
         low, high = np.searchsorted(rows, [first_row, first_row + len(ids)])
         for row, first in zip(rows[low:high].tolist(), firsts[low:high].tolist(), strict=True):
             if not bad[row - first_row]:
-                problems.append((row - first_row, _ORDER["id"], "id", validate._duplicate_problem(first)))
+                problems.append((row - first_row, _ORDER["id"], "id", validate.duplicate_problem(first)))
         return bad
 
     @staticmethod
@@ -191,7 +188,7 @@ class ColumnChecker:
             return
         offsets = np.flatnonzero(_flags(pc.greater(seeds, pa.scalar(np.iinfo(np.int64).max, pa.uint64()))))
         for offset, value in zip(offsets.tolist(), seeds.take(offsets).to_pylist(), strict=True):
-            problems.append((offset, _ORDER["seed"], "seed", validate._seed_problem(value)))
+            problems.append((offset, _ORDER["seed"], "seed", validate.seed_problem(value)))
 
     @staticmethod
     def _setting_suspects(name: str, values: pa.Array) -> np.ndarray:
@@ -209,7 +206,7 @@ class ColumnChecker:
         mine = values.take(group)
         flagged = np.flatnonzero(self._setting_suspects(name, mine))
         for index, value in zip(flagged.tolist(), mine.take(flagged).to_pylist(), strict=True):
-            problem = validate._setting_problem(name, Resolved(value, "row"))
+            problem = validate.setting_problem(name, Resolved(value, "row"))
             if problem:
                 problems.append((int(group[index]), _SETTING_ORDER[name], name, problem))
                 bad[index] = True
@@ -226,13 +223,13 @@ class ColumnChecker:
         nulls = {name: self._nulls(raw.get(name), group) for name in SETTINGS}
         if not spec.is_video:
             for name in VIDEO_SETTINGS:
-                problem = validate._video_only_problem(name, model_name)
+                problem = validate.video_only_problem(name, model_name)
                 problems.extend((int(offset), _VIDEO_ONLY_ORDER[name], name, problem) for offset in group[~nulls[name]])
         fallbacks = model.resolver.resolve({})  # what a null takes, for every setting of this model
         bad = {}
         for name, fallback in fallbacks.items():
             bad[name] = self._row_values(name, raw.get(name), group, problems)
-            problem = validate._setting_problem(name, fallback)
+            problem = validate.setting_problem(name, fallback)
             if problem:
                 problems.extend((int(offset), _SETTING_ORDER[name], name, problem) for offset in group[nulls[name]])
                 bad[name] |= nulls[name]
@@ -241,25 +238,6 @@ class ColumnChecker:
             if name not in fallbacks:
                 resolved[name][1][group] = True  # image models: null
         self._geometry(group, spec, raw, fallbacks, nulls, bad, problems)
-
-    @staticmethod
-    def _media(group, model_name, model, strings, problems) -> None:
-        """The media columns' problems of one model's rows (`validate.media_problems`, on the rows that name
-        media, and on every row of a model that needs an image)."""
-        if isinstance(model, str):
-            return
-        named = np.zeros(len(group), dtype=bool)
-        for column in MEDIA_COLUMNS:
-            named |= ~_flags(pc.is_null(strings[column].take(pa.array(group, pa.int64()))))
-        rows = group if model.spec.media_required else group[named]
-        if not len(rows):
-            return
-        index = pa.array(rows, pa.int64())
-        values = {column: strings[column].take(index).to_pylist() for column in MEDIA_COLUMNS}
-        for position, offset in enumerate(rows.tolist()):
-            row = {column: values[column][position] for column in MEDIA_COLUMNS}
-            problems.extend((int(offset), _MEDIA_ORDER[column], column, reason)
-                            for column, reason in validate.media_problems(model.spec, model_name, row))
 
     def _geometry(self, group, spec, raw, fallbacks, nulls, bad, problems) -> None:
         sizes = [name for name in _GEOMETRY if name in fallbacks]
@@ -285,70 +263,6 @@ class ColumnChecker:
                 (offset, _GEOMETRY_ORDER[column], column, reason)
                 for column, reason in self._rules.geometry_problems(spec, settings)
             )
-
-    def _caches(self, values: pa.Array | None, size: int, problems: list) -> pa.Array:
-        """The resolved `cache` column (canonical modes, the run's `--cache` for nulls); each distinct value is
-        checked once, and every row of a bad one gets its problem."""
-        default = validate.job_cache(None, self.overrides)
-        if values is None or pa.types.is_null(values.type):
-            return pa.array([default] * size, pa.string())
-        encoded = pc.dictionary_encode(values.cast(pa.string()), null_encoding="encode")
-        codes = encoded.indices.to_numpy(zero_copy_only=False)
-        canonical = []
-        for code, value in enumerate(encoded.dictionary.to_pylist()):
-            problem = validate._cache_problem(value)
-            if problem:
-                problems.extend((int(offset), _CACHE_ORDER, "cache", problem) for offset in np.flatnonzero(codes == code))
-            canonical.append(None if problem else validate.job_cache(value, self.overrides))
-        return pa.DictionaryArray.from_arrays(encoded.indices, pa.array(canonical, pa.string())).dictionary_decode()
-
-    def _adapters(self, values: pa.Array | None, size: int, problems: list) -> pa.Array:
-        """The resolved `lora` column (`genbatch.jobs.lora.lora_text`; the run's `--lora` for nulls); only rows
-        that name adapters become Python values."""
-        default = lora_text(self.overrides.lora)
-        if values is None or pa.types.is_null(values.type) or values.null_count == len(values):
-            return pa.array([default] * size, pa.string())
-        texts = [default] * size
-        named = np.flatnonzero(~_flags(pc.is_null(values)))
-        for offset, value in zip(named.tolist(), values.take(pa.array(named, pa.int64())).to_pylist(), strict=True):
-            adapters = validate.job_adapters(value, self.overrides, self.media_base)
-            if isinstance(adapters, str):
-                problems.append((offset, _LORA_ORDER, "lora", adapters))
-            else:
-                texts[offset] = lora_text(adapters)
-        return pa.array(texts, pa.string())
-
-    def _outputs(self, first_row: int, values: pa.Array | None, ids: pa.Array, seeds: pa.Array | None,
-                 bad_ids: np.ndarray, problems: list) -> np.ndarray:
-        """Check the `num_outputs` column (its values, the ids and seeds they derive, the collisions found over
-        the whole manifest); the jobs each row makes."""
-        counts, suspects = outputs.output_counts(values, len(ids))
-        order = _OUTPUTS_ORDER
-        if suspects.any():
-            offsets = np.flatnonzero(suspects)
-            for offset, value in zip(offsets.tolist(), values.take(pa.array(offsets)).to_pylist(), strict=True):
-                problems.append((offset, order["count"], outputs.COLUMN, outputs.count_problem(value)))
-        many = np.flatnonzero((counts > 1) & ~bad_ids)
-        if len(many):
-            digits = np.char.str_len(counts[many].astype(str))  # the '-k' of the last output: 1 + digits of K-1
-            lengths = pc.binary_length(ids.take(pa.array(many))).to_numpy(zero_copy_only=False)
-            for offset in many[lengths + 1 + digits > MAX_ID_BYTES].tolist():
-                problem = outputs.length_problem(ids[offset].as_py(), int(counts[offset]), MAX_ID_BYTES)
-                if problem:
-                    problems.append((offset, order["length"], "id", problem))
-        many = np.flatnonzero(counts > 1)
-        if len(many) and seeds is not None and seeds.type in (pa.int64(), pa.uint64()):  # narrower ones fit
-            mine = seeds.take(pa.array(many))
-            near = _flags(pc.greater(mine, pa.scalar(INT64_MAX - outputs.MAX_OUTPUTS, mine.type)))
-            for index in np.flatnonzero(near).tolist():
-                seed, offset = mine[index].as_py(), int(many[index])
-                problem = None if validate._seed_problem(seed) else outputs.seed_problem(seed, int(counts[offset]))
-                if problem:
-                    problems.append((offset, order["seed"], "seed", problem))
-        for row in range(first_row, first_row + len(ids)) if self.collisions else ():
-            for column, reason in self.collisions.get(row, ()):
-                problems.append((row - first_row, order[column], column, reason))
-        return counts
 
     @staticmethod
     def _nulls(values: pa.Array | None, group: np.ndarray) -> np.ndarray:
@@ -379,28 +293,25 @@ class ColumnChecker:
         numbers[targets] = fallback.value
         null_flags[targets] = False
 
-    def _jobs(self, first_row, batch, strings, seeds, codes, names, resolved, caches, accepted) -> pa.RecordBatch:
+    def _jobs(self, first_row, batch, strings, seeds, codes, names, resolved, inputs, accepted) -> pa.RecordBatch:
+        """The accepted rows' resolved columns, in `COLUMNS` order, then the extra columns."""
         take = pa.array(accepted, pa.int64())
         models = pa.DictionaryArray.from_arrays(pa.array(codes[accepted], pa.int32()), pa.array(names, pa.string()))
         columns = {name: strings[name].take(take) for name in ("id", "prompt", "negative_prompt")}
-        columns = {"id": columns["id"], "source_id": columns["id"], **columns}  # the row's id: `outputs.expand`
+        columns["source_id"] = columns["id"]  # the row's id: `num_outputs.expand` gives its outputs theirs
         columns["model"] = models.dictionary_decode()
         for name in SETTINGS:
             numbers, nulls, kind = resolved[name]
             columns[name] = pa.array(numbers[accepted], type=kind, mask=nulls[accepted])
-        columns["cache"] = caches.take(take)
-        for name in MEDIA_COLUMNS:  # absolute URLs: a relative path taken from the manifest's directory
-            values = strings[name].take(take)
-            if values.null_count < len(values):  # a manifest without images pays no Python loop for them
-                values = pa.array([None if value is None else media_url(value, self.media_base)
-                                   for value in values.to_pylist()], pa.string())
-            columns[name] = values
+        for name, values in inputs.items():
+            columns[name] = values.take(take)
         columns["seed"] = (pa.nulls(len(accepted), pa.int64()) if seeds is None
                            else seeds.take(take).cast(pa.int64()))
         columns["row"] = pa.array(first_row + accepted, pa.int64())
+        ordered = {name: columns[name] for name in COLUMNS}
         for name in self.extra_columns:
-            columns[name] = batch.column(name).take(take)
-        return pa.record_batch(list(columns.values()), names=list(columns))
+            ordered[name] = batch.column(name).take(take)
+        return pa.record_batch(list(ordered.values()), names=list(ordered))
 
     def _rejections(self, first_row, batch, ids, codes, names, problems) -> list[Rejection]:
         if not problems:

@@ -1,6 +1,6 @@
 """The job ids of a whole manifest, column-wise: which rows take an id an earlier row's jobs already have.
 
-With `num_outputs`, a row's job ids are `<id>-0` to `<id>-(K-1)` (`genbatch.manifests.outputs`). They share one
+With `num_outputs`, a row's job ids are `<id>-0` to `<id>-(K-1)` (`genbatch.jobs.inputs.num_outputs`). They share one
 namespace with every row's own id, first use first: a later row whose own id an earlier row derives, or which
 derives an earlier row's own id, is rejected naming the id and the earlier row. An id two rows both have as
 their own, or both derive (then their own ids are equal too), is the duplicate rule's (`columns.first_uses`).
@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from genbatch.manifests import outputs
+from genbatch.jobs.inputs import num_outputs as outputs
 from genbatch.manifests.columns import first_uses, id_problems
 
 

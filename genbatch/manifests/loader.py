@@ -18,7 +18,8 @@ import pyarrow as pa
 from genbatch.jobs.media import manifest_base
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.jobs.table import JobTable
-from genbatch.manifests import id_space, outputs
+from genbatch.jobs.inputs import num_outputs as outputs
+from genbatch.manifests import id_space
 from genbatch.manifests.columns import ColumnChecker, first_uses
 from genbatch.manifests.reader import DEFAULT_BATCH_ROWS, ManifestReader
 from genbatch.manifests.validate import Rejection

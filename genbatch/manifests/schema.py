@@ -12,24 +12,10 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from genbatch.jobs.inputs import ROW_INPUTS, Column, accepts
 from genbatch.jobs.lora import LORA_TYPE
 
 MANIFEST_VERSION = 1
-
-
-@dataclass(frozen=True, slots=True)
-class Column:
-    """One manifest column."""
-
-    name: str
-    """The column name."""
-    kind: str
-    """`string`, `int`, `float`, `count` (an integer; whole floats too, each row's value checked) or `lora`
-    (which Arrow types are accepted, see `accepts`)."""
-    required: bool
-    """True when a manifest without this column cannot be read at all."""
-    doc: str
-    """What the column means, for messages and documentation."""
 
 
 COLUMNS: dict[str, Column] = {
@@ -46,11 +32,8 @@ COLUMNS: dict[str, Column] = {
         Column("guidance_scale", "float", False, "guidance scale"),
         Column("seed", "int", False, "int64 noise seed; null derives it from id"),
         Column("fps", "int", False, "frames per second (video models only)"),
-        Column("cache", "string", False, "step caching: none, fbc:THRESHOLD or taylorseer:INTERVAL; overrides --cache"),
-        Column("image", "string", False, "the conditioning image: a path (relative to the manifest) or any fsspec URL"),
-        Column("last_image", "string", False, "first-and-last-frame video: the last frame, as `image`"),
-        Column("lora", "lora", False, "LoRA adapters: a list of {uri, scale, weight_name, expert}; null takes --lora"),
-        Column("num_outputs", "count", False, "jobs the row makes (ids <id>-0 to <id>-(K-1)); null or 1: one, its id"),
+        # each per-row input's own (`genbatch.jobs.inputs`)
+        *(column for row_input in ROW_INPUTS for column in row_input.columns),
     )
 }
 
@@ -59,10 +42,11 @@ RESERVED_EXTRA = {"row": "the results table's 0-based manifest row index",
 """Names an extra column may not take, because the results table already uses them."""
 
 _EXAMPLES = {"string": "pa.string()", "int": "pa.int64()", "float": "pa.float64()", "count": "pa.int64()",
+             "bool": "pa.bool_()",
              "lora": "pa.list_(pa.struct([('uri', pa.string()), ('scale', pa.float64()), "
                      "('weight_name', pa.string())]))"}
 _PANDAS_FIX = {"string": ".astype('string')", "int": ".astype('Int64')", "float": ".astype('float64')",
-               "count": ".astype('Int64')",
+               "count": ".astype('Int64')", "bool": ".astype('boolean')",
                "lora": " as a list of dicts per row"}
 
 
@@ -78,38 +62,6 @@ class ManifestFileError(ValueError):
         """The manifest's URL."""
         self.column = column
         """The column at fault, or None for problems of the whole file."""
-
-
-def accepts(kind: str, arrow_type: pa.DataType) -> bool:
-    """Whether a column of `kind` may have this Arrow type (all-null columns of type `null` always may)."""
-    if pa.types.is_null(arrow_type):
-        return True
-    if pa.types.is_dictionary(arrow_type):
-        return accepts(kind, arrow_type.value_type)
-    if kind == "lora":
-        return _adapter_list(arrow_type)
-    if kind == "string":
-        return (
-            pa.types.is_string(arrow_type)
-            or pa.types.is_large_string(arrow_type)
-            or pa.types.is_string_view(arrow_type)
-        )
-    if kind == "int":
-        return pa.types.is_integer(arrow_type)
-    # "count" (num_outputs) as "float": a float column (pandas' integers with nulls) is judged row by row
-    return pa.types.is_integer(arrow_type) or pa.types.is_floating(arrow_type)
-
-
-def _adapter_list(arrow_type: pa.DataType) -> bool:
-    """list<struct<uri: string, ...>>, its other fields `scale` (a number), `weight_name` and `expert` (strings)."""
-    if not (pa.types.is_list(arrow_type) or pa.types.is_large_list(arrow_type)):
-        return False
-    entry = arrow_type.value_type
-    if not pa.types.is_struct(entry) or entry.get_field_index("uri") < 0:
-        return False
-    kinds = {"uri": "string", "scale": "float", "weight_name": "string", "expert": "string"}
-    return all(entry.field(index).name in kinds and accepts(kinds[entry.field(index).name], entry.field(index).type)
-               for index in range(entry.num_fields))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -132,7 +84,7 @@ class ManifestSchema:
 def _type_error(url: str, name: str, arrow_type: pa.DataType) -> ManifestFileError:
     kind = COLUMNS[name].kind
     wanted = {"string": "a string", "int": "an integer", "float": "a float or integer", "count": "an integer",
-              "lora": f"the adapter list {LORA_TYPE}"}[kind]
+              "bool": "a boolean", "lora": f"the adapter list {LORA_TYPE}"}[kind]
     hint = ""
     if kind == "int" and pa.types.is_floating(arrow_type):
         hint = " (pandas turns integer columns with nulls into floats; Int64 keeps the nulls)"

@@ -1,29 +1,26 @@
-"""Row rules: a manifest row becomes its `JobSpec`s (one, or one per output: `outputs`), or is rejected with
-every one of its problems.
+"""The row's own rules, as messages: its id, prompt, seed, model and settings; and what a rejection says.
 
-A rejected row costs only itself: the run goes on with the others. Each problem is one `Rejection`
-naming the row, its id, the column and the reason (with the fix).
+A rejected row costs only itself: the run goes on with the others. Each problem is one `Rejection` naming the
+row, its id, the column and the reason (with the fix). `genbatch.manifests.columns.ColumnChecker` applies these
+rules, and each per-row input's (`genbatch.jobs.inputs`), to whole columns at once; the functions here say
+what is wrong with one value, and are called on the rows the column-wise masks flag.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from genbatch.jobs.cache import cache_problem, canonical_cache
-from genbatch.models.spec import ModelSpec, UnknownModelError
-from genbatch.jobs.lora import LoraRef, parse_lora
-from genbatch.jobs.media import MEDIA_COLUMNS, media_url
-from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver, build_job, resolve_model_name
-from genbatch.jobs.seeds import INT64_MAX, INT64_MIN
-from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
-from genbatch.manifests import outputs
+from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver
+from genbatch.jobs.seeds import row_seed_problem
+from genbatch.jobs.ids import MAX_ID_BYTES
+from genbatch.jobs.spec import JobOverrides
 from genbatch.models import resolve_model
+from genbatch.models.spec import ModelSpec, UnknownModelError
 
-MAX_ID_BYTES = 200
-"""Ids name files (`outputs/<id>.mp4`, done markers); file names stop at 255 bytes on most filesystems."""
+__all__ = ["MAX_ID_BYTES", "Rejection", "ModelRules"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,7 +57,8 @@ class Rejection:
 _UNSAFE_ID = re.compile(r"[/\\\x00-\x1f\x7f]")
 
 
-def _id_problem(job_id: str | None) -> str | None:
+def id_problem(job_id: str | None) -> str | None:
+    """Why a row's id cannot name its outputs (None: it can)."""
     if job_id is None or not job_id.strip():
         return "empty id; give every row a unique non-empty id"
     if _UNSAFE_ID.search(job_id) or job_id in (".", ".."):
@@ -73,63 +71,21 @@ def _id_problem(job_id: str | None) -> str | None:
 EMPTY_PROMPT = "empty prompt; give the row a prompt"
 
 
-def _seed_problem(seed: int | None) -> str | None:
-    if seed is not None and not INT64_MIN <= seed <= INT64_MAX:
-        return f"{seed} does not fit in int64; use a seed in [0, 2**63) or leave it null"
-    return None
+def seed_problem(seed: int | None) -> str | None:
+    """Why a row's own seed cannot be used (None: null, or it fits in int64)."""
+    return row_seed_problem(seed)
 
 
-def _video_only_problem(name: str, model_name: str) -> str:
+def video_only_problem(name: str, model_name: str) -> str:
     return f"{name} applies to video models only and {model_name} makes images; leave it null"
 
 
-def _duplicate_problem(first_row: int) -> str:
+def duplicate_problem(first_row: int) -> str:
     return f"duplicate id, first used on row {first_row}; ids must be unique"
 
 
-def _cache_problem(value: str | None) -> str | None:
-    """Why a row's own `cache` value cannot run (None: null, or a valid mode)."""
-    if value is None:
-        return None
-    problem = cache_problem(value)
-    return problem and f"{problem}; or leave it null for the run's --cache"
-
-
-def media_problems(spec: ModelSpec, model_name: str, values: Mapping[str, object]) -> list[tuple[str, str]]:
-    """The (column, reason) pairs of a row's media columns the model cannot take: an image for a model that
-    takes none, none where the model needs one, an empty value."""
-    problems = []
-    for column in MEDIA_COLUMNS:
-        value = values.get(column)
-        if value is None and column in spec.media_required:
-            problems.append((column, f"{model_name} starts from {'an image' if column == 'image' else 'a last frame'}"
-                                     f", and the row names none; fill `{column}` with a path (relative to the "
-                                     "manifest) or URL"))
-        elif value is not None and not str(value).strip():
-            problems.append((column, "empty; name an image (a path or URL) or leave it null"))
-        elif value is not None and column not in spec.media_inputs:
-            takes = (f"it takes {' and '.join(spec.media_inputs)} only" if spec.media_inputs
-                     else "it is a text-only model")
-            problems.append((column, f"{model_name} takes no {column} ({takes}); drop the column's value, or "
-                                     "run the row on an image-conditioned model (tiny-wan-i2v)"))
-    return problems
-
-
-def job_adapters(value: object, overrides: JobOverrides, base: str | None) -> tuple[LoraRef, ...] | str:
-    """A row's adapters (its `lora`, else the run's `--lora`), or the reason its value cannot be used."""
-    try:
-        adapters = parse_lora(value, base)
-    except ValueError as error:
-        return f"{error}; or leave it null for the run's --lora"
-    return overrides.lora if adapters is None else adapters
-
-
-def job_cache(value: str | None, overrides: JobOverrides) -> str:
-    """The canonical mode of a valid row: its own `cache`, else the run's `--cache`, else `none`."""
-    return canonical_cache(value if value is not None else overrides.cache)
-
-
-def _setting_problem(name: str, setting: Resolved | None) -> str | None:
+def setting_problem(name: str, setting: Resolved | None) -> str | None:
+    """Why a resolved setting cannot run (None: it can), naming where a value not the row's came from."""
     if setting is None:
         return "no value: the row, the run-level option and the model's defaults all leave it unset; set it"
     value, origin = setting.value, "" if setting.source == "row" else f" ({SOURCES[setting.source]})"
@@ -145,7 +101,7 @@ def _setting_problem(name: str, setting: Resolved | None) -> str | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _Model:
+class Model:
     """A usable model, with its settings' fallbacks resolved once."""
 
     name: str
@@ -153,27 +109,16 @@ class _Model:
     resolver: SettingResolver
 
 
-class RowChecker:
-    """Checks rows in manifest order; remembers ids (duplicates) and resolved models (resolved once each).
+class ModelRules:
+    """The models rows name, resolved once each, and the sizes they are checked at, once per distinct size."""
 
-    The rules row by row, as a reader would state them. Runs check whole columns at once with
-    `genbatch.manifests.columns.ColumnChecker`, which gives the same jobs and the same rejections."""
-
-    def __init__(self, *, overrides: JobOverrides, extra_columns: Sequence[str] = (),
-                 media_base: str | None = None) -> None:
+    def __init__(self, overrides: JobOverrides) -> None:
         self.overrides = overrides
-        """The run-level options."""
-        self.extra_columns = tuple(extra_columns)
-        """Columns carried into `JobSpec.extra`."""
-        self.media_base = media_base
-        """Where a relative media path points from: the manifest's directory (`jobs.media.manifest_base`)."""
-        self._first_row: dict[str, int] = {}
-        self._job_ids = outputs.JobIds()
-        self._models: dict[str, _Model | str] = {}
+        self._models: dict[str | None, Model | str] = {}
         self._geometry: dict[tuple, list[tuple[str, str]]] = {}
 
-    def _model(self, name: str | None) -> _Model | str:
-        """The model, or the reason it cannot be used (cached: a manifest names few models)."""
+    def model(self, name: str | None) -> Model | str:
+        """The model, or the reason it cannot be used."""
         if name not in self._models:
             if name is None:
                 self._models[name] = "no model: the row names none and the run has no --model; pass --model or fill it"
@@ -182,7 +127,7 @@ class RowChecker:
             else:
                 try:
                     spec = resolve_model(name)
-                    self._models[name] = _Model(name=name, spec=spec, resolver=SettingResolver(self.overrides, spec))
+                    self._models[name] = Model(name=name, spec=spec, resolver=SettingResolver(self.overrides, spec))
                 except UnknownModelError as error:
                     self._models[name] = str(error)
         return self._models[name]
@@ -203,90 +148,3 @@ class RowChecker:
                 for column, reason in problems
             ]
         return self._geometry[key]
-
-    def check(self, row: int, values: Mapping[str, object]) -> tuple[JobSpec, ...] | list[Rejection]:
-        """The row's jobs (a tuple: one, or one per output of its `num_outputs`), or one `Rejection` per
-        problem of the row (a list)."""
-        get = values.get
-        job_id, prompt, seed = get("id"), get("prompt"), get("seed")
-        problems: list[tuple[str, str]] = []
-        id_problem = _id_problem(job_id)
-        if id_problem:
-            problems.append(("id", id_problem))
-        elif job_id in self._first_row:
-            problems.append(("id", _duplicate_problem(self._first_row[job_id])))
-        else:
-            self._first_row[job_id] = row
-        if prompt is None or not prompt.strip():
-            problems.append(("prompt", EMPTY_PROMPT))
-        seed_problem = _seed_problem(seed)
-        if seed_problem:
-            problems.append(("seed", seed_problem))
-        model_name = resolve_model_name(get("model"), self.overrides)
-        model = self._model(model_name)
-        if isinstance(model, str):
-            problems.append(("model", model))
-            # Without a model only the row's own values can be checked.
-            settings = {name: Resolved(get(name), "row") for name in SETTINGS if get(name) is not None}
-        else:
-            if not model.spec.is_video:
-                problems.extend(
-                    (name, _video_only_problem(name, model_name)) for name in VIDEO_SETTINGS if get(name) is not None
-                )
-            settings = model.resolver.resolve(values)
-        bad_settings = set()
-        for name, setting in settings.items():
-            problem = _setting_problem(name, setting)
-            if problem:
-                problems.append((name, problem))
-                bad_settings.add(name)
-        if not isinstance(model, str) and not bad_settings & {"width", "height", "num_frames"}:
-            problems.extend(self.geometry_problems(model.spec, settings))
-        cache = _cache_problem(get("cache"))
-        if cache:
-            problems.append(("cache", cache))
-        if not isinstance(model, str):
-            problems.extend(media_problems(model.spec, model_name, values))
-        adapters = job_adapters(get("lora"), self.overrides, self.media_base)
-        if isinstance(adapters, str):
-            problems.append(("lora", adapters))
-        count_value = get(outputs.COLUMN)
-        count_problem = outputs.count_problem(count_value)
-        if count_problem:
-            problems.append((outputs.COLUMN, count_problem))
-        count = outputs.output_count(count_value)
-        length = None if id_problem else outputs.length_problem(job_id, count, MAX_ID_BYTES)
-        if length:
-            problems.append(("id", length))
-        last_seed = None if seed_problem else outputs.seed_problem(seed, count)
-        if last_seed:
-            problems.append(("seed", last_seed))
-        if not id_problem:
-            problems.extend(self._job_ids.add(row, job_id, count))
-        extra = {name: get(name) for name in self.extra_columns}
-        if problems:
-            ident = job_id if job_id else None
-            return [
-                Rejection(row=row, job_id=ident, column=c, reason=r, model=model_name, extra=extra) for c, r in problems
-            ]
-        job = build_job(
-            row=row,
-            job_id=job_id,
-            prompt=prompt,
-            negative_prompt=get("negative_prompt"),
-            model=model_name,
-            seed=seed,
-            settings=settings,
-            extra=extra,
-            cache=job_cache(get("cache"), self.overrides),
-            lora=adapters,
-            **{column: media_url(get(column), self.media_base) for column in MEDIA_COLUMNS if get(column) is not None},
-        )
-        return outputs.row_jobs(job, count, seed)
-
-    def check_batch(self, first_row: int,
-                    columns: Mapping[str, list]) -> Iterator[tuple[JobSpec, ...] | list[Rejection]]:
-        """`check` over a batch given as {column: values} whose first row has index `first_row`."""
-        names = list(columns)
-        for offset, row_values in enumerate(zip(*columns.values(), strict=True)):
-            yield self.check(first_row + offset, dict(zip(names, row_values, strict=True)))

@@ -1,7 +1,7 @@
 """A job's LoRA adapters: found, read, converted by diffusers, checked against the model, and switched in.
 
     adapters = Adapters(policy=..., storage_options=..., timeout_s=...)
-    switch = adapters.plan(job, spec, pipe, group)          # prepared once per adapter
+    switch = adapters.switch_for(job, spec, pipe, group)    # prepared once per adapter
     if switch.needed: switch.apply()                        # base + this set's deltas, in place
 
 Each distinct adapter (its URI, weight name and model) is prepared once, before the first job that uses it:
@@ -267,7 +267,7 @@ class Adapters:
         weights = self._weights.get(pipe)
         return weights is not None and weights.active is not None
 
-    def plan(self, job: JobSpec, spec: ModelSpec, pipe, group: Comm | None = None) -> AdapterSwitch:
+    def switch_for(self, job: JobSpec, spec: ModelSpec, pipe, group: Comm | None = None) -> AdapterSwitch:
         """The job's adapters, prepared (once each), as a switch of `pipe`'s weights; LoraError naming the
         adapter and the fix."""
         for ref in job.lora:

@@ -16,6 +16,7 @@ the whole bound is returned and not kept.
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,8 +30,8 @@ DEFAULT_GIB = 2.0
 
 def embedding_key(job: PreparedJob) -> tuple:
     """What a row's prompt encode depends on (see the module docstring)."""
-    media = tuple(sorted((column, getattr(value, "sha256", None)) for column, value in job.media.items()))
-    return (job.model, job.prompt, job.negative_prompt, job.guidance_scale, media, job.lora, job.lora_sha256)
+    inputs = json.dumps(job.fingerprint(shaping_encode=True), sort_keys=True)  # its images', its adapters'
+    return (job.model, job.prompt, job.negative_prompt, job.guidance_scale, inputs)
 
 
 def conditioning_bytes(conditioning: Conditioning) -> int:

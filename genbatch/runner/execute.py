@@ -44,7 +44,7 @@ from genbatch.runner.decode import Decoder
 from genbatch.runner.embeddings import DEFAULT_GIB, EmbeddingCache, embedding_key
 from genbatch.runner.denoise import denoise
 from genbatch.runner.loading import PipelineCache
-from genbatch.runner.prepare import PreparedBatch, prepare_batch
+from genbatch.runner.prepare import PrepareContext, PreparedBatch, prepare_batch
 from genbatch.runner.signals import StopRequest
 from genbatch.runner.timing import JobTimer
 
@@ -108,7 +108,8 @@ class JobResult:
 
 def fingerprint(job: PreparedJob, approximation: str = EXACT) -> dict:
     """The settings a checkpoint must match to be resumed (a changed row, or a run under another attention
-    approximation, `genbatch.parallel.stale.label`, restarts the job)."""
+    approximation, `genbatch.parallel.stale.label`, restarts the job): the row's own, and what each of its
+    inputs adds (`genbatch.jobs.inputs`: its cache mode, its images' and adapters' sha256)."""
     return {
         "approximation": approximation,
         "model": job.model,
@@ -118,13 +119,8 @@ def fingerprint(job: PreparedJob, approximation: str = EXACT) -> dict:
         "num_frames": job.num_frames,
         "num_inference_steps": job.num_inference_steps,
         "guidance_scale": job.guidance_scale,
-        "cache": job.cache,  # the cached state is not checkpointed, but a resumed job keeps its mode
         "prompt": hashlib.sha256(f"{job.prompt}\0{job.negative_prompt}".encode()).hexdigest(),
-        # a changed input image restarts the job (a text-only job's fingerprint has no such key)
-        **({"media": {column: media.sha256 for column, media in sorted(job.media.items())}} if job.media else {}),
-        # so does a changed adapter, or another scale
-        **({"lora": [[ref.uri, ref.weight_name, ref.scale, digest, *([ref.expert] if ref.expert else [])]
-                     for ref, digest in zip(job.lora, job.lora_sha256, strict=True)]} if job.lora else {}),
+        **job.fingerprint(),
     }
 
 
@@ -197,8 +193,8 @@ class JobExecutor:
     def prepare(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer) -> PreparedBatch:
         """The batch's rows prepared before its first collective (images read, adapters switched in), and the
         rows that fail alone, as the whole group agreed (`genbatch.runner.prepare`)."""
-        return prepare_batch(jobs, model, group=self.ctx.group, media=self.media, adapters=self.adapters,
-                             timer=timer)
+        return prepare_batch(jobs, PrepareContext(model=model, group=self.ctx.group, media=self.media,
+                                                  adapters=self.adapters, timer=timer))
 
     def _as_prepared(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer) -> list[PreparedJob]:
         """`jobs` as they run: prepared here unless they already are; RowNotPrepared naming the first row that

@@ -13,7 +13,7 @@ from genbatch.jobs.schedule import OrderKeys, hand_out_order, hand_out_positions
 from genbatch.jobs.media import manifest_base
 from genbatch.jobs.lora import LoraRef
 from genbatch.jobs.spec import JobOverrides
-from genbatch.manifests import ManifestReader, RowChecker, read_jobs
+from genbatch.manifests import ManifestReader, read_jobs
 from genbatch.manifests.columns import WHITESPACE
 from genbatch.models import resolve_model
 
@@ -102,10 +102,12 @@ def _manifest(path, types, drop=()) -> str:
 
 
 def _reference(url, overrides, batch_rows):
-    """The row-by-row rules: `RowChecker.check` on each row's Python values."""
+    """The row-by-row rules (`tests/support/row_rules.py`) on each row's Python values."""
+    from tests.support.row_rules import RowRules
+
     jobs, rejected = [], []
     with ManifestReader(url, batch_rows=batch_rows) as reader:
-        checker = RowChecker(overrides=overrides, extra_columns=reader.schema.extra_columns,
+        checker = RowRules(overrides=overrides, extra_columns=reader.schema.extra_columns,
                              media_base=manifest_base(url))
         for first, columns in reader.batches():
             for outcome in checker.check_batch(first, columns):

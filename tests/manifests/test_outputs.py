@@ -13,7 +13,7 @@ import pytest
 from genbatch.jobs.seeds import seed_from_id
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import ManifestFileError, ManifestReader, iter_checked, read_jobs
-from genbatch.manifests.outputs import MAX_OUTPUTS
+from genbatch.jobs.inputs.num_outputs import MAX_OUTPUTS
 from tests.support.runs import run_cli, write_manifest as write_rows
 
 FLUX = JobOverrides(model="tiny-flux")

@@ -3,7 +3,7 @@
 import pytest
 
 from genbatch.models import resolve_model
-from genbatch.jobs.resolve import Resolved, resolve_model_name, resolve_settings
+from genbatch.jobs.resolve import Resolved, SettingResolver, resolve_model_name
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests import read_jobs
 
@@ -13,7 +13,7 @@ FLUX = resolve_model("tiny-flux")
 
 def test_row_value_beats_run_option_beats_model_default():
     overrides = JobOverrides(width=96, num_inference_steps=3)
-    settings = resolve_settings({"width": 32, "height": None}, overrides, WAN)
+    settings = SettingResolver(overrides, WAN).resolve({"width": 32, "height": None})
     assert settings["width"] == Resolved(32, "row")
     assert settings["num_inference_steps"] == Resolved(3, "run")
     assert settings["height"] == Resolved(WAN.defaults["height"], "model")
@@ -21,7 +21,7 @@ def test_row_value_beats_run_option_beats_model_default():
 
 
 def test_image_models_have_no_video_settings_even_when_the_run_sets_them():
-    settings = resolve_settings({}, JobOverrides(num_frames=17, fps=24), FLUX)
+    settings = SettingResolver(JobOverrides(num_frames=17, fps=24), FLUX).resolve({})
     assert "num_frames" not in settings and "fps" not in settings
     assert settings["guidance_scale"] == Resolved(FLUX.defaults["guidance_scale"], "model")
 

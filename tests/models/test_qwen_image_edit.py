@@ -119,7 +119,7 @@ def test_gen_run_records_the_image_and_its_sha256(tmp_path):
             {"id": "no-image", "prompt": "the boat at night", "model": PRESET, "num_inference_steps": 2}]
     out = tmp_path / "out"
     result = run_cli("run", write_manifest(str(tmp_path / "m.parquet"), rows), "--out", str(out), "-q")
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == 1, result.stderr[-3000:]  # the rejected row is work not done
     results = {row["id"]: row for row in pq.read_table(out / "results").to_pylist()}
     assert results["edit"]["status"] == "done" and results["edit"]["image"] == image
     assert results["edit"]["image_sha256"] == hashlib.sha256(open(image, "rb").read()).hexdigest()

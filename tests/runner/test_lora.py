@@ -138,7 +138,7 @@ def test_a_changed_adapter_or_scale_restarts_a_checkpointed_job():
     from genbatch.runner.execute import fingerprint
 
     styled = PreparedJob.of(replace(job("tiny-flux"), lora=(LoraRef("/a/style.safetensors"),)), lora_sha256=("1" * 64,))
-    assert fingerprint(styled) != fingerprint(replace(styled, lora_sha256=("2" * 64,)))
+    assert fingerprint(styled) != fingerprint(PreparedJob.of(styled, lora_sha256=("2" * 64,)))
     assert fingerprint(styled) != fingerprint(replace(styled, lora=(LoraRef("/a/style.safetensors", 0.5),)))
     assert "lora" not in fingerprint(PreparedJob.of(job("tiny-flux")))  # a job without adapters keeps its old fingerprint
 

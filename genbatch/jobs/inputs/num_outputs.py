@@ -8,14 +8,13 @@ own id and seed: such a manifest runs exactly as before. Every job keeps its row
 The ids K derives share one namespace with the rows' own ids: a row whose own id an earlier row derives, or
 which derives an earlier row's own id, is rejected, as a duplicate id is, naming the id and the earlier row.
 (Two rows derive the same id only when they have the same id: `<a>-k` ends in the one integer k, so that is
-the duplicate rule's to say.) This module holds the rules (the messages), the row-by-row namespace
-(`JobIds`, for `validate.RowChecker`) and the expansion of a checked row or record batch into its jobs; the
-whole manifest's namespace, column-wise, is `genbatch.manifests.id_space`.
+the duplicate rule's to say.) This module holds the rules (the messages), the input's declaration
+(`NUM_OUTPUTS`: its vectorised check) and the expansion of a checked record batch into its jobs; the whole
+manifest's namespace, column-wise, is `genbatch.manifests.id_space`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Mapping
 
@@ -23,8 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from genbatch.jobs.seeds import INT64_MAX, output_seed
-from genbatch.jobs.spec import JobSpec
+from genbatch.jobs.inputs.base import Checked, Column, InputBatch, RowInput
+from genbatch.jobs.seeds import INT64_MAX, row_seed_problem
+from genbatch.jobs.ids import MAX_ID_BYTES
 
 COLUMN = "num_outputs"
 MAX_OUTPUTS = 1000
@@ -110,39 +110,6 @@ def outputs_collision(count: int, job_id: str, row: int, more: int) -> str:
             "unique, rename one of the rows or lower num_outputs")
 
 
-class JobIds:
-    """The job ids of the rows seen so far, in manifest order, first use kept: row by row, what
-    `id_space.collisions` finds over a whole manifest."""
-
-    def __init__(self) -> None:
-        self._first: dict[str, tuple[int, bool]] = {}  # job id -> (the first row with it, derived by num_outputs)
-
-    def add(self, row: int, job_id: str, count: int) -> list[tuple[str, str]]:
-        """Record a row whose own id is usable; the (column, reason) problems of its ids an earlier row has.
-        An id both rows have as their own, or both derive, is the duplicate rule's, not this one's."""
-        problems = []
-        held = self._first.get(job_id)
-        if held is not None and held[1]:
-            problems.append(("id", id_collision(job_id, held[0])))
-        derived = [] if count == 1 else job_ids(job_id, count)
-        taken = [(name, self._first[name][0]) for name in derived if name in self._first and not self._first[name][1]]
-        if taken:
-            name, first_row = taken[0]
-            problems.append((COLUMN, outputs_collision(count, name, first_row, len(taken) - 1)))
-        self._first.setdefault(job_id, (row, False))
-        for name in derived:
-            self._first.setdefault(name, (row, True))
-        return problems
-
-
-def row_jobs(job: JobSpec, count: int, seed: int | None) -> tuple[JobSpec, ...]:
-    """The jobs of a checked row (`job`: the row as one job; `seed`: the row's own, None when null)."""
-    if count == 1:
-        return (job,)
-    return tuple(dataclasses.replace(job, id=name, source_id=job.id, seed=output_seed(seed, name, k))
-                 for k, name in enumerate(job_ids(job.id, count)))
-
-
 def expand(batch: pa.RecordBatch, counts: np.ndarray) -> pa.RecordBatch:
     """A record batch of checked rows' resolved columns (`genbatch.jobs.table.COLUMNS`) as their jobs: each
     row `counts[i]` times, the copies' ids `<id>-k` and seeds the row's plus k (null stays null: the job's
@@ -183,3 +150,51 @@ def output_counts(values: pa.Array | pa.ChunkedArray | None, size: int) -> tuple
     counts = pc.if_else(unusable, pa.scalar(1, pa.int64()), numbers.cast(pa.int64(), safe=False))
     return (counts.to_numpy(zero_copy_only=False).astype(np.int64),
             suspects.to_numpy(zero_copy_only=False).astype(bool))
+
+
+ORDER = {"count": 60, "length": 61, "seed": 62, "id": 63, COLUMN: 64}
+"""Where each of its problems stands among a row's."""
+
+
+def _check(batch: InputBatch) -> Checked:
+    """The `num_outputs` column (its values, the ids and seeds they derive, the collisions found over the whole
+    manifest): the jobs each row makes, and the problems."""
+    values, ids, seeds = batch.raw.get(COLUMN), batch.strings["id"], batch.raw.get("seed")
+    counts, suspects = output_counts(values, batch.size)
+    checked = Checked(counts=counts)
+    problems = checked.problems
+    if suspects.any():
+        offsets = np.flatnonzero(suspects)
+        for offset, value in zip(offsets.tolist(), values.take(pa.array(offsets)).to_pylist(), strict=True):
+            problems.append((offset, ORDER["count"], COLUMN, count_problem(value)))
+    many = np.flatnonzero((counts > 1) & ~batch.bad_ids)
+    if len(many):
+        digits = np.char.str_len(counts[many].astype(str))  # the '-k' of the last output: 1 + digits of K-1
+        lengths = pc.binary_length(ids.take(pa.array(many))).to_numpy(zero_copy_only=False)
+        for offset in many[lengths + 1 + digits > MAX_ID_BYTES].tolist():
+            problem = length_problem(ids[offset].as_py(), int(counts[offset]), MAX_ID_BYTES)
+            if problem:
+                problems.append((offset, ORDER["length"], "id", problem))
+    many = np.flatnonzero(counts > 1)
+    if len(many) and seeds is not None and seeds.type in (pa.int64(), pa.uint64()):  # narrower ones fit
+        mine = seeds.take(pa.array(many))
+        near = pc.fill_null(pc.greater(mine, pa.scalar(INT64_MAX - MAX_OUTPUTS, mine.type)), False)
+        for index in np.flatnonzero(near.to_numpy(zero_copy_only=False)).tolist():
+            seed, offset = mine[index].as_py(), int(many[index])
+            problem = None if row_seed_problem(seed) else seed_problem(seed, int(counts[offset]))
+            if problem:
+                problems.append((offset, ORDER["seed"], "seed", problem))
+    for row in range(batch.first_row, batch.first_row + batch.size) if batch.collisions else ():
+        for column, reason in batch.collisions.get(row, ()):
+            problems.append((row - batch.first_row, ORDER[column], column, reason))
+    return checked
+
+
+NUM_OUTPUTS = RowInput(
+    name=COLUMN,
+    columns=(Column(COLUMN, "count", False,
+                    "jobs the row makes (ids <id>-0 to <id>-(K-1)); null or 1: one, its id"),),
+    resolved=(),  # it makes jobs (`expand`): `id`, `source_id` and `seed` say which output each is
+    check=_check,
+)
+
