@@ -112,13 +112,13 @@ def _saved(name: str, cache_dir: str) -> str:
 
 def _executor(model: str, out: str):
     from genbatch.io import BackgroundWriter, RunStore
-    from genbatch.parallel.dims import LayoutRequest
-    from genbatch.runner.run import RunOptions
+    from genbatch.runner.options import RunOptions
+    from genbatch.runner.startup import build_executor
     from genbatch.runner.world import start_world
 
-    options = RunOptions(manifest="unused", out=out, model=model, layout=LayoutRequest.of(), quiet=True)
+    options = RunOptions.from_flags("unused", out, {"model": model, "quiet": True})
     world = start_world(options)
-    return world, world.executor(options, RunStore(out), BackgroundWriter(max_pending=1), run_id="bench")
+    return world, build_executor(options, world, RunStore(out), BackgroundWriter(max_pending=1), run_id="bench")
 
 
 def _jobs(model: str, case: dict, count: int, steps: int, one_prompt: bool = False):
@@ -134,13 +134,14 @@ def _jobs(model: str, case: dict, count: int, steps: int, one_prompt: bool = Fal
 def _pass(world, executor, jobs, size: int) -> dict:
     """Every job once in batches of `size`: wall seconds, and the denoise steps' seconds."""
     from genbatch.io import encode_png
+    from genbatch.jobs.prepared import PreparedJob  # rows without images or adapters: nothing to prepare
     from genbatch.models.hooks import to_uint8
     from genbatch.runner.timing import JobTimer
 
     start, denoise = time.perf_counter(), 0.0
     for first in range(0, len(jobs), size):
         timer = JobTimer(world.ctx.device)
-        for frames in executor.generate_batch(jobs[first : first + size], timer):
+        for frames in executor.generate_batch([PreparedJob.of(job) for job in jobs[first : first + size]], timer):
             encode_png(to_uint8(frames))
         denoise += sum(row["seconds"] for row in timer.rows() if row["stage"] == "denoise_step")
     return {"wall": time.perf_counter() - start, "denoise": denoise}
@@ -148,13 +149,14 @@ def _pass(world, executor, jobs, size: int) -> dict:
 
 def _encode_seconds(world, executor, jobs) -> float:
     """Text-encode seconds per job for `jobs` (batches of one, one step each), the embedding cache emptied first."""
+    from genbatch.jobs.prepared import PreparedJob
     from genbatch.runner.timing import JobTimer
 
     executor.embeddings.clear()
     total = 0.0
     for job in jobs:
         timer = JobTimer(world.ctx.device)
-        executor.generate_batch([replace(job, num_inference_steps=1)], timer)
+        executor.generate_batch([PreparedJob.of(replace(job, num_inference_steps=1))], timer)
         total += sum(row["seconds"] for row in timer.rows() if row["stage"] == "text_encode")
     return total / len(jobs)
 

@@ -72,9 +72,10 @@ def plain_loop(model_dir: str, jobs: list[dict], out_dir: str) -> float:
 
 def genbatch_run(model_dir: str, manifest: str, out_dir: str) -> float:
     """Seconds per job of `gen run`, from its own timings (first stage start to last write end)."""
-    from genbatch.runner.run import RunOptions, run
+    from genbatch.runner.options import RunOptions
+    from genbatch.runner.run import run
 
-    status = run(RunOptions(manifest=manifest, out=out_dir, model=model_dir, quiet=True))
+    status = run(RunOptions.from_flags(manifest, out_dir, {"model": model_dir, "quiet": True}))
     if status != 0:
         raise SystemExit(f"gen run failed with status {status}")
     timings = pq.read_table(os.path.join(out_dir, "timings")).to_pylist()

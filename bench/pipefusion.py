@@ -76,6 +76,7 @@ def _timed_rank(rank, world_size, out, layout, patches, steps, delay, warmup):
 
     from genbatch.parallel.stale import PIPEFUSION, StaleConfig
     from genbatch.runner.timing import JobTimer
+    from tests.support import executor as drive
     from tests.support.runs import job, job_executor
 
     with job_executor(out, **layout) as (world, executor):
@@ -89,12 +90,12 @@ def _timed_rank(rank, world_size, out, layout, patches, steps, delay, warmup):
 
         hooks = [block.register_forward_pre_hook(sleep, with_kwargs=True) for block in pipe.transformer.blocks]
         if layout.get("pp", 1) > 1:
-            executor.stale = StaleConfig(method=PIPEFUSION, patches=patches, warmup_steps=warmup)
-        executor.denoise(work, JobTimer(world.ctx.device))  # warm: the first job pays the allocations
+            drive.use_stale(executor, StaleConfig(method=PIPEFUSION, patches=patches, warmup_steps=warmup))
+        drive.denoise(executor, work, JobTimer(world.ctx.device))  # warm: the first job pays the allocations
         if world.ctx.distributed:
             torch.distributed.barrier()
         started = time.perf_counter()
-        executor.denoise(work, JobTimer(world.ctx.device))
+        drive.denoise(executor, work, JobTimer(world.ctx.device))
         seconds = time.perf_counter() - started
         for hook in hooks:
             hook.remove()

@@ -92,12 +92,14 @@ def pipeline_classes(model_dir: str) -> tuple[str, str]:
 def _genbatch_side(model_dir: str, manifest: str, out: str, device, dtype, compile_backend: str | None,
                    attention: str) -> dict:
     from genbatch.io import RunStore
-    from genbatch.runner.run import RunOptions, run
+    from genbatch.runner.options import RunOptions
+    from genbatch.runner.run import run
 
     out = os.path.join(out, "run")
-    status = run(RunOptions(manifest=manifest, out=out, model=model_dir, quiet=True,
-                            dtype="bf16" if dtype == torch.bfloat16 else "fp32", compile=compile_backend is not None,
-                            compile_backend=compile_backend or "inductor", attention=attention))
+    status = run(RunOptions.from_flags(manifest, out, {
+        "model": model_dir, "quiet": True, "dtype": "bf16" if dtype == torch.bfloat16 else "fp32",
+        "compile": compile_backend is not None, "compile_backend": compile_backend or "inductor",
+        "attention": attention}))
     if status != 0:
         raise RuntimeError(f"gen run exited {status}; see {out}/results/")
     rows = RunStore(out).read_timings().to_pylist()

@@ -20,6 +20,7 @@ import json
 import re
 import weakref
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,6 +31,11 @@ from genbatch.models.spec import ModelSpec
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.lora import LoraLayer, LoraWeights
 from genbatch.parallel.pipeline.stages import stage_name
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+
+    from genbatch.io.media_policy import MediaPolicy
 
 _PREFERRED = "pytorch_lora_weights.safetensors"
 """The file diffusers' `save_lora_weights` writes, taken first in a directory that holds several."""
@@ -217,7 +223,7 @@ class PreparedAdapter:
 class Adapters:
     """The adapters of a run on one rank: prepared once each, switched per job."""
 
-    policy: object = None
+    policy: MediaPolicy | None = None
     """The run's `genbatch.io.media_policy.MediaPolicy` (None: any URL)."""
     storage_options: dict = field(default_factory=dict)
     timeout_s: float = 120.0
@@ -291,7 +297,7 @@ class Adapters:
 class AdapterSwitch:
     """One job's adapter set for one pipeline, ready to switch in."""
 
-    pipe: object
+    pipe: DiffusionPipeline
     weights: LoraWeights
     key: tuple | None
     """What names the set (None: no adapter)."""

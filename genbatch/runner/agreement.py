@@ -24,6 +24,13 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from genbatch.parallel.comm import Comm
+    from genbatch.runner.signals import StopRequest
 
 STOP_AGREEMENT_S = 2.0
 """The aimed-at seconds between two agreements of a job group inside the denoise loop."""
@@ -35,11 +42,11 @@ AGREEMENTS_PER_JOB = 10
 class StopAgreement:
     """Decides, at each step boundary, whether the group stops there; syncs only every `interval` steps."""
 
-    stop: object
-    """The run's `StopRequest` (its `requested` flag is this rank's vote)."""
-    group: object
-    """The job group's `Comm`."""
-    device: object
+    stop: StopRequest
+    """The run's stop request (its `requested` flag is this rank's vote)."""
+    group: Comm
+    """The job group."""
+    device: torch.device
     """The device of the agreement's tensor (the group's backend needs it there)."""
     start_step: int = 0
     """steps_done when the loop starts (a resumed job starts past 0)."""

@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from genbatch.jobs.table import JobTable
+    from genbatch.runner.options import RunOptions
+    from genbatch.runner.world import World
 
 MOST_AUTO = 16
 """The largest batch `auto` takes."""
@@ -39,14 +45,15 @@ def largest_jobs(jobs) -> dict[str, tuple[int, int, int | None]]:
     return largest
 
 
-def auto_batch_size(options, world, jobs) -> int:
+def auto_batch_size(options: RunOptions, world: World, jobs: JobTable) -> int:
     """`--batch-size auto`'s batch size for the run's `jobs` (see the module docstring)."""
     if not len(jobs):
         return 1
     from genbatch.planner.batching import largest_batch_for
 
-    limit = options.vae_memory_gib or device_memory_gib(world.ctx.device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
-    sizes = {name: largest_batch_for(name, width, height, frames, world.ctx.dims, limit, decode=options.vae_decode,
+    layout = options.layout
+    limit = layout.vae_memory_gib or device_memory_gib(world.ctx.device, int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
+    sizes = {name: largest_batch_for(name, width, height, frames, world.ctx.dims, limit, decode=layout.vae_decode,
                                      most=MOST_AUTO)
              for name, (width, height, frames) in largest_jobs(jobs).items()}
     chosen = min(sizes.values())

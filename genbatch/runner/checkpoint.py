@@ -15,6 +15,21 @@ import torch
 FORMAT = 1
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointPolicy:
+    """When a running job saves its denoising state: every `every_steps` steps, but not more often than
+    every `every_seconds` seconds (a cap on checkpoint I/O when steps are fast). A stop signal always
+    checkpoints, whatever the policy."""
+
+    every_steps: int = 10
+    """Steps between checkpoints (0: no periodic checkpoints)."""
+    every_seconds: float = 0.0
+    """The least time between two checkpoints of a job, counted from its start (0: no cap)."""
+
+    def due(self, steps_since: int, seconds_since: float) -> bool:
+        return self.every_steps > 0 and steps_since >= self.every_steps and seconds_since >= self.every_seconds
+
+
 @dataclass(kw_only=True, slots=True)
 class DenoiseCheckpoint:
     job_id: str

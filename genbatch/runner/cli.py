@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import traceback
 
@@ -11,7 +12,6 @@ from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import (
     job_override_options,
     media_options,
-    overrides_from_options,
     storage_options_from,
 )
 from genbatch.parallel.flags import kernel_options, layout_options
@@ -88,8 +88,7 @@ def _layout_options(command):
 @click.option("--report", is_flag=True,
               help="When the run ends, write `gen report`'s HTML gallery of it to OUT/report/index.html.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar or summary.")
-def run_command(manifest: str, out: str, nproc: int | None, storage_option: tuple[str, ...], share: str | None,
-                hand_out: str, checkpoint_every: int, checkpoint_seconds: float, **options) -> None:
+def run_command(manifest: str, out: str, nproc: int | None, **options) -> None:
     """Generate every valid row of MANIFEST into OUT; rerunning the same command resumes.
 
     \b
@@ -104,12 +103,10 @@ def run_command(manifest: str, out: str, nproc: int | None, storage_option: tupl
     from genbatch.runner.streams import dropped_when_dead
 
     with dropped_when_dead():  # a launcher, terminal or log runner that is gone takes no message's exception along
-        _run_or_launch(manifest, out, nproc, storage_option, share, hand_out, checkpoint_every, checkpoint_seconds,
-                       options)
+        _run_or_launch(manifest, out, nproc, options)
 
 
-def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: tuple[str, ...], share: str | None,
-                   hand_out: str, checkpoint_every: int, checkpoint_seconds: float, options: dict) -> None:
+def _run_or_launch(manifest: str, out: str, nproc: int | None, flags: dict) -> None:
     """`gen run`'s body: start `nproc` workers here, or run this process's rank; ends the process."""
     if nproc is not None and nproc > 1:
         from genbatch.runner.launch import launch_local
@@ -122,60 +119,15 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
     stop = StopRequest().install().watch(parent_pid=launcher_pid())
     with stop.waiting("start-up"):
         from genbatch.io import StorageError
-        from genbatch.jobs.schedule import parse_share
         from genbatch.parallel.teardown import exit_process
-        from genbatch.runner.execute import CheckpointPolicy
-        from genbatch.runner.run import RunOptions, run
-        from genbatch.runner.world import UsageError
+        from genbatch.runner.options import RunOptions, UsageError
+        from genbatch.runner.run import run
 
     try:
-        try:
-            share_value = parse_share(share) if share else None
-            if share_value is None:
-                from genbatch.cluster.slurm_env import array_share
-
-                share_value = array_share()
-            if options["profile"] is not None:
-                if options["layout"] != "auto":
-                    raise ValueError("--profile prices the layouts --layout auto chooses from: add --layout auto")
-                from genbatch.planner.profile import load_profile
-
-                load_profile(options["profile"])  # a missing or broken profile fails now, not on the ranks
-            from genbatch.parallel.tensor.encoders import check_mode
-
-            check_mode(options["text_encoder_parallel"], fsdp=options["fsdp"])
-            from genbatch.parallel.dims import LayoutRequest
-
-            layout = "auto" if options["layout"] == "auto" else LayoutRequest.from_flags(options)
-            from genbatch.io.media_policy import parse_networks
-
-            media_refuse = parse_networks(options["media_refuse"])
-        except ValueError as error:
-            raise UsageError(str(error)) from None
-        run_options = RunOptions(
-            manifest=manifest,
-            out=out,
-            model=options["model"],
-            overrides=overrides_from_options(options),
-            storage_options=storage_options_from(storage_option),
-            layout=layout, warmup_steps=options["warmup_steps"], patches=options["patches"],
-            profile=options["profile"], dtype=options["dtype"], backend=options["backend"],
-            collective_timeout=options["collective_timeout"], download=options["download"], share=share_value,
-            dynamic_hand_out=hand_out == "dynamic",
-            checkpoints=CheckpointPolicy(every_steps=checkpoint_every, every_seconds=checkpoint_seconds),
-            vae_decode=options["vae_decode"], vae_memory_gib=options["vae_memory"], compile=options["compile"],
-            compile_backend=options["compile_backend"], attention=options["attention"],
-            text_encoder_parallel=options["text_encoder_parallel"],
-            compile_cache=options["compile_cache"], quiet=options["quiet"], report=options["report"],
-            max_attempts=options["max_attempts"],
-            storage_timeout=options["storage_timeout"],
-            media_allow=tuple(options["media_allow"]), media_max_mib=options["media_max_mib"],
-            media_refuse=tuple(str(network) for network in media_refuse),
-            batch_size=options["batch_size"], embedding_cache_gib=options["embedding_cache_gib"],
-        )
-        status = run(run_options, stop)
-    except UsageError as error:  # nothing could start: bad options
-        click.echo(f"genbatch: {error}", err=True)
+        status = run(RunOptions.from_flags(manifest, out, flags), stop)
+    except UsageError as error:  # nothing could start: bad options (every rank knows; the first says it)
+        if int(os.environ.get("RANK", "0")) == 0:
+            click.echo(f"genbatch: {error}", err=True)
         status = exit_codes.USAGE
     except StorageError as error:  # the store failed: for good (2), or past --storage-timeout (75, state kept)
         click.echo(f"genbatch: {error}", err=True)
@@ -187,7 +139,8 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, storage_option: t
         traceback.print_exc()
         status = exit_codes.JOBS_FAILED
     except KeyboardInterrupt:  # SIGINT inside a job (outside one the watcher already ended the process)
-        click.echo("genbatch: interrupted (SIGINT)", err=True)
+        click.echo("genbatch: interrupted (SIGINT); rerun the same command to continue from the last checkpoint",
+                   err=True)
         status = exit_codes.INTERRUPTED
     stop.unwatch()  # from here a signal only sets the flag: it cannot replace the status chosen
     # The handlers stay until the process exits: a late SIGTERM (torchrun tearing down the other workers, a

@@ -20,8 +20,14 @@ import threading
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from genbatch.models.hub import HubId, HubModelMissing, cached_snapshot, download_allowed, fetch_snapshot, parse_hub_id
+
+if TYPE_CHECKING:
+    from genbatch.parallel.context import ParallelContext
+    from genbatch.runner.options import RunOptions
+    from genbatch.runner.signals import StopRequest
 
 
 class DownloadStopped(Exception):
@@ -178,21 +184,22 @@ class ModelFetch:
         return dict(self.failures)
 
 
-def prepare_models(options, ctx, run_id: str, stop=None) -> None:
+def prepare_models(options: RunOptions, ctx: ParallelContext, run_id: str, stop: StopRequest | None = None) -> None:
     """Get the run's hub models into every node's cache (see the module docstring); raises `DownloadStopped`."""
     from genbatch.jobs.lora import adapter_hub_id
 
     from genbatch.runner.handout import coordination_store
 
-    fetcher = ModelFetch(allowed=download_allowed(getattr(options, "download", None)),
+    model, storage = options.model, dict(options.storage.options)
+    fetcher = ModelFetch(allowed=download_allowed(model.download),
                          stopped=(lambda: stop.requested) if stop is not None else (lambda: False),
                          quiet=options.quiet)
     fetcher.run(
-        names=lambda: [options.model, options.overrides.model,
-                       *manifest_model_names(options.manifest, options.storage_options),
-                       *(adapter_hub_id(adapter.uri, adapter.weight_name) for adapter in options.overrides.lora
+        names=lambda: [model.model, model.overrides.model,
+                       *manifest_model_names(options.manifest, storage),
+                       *(adapter_hub_id(adapter.uri, adapter.weight_name) for adapter in model.overrides.lora
                          if adapter.is_hub_id),
-                       *manifest_adapter_ids(options.manifest, options.storage_options)],
+                       *manifest_adapter_ids(options.manifest, storage)],
         store=coordination_store(ctx) if ctx.distributed else None,
         key=f"genbatch/{run_id}/hub",
         rank=ctx.rank,

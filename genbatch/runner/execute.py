@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import hashlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -36,10 +37,9 @@ from genbatch.parallel.features import start_hooks
 from genbatch.parallel.job_hooks import JobStart, RunFeatures
 from genbatch.parallel.stale import EXACT, StaleConfig, label
 from genbatch.parallel.vae import parallel_encoding
-from genbatch.parallel.patch.session import STALE_BYTES
 from genbatch.runner.adapters import Adapters
 from genbatch.runner.agreement import StopAgreement
-from genbatch.runner.checkpoint import DenoiseCheckpoint
+from genbatch.runner.checkpoint import CheckpointPolicy, DenoiseCheckpoint
 from genbatch.runner.decode import Decoder
 from genbatch.runner.embeddings import DEFAULT_GIB, EmbeddingCache, embedding_key
 from genbatch.runner.denoise import denoise
@@ -47,6 +47,11 @@ from genbatch.runner.loading import PipelineCache
 from genbatch.runner.prepare import PrepareContext, PreparedBatch, prepare_batch
 from genbatch.runner.signals import StopRequest
 from genbatch.runner.timing import JobTimer
+
+if TYPE_CHECKING:
+    from diffusers import DiffusionPipeline
+
+    from genbatch.io import BackgroundWriter, RunStore
 
 
 class JobInterrupted(Exception):
@@ -58,21 +63,6 @@ class NonFiniteLatents(RuntimeError):
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class CheckpointPolicy:
-    """When a running job saves its denoising state: every `every_steps` steps, but not more often than
-    every `every_seconds` seconds (a cap on checkpoint I/O when steps are fast). A stop signal always
-    checkpoints, whatever the policy."""
-
-    every_steps: int = 10
-    """Steps between checkpoints (0: no periodic checkpoints)."""
-    every_seconds: float = 0.0
-    """The least time between two checkpoints of a job, counted from its start (0: no cap)."""
-
-    def due(self, steps_since: int, seconds_since: float) -> bool:
-        return self.every_steps > 0 and steps_since >= self.every_steps and seconds_since >= self.every_seconds
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
 class JobModel:
     """A job's model, resolved once when the job starts and carried with it through every stage."""
 
@@ -80,7 +70,7 @@ class JobModel:
     """The model's spec."""
     family: Family
     """Its family's denoise hooks."""
-    pipe: object
+    pipe: DiffusionPipeline
     """Its pipeline, loaded and parallelised for this rank's group."""
 
 
@@ -92,18 +82,6 @@ class BatchResult:
     """This rank's timing rows for the batch."""
     failures: list[RowFailure] = field(default_factory=list)
     """The rows that failed alone before the batch ran (their inputs could not be prepared), as its group agreed."""
-
-
-class RowNotPrepared(ValueError):
-    """A job given to `generate` / `denoise` whose inputs could not be prepared (the message says why)."""
-
-
-@dataclass(kw_only=True, slots=True)
-class JobResult:
-    record: dict
-    """The job's result record (status done), also stored in its done marker."""
-    timings: list[dict]
-    """This rank's timing rows for the job."""
 
 
 def fingerprint(job: PreparedJob, approximation: str = EXACT) -> dict:
@@ -136,26 +114,18 @@ def batch_fingerprint(jobs: list[PreparedJob], approximation: str = EXACT) -> di
 class JobExecutor:
     ctx: ParallelContext
     pipelines: PipelineCache
-    store: object
-    """The run's `genbatch.io.RunStore`."""
-    writer: object
-    """The run's `genbatch.io.BackgroundWriter` (uploads overlap the next job's denoising)."""
+    store: RunStore
+    writer: BackgroundWriter
+    """Uploads finished jobs (their media overlap the next job's denoising)."""
     exchange: BranchExchange
     decoder: Decoder
     stop: StopRequest
     checkpoints: CheckpointPolicy = field(default_factory=CheckpointPolicy)
     run_id: str = ""
-    cache_group: Comm | None = None
-    """The ranks that agree on each step-cache decision (None: `decision_comm(ctx)`, built here, on every rank
-    at start-up, since it may create a process group)."""
-    last_summary: dict = field(default_factory=dict)
-    """What the hooks of the last job this rank denoised measured (`JobHooks.summary`: the step cache's
-    `cache_indicators`, the stale K/V's `stale_peak_bytes`)."""
-    stale: StaleConfig | None = None
-    """The run's stale-K/V attention (`--distrifusion`; None: exact)."""
-    resync_steps: frozenset[int] = frozenset()
-    """Steps that run synchronously under `stale` besides each job's warm-up (the uninterrupted reference of a
-    resumed job, whose resume re-warmed at these steps)."""
+    features: RunFeatures | None = None
+    """The run's settings of the per-job features (`--distrifusion`/`--pipefusion`'s stale K/V; None: exact
+    attention); the ranks that agree on each step-cache decision are set here, on every rank at start-up, since
+    finding them may create a process group."""
     media: MediaReader = field(default_factory=MediaReader)
     """Reads a job's input media (`image`, `last_image`) once, on the rank that runs it."""
     adapters: Adapters = field(default_factory=Adapters)
@@ -164,18 +134,15 @@ class JobExecutor:
     """This rank's prompt encodes, kept while they fit (`--embedding-cache-gib`)."""
 
     def __post_init__(self) -> None:
-        if self.cache_group is None:
-            self.cache_group = decision_comm(self.ctx)
+        features = self.features or RunFeatures()
+        if features.cache_group is None:
+            features = replace(features, cache_group=decision_comm(self.ctx))
+        self.features = features
 
     @property
-    def last_stale_bytes(self) -> int:
-        """The most stale K/V bytes this rank's buffers held at once in the last job it denoised."""
-        return self.last_summary.get(STALE_BYTES, 0)
-
-    @property
-    def features(self) -> RunFeatures:
-        """The run's settings of the per-job features."""
-        return RunFeatures(stale=self.stale, resync_steps=self.resync_steps, cache_group=self.cache_group)
+    def stale(self) -> StaleConfig | None:
+        """The run's stale-K/V attention (None: exact)."""
+        return self.features.stale
 
     def _shared_checkpoint(self, jobs: list[JobSpec]) -> DenoiseCheckpoint | None:
         """The leader reads the batch's checkpoint (kept under its first job's id); the group receives the same
@@ -195,16 +162,6 @@ class JobExecutor:
         rows that fail alone, as the whole group agreed (`genbatch.runner.prepare`)."""
         return prepare_batch(jobs, PrepareContext(model=model, group=self.ctx.group, media=self.media,
                                                   adapters=self.adapters, timer=timer))
-
-    def _as_prepared(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer) -> list[PreparedJob]:
-        """`jobs` as they run: prepared here unless they already are; RowNotPrepared naming the first row that
-        could not be (for callers that run given jobs, not the run's batches, whose failures `run_batch` keeps)."""
-        if all(isinstance(job, PreparedJob) for job in jobs):
-            return list(jobs)
-        batch = self.prepare(jobs, model, timer)
-        if batch.failures:
-            raise RowNotPrepared(batch.failures[0].message())
-        return batch.jobs
 
     def model_for(self, job: JobSpec) -> JobModel:
         """Resolve the job's model: its spec, its family's hooks and its pipeline (loaded on first use)."""
@@ -226,25 +183,13 @@ class JobExecutor:
         )
         self.writer.submit(self.store.save_checkpoint, jobs[0].id, checkpoint.to_bytes())
 
-    def generate(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> np.ndarray | None:
-        """Encode, denoise (resuming from a checkpoint), decode: [0, 1] frames on the leader, None elsewhere.
-        `model`: the job's resolved model (None: resolved here).
-
-        Raises JobInterrupted when the run is asked to stop (after checkpointing the job)."""
-        return self.generate_batch([job], timer, model)[0]
-
-    def generate_batch(self, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None
+    def generate_batch(self, jobs: list[PreparedJob], timer: JobTimer, model: JobModel | None = None
                        ) -> list[np.ndarray | None]:
-        """`generate` for a batch of jobs that agree on their batch key (`genbatch.jobs.batches`), run in one
-        forward per step: each row's frames (None on the ranks that are not the leader)."""
+        """Encode, denoise (resuming from a checkpoint), decode a batch of prepared jobs that agree on their batch
+        key (`genbatch.jobs.batches`), run in one forward per step: each row's [0, 1] frames on the leader (None
+        on the other ranks). Raises JobInterrupted when the run is asked to stop (after checkpointing)."""
         model = model or self.model_for(jobs[0])
-        jobs = self._as_prepared(jobs, model, timer)
         return self.decode_batch(jobs, self.denoise_batch(jobs, timer, model), timer, model)
-
-    def denoise(self, job: JobSpec, timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
-        """Encode the prompt and denoise (from the job's checkpoint when there is one): the final latents,
-        identical on every rank of the group. `model`: the job's resolved model (None: resolved here)."""
-        return self.denoise_batch([job], timer, model)
 
     def _conditioning(self, jobs: list[JobSpec], model: JobModel, timer: JobTimer):
         """The batch's conditioning: each row's prompt encode (once per distinct prompt while the embedding
@@ -258,10 +203,10 @@ class JobExecutor:
             rows.append(conditioning)
         return model.family.batch_conditioning(rows)
 
-    def denoise_batch(self, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
-        """`denoise` for a batch: the final latents of its rows, joined along dim 0 in the batch's order."""
+    def denoise_batch(self, jobs: list[PreparedJob], timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
+        """Encode the batch's prompts and denoise (from its checkpoint when there is one): the final latents of
+        its rows, joined along dim 0 in the batch's order, identical on every rank of the group."""
         model = model or self.model_for(jobs[0])
-        jobs = self._as_prepared(jobs, model, timer)
         family, pipe = model.family, model.pipe
         device = self.ctx.device
         # each row's noise from its own seed, as diffusers draws a list of generators'
@@ -304,14 +249,11 @@ class JobExecutor:
             start = JobStart(job=jobs[0], spec=model.spec, family=family, pipe=pipe, trajectory=trajectory,
                              start_step=start_step, ctx=self.ctx, run=self.features)
             with start_hooks(start) as hooks:
-                try:
-                    result = denoise(
-                        family, pipe, trajectory, conditioning,
-                        timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
-                        after_step=after_step, step_extra=self._step_extra, hooks=hooks,
-                    )
-                finally:
-                    self.last_summary = hooks.summary()
+                result = denoise(
+                    family, pipe, trajectory, conditioning,
+                    timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
+                    after_step=after_step, step_extra=self._step_extra, hooks=hooks,
+                )
             names = ", ".join(job.id for job in jobs)
             if result.stopped:
                 raise JobInterrupted(f"job {names} stopped after step {result.steps_done}")
@@ -322,15 +264,10 @@ class JobExecutor:
                 )
         return result.latents
 
-    def decode(self, job: JobSpec, latents: torch.Tensor, timer: JobTimer, model: JobModel | None = None
-               ) -> np.ndarray | None:
-        """Final latents -> [0, 1] frames on the leader (decoded patch-parallel over the group), None elsewhere.
-        `model`: the job's resolved model (None: resolved here)."""
-        return self.decode_batch([job], latents, timer, model)[0]
-
-    def decode_batch(self, jobs: list[JobSpec], latents: torch.Tensor, timer: JobTimer,
+    def decode_batch(self, jobs: list[PreparedJob], latents: torch.Tensor, timer: JobTimer,
                      model: JobModel | None = None) -> list[np.ndarray | None]:
-        """`decode` for a batch, one row at a time (as that row alone decodes: the same bytes, one row's peak)."""
+        """Final latents -> each row's [0, 1] frames on the leader (decoded patch-parallel over the group), None
+        elsewhere; one row at a time (as that row alone decodes: the same bytes, one row's peak)."""
         model = model or self.model_for(jobs[0])
         family, pipe = model.family, model.pipe
         frames = []
@@ -346,17 +283,10 @@ class JobExecutor:
                 frames.append(None if decoded is None else family.postprocess(pipe, decoded))
         return frames
 
-    def run(self, job: JobSpec) -> JobResult:
-        """Generate the job and, on the leader, hand its media and done marker to the writer."""
-        result = self.run_batch([job])
-        if result.failures:
-            raise RowNotPrepared(result.failures[0].message())
-        return JobResult(record=result.records[0], timings=result.timings)
-
     def run_batch(self, jobs: list[JobSpec]) -> BatchResult:
         """Prepare a batch (jobs that agree on their batch key), generate the rows that prepared and, on the
         leader, hand each one's media and done marker to the writer. The rows that could not be prepared fail
-        alone (`BatchResult.failures`, to record). A batch of one is exactly `run` of that job."""
+        alone (`BatchResult.failures`, to record)."""
         timer = JobTimer(self.ctx.device)
         model = self.model_for(jobs[0])
         prepared = self.prepare(jobs, model, timer)

@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from genbatch.jobs.spec import JobSpec
 from genbatch.parallel.context import ParallelContext
+from genbatch.runner.signals import StopRequest
 
 
 def coordination_store(ctx: ParallelContext) -> dist.Store:
@@ -36,7 +37,7 @@ class HandOut:
     key: str
     """The counter's key: unique per run attempt."""
     dynamic: bool = True
-    stop: object = None
+    stop: StopRequest | None = None
     """The run's StopRequest: a signal while the group waits for its next job ends the process (None: not)."""
     _taken: int = 0
 

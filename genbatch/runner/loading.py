@@ -10,7 +10,9 @@ under `--tp` from a directory each rank reads only its own shards (`load_tensor_
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -245,11 +247,38 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
     return pipe
 
 
+def _reads_encoder_parts(spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig) -> bool:
+    """True when some text encoder of `spec`'s directory is split over the job group without `--tp` (and
+    without `--fsdp`, whose group leader reads the model), read from its saved config: each rank then reads
+    only its part of it."""
+    from genbatch.parallel.apply import TEXT_ENCODERS
+    from genbatch.parallel.tensor.encoders import config_width, mode_for
+
+    if ctx.group.size == 1 or ctx.dims.fsdp:
+        return False
+    widths = [config_width(spec.path, name) for name in TEXT_ENCODERS]  # 0: no such encoder (or no config)
+    return any(width and mode_for(config.text_encoders, width, fsdp=False) == "tp" for width in widths)
+
+
+def load_for_group(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, config: ParallelizeConfig):
+    """`spec`'s pipeline loaded and parallelised for this rank's job group: a directory's shards read by the
+    rank that holds them under tensor parallelism, the leader's weights spread under FSDP, else whole."""
+    from genbatch.parallel.apply import parallelize_pipeline
+
+    if spec.name not in PRESETS and (ctx.dims.tp > 1 or _reads_encoder_parts(spec, ctx, config)):
+        return load_tensor_parallel_pipeline(spec, ctx, dtype, config)
+    if ctx.dims.fsdp and ctx.group.size > 1:
+        return load_sharded_pipeline(spec, ctx, dtype, config)
+    pipe = load_pipeline(spec, ctx.device, dtype)
+    parallelize_pipeline(pipe, spec, ctx, config)
+    return pipe
+
+
 @dataclass(slots=True)
 class PipelineCache:
     """Pipelines by model name; `get` loads on first use and applies `prepare` (parallelisation) once."""
 
-    load: object
+    load: Callable[[ModelSpec], Any]
     """Called as load(spec) -> pipeline, parallelised for this rank's group."""
     keep: int = 1
     """Pipelines kept loaded; the least recently used goes when a new model is needed (jobs are ordered by

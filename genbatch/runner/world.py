@@ -1,6 +1,6 @@
-"""The processes of a run: process-group start-up from the torchrun/srun environment, the mesh, and the few
-things every rank must agree on (the job list, the run id), decided by rank 0 and broadcast (the job list
-as one Arrow buffer: `shared_jobs`).
+"""The processes of a run: process-group start-up from the torchrun/srun environment, the mesh, the few things
+every rank must agree on (the run id, the pending jobs), decided by rank 0 and broadcast (the job table as Arrow
+buffers: `shared_table`), the start-up check of each model against the layout, and the end barrier.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from genbatch.jobs import exit_codes
 from genbatch.cluster.slurm_step import step_process_group_env
 from genbatch.models import family, resolve_model
 from genbatch.parallel.attention.local import check_kernel
@@ -27,21 +26,12 @@ from genbatch.parallel.apply import TEXT_ENCODERS
 from genbatch.parallel.tensor.encoders import check_splits
 from genbatch.parallel.teardown import leave_process_group
 from genbatch.runner.decode import mode_problem
-from genbatch.runner.loading import (
-    DTYPES,
-    PipelineCache,
-    default_dtype,
-    load_pipeline,
-    load_sharded_pipeline,
-    load_tensor_parallel_pipeline,
-)
-from genbatch.runner.presets import PRESETS
-from genbatch.runner.decode import device_memory_bytes
-from genbatch.runner.stale_rows import reject_unfit
+from genbatch.parallel.stale import StaleConfig
+from genbatch.runner.loading import DTYPES, default_dtype
+from genbatch.runner.options import RunOptions, UsageError
+from genbatch.runner.signals import StopRequest
 
-
-class UsageError(ValueError):
-    """Options that cannot run (a bad layout, an unreadable manifest): exit status 2, nothing runs."""
+__all__ = ["UsageError", "World", "start_world"]
 
 
 def _return_freed_memory() -> None:
@@ -58,7 +48,7 @@ def _return_freed_memory() -> None:
         pass
 
 
-def _waiting(stop, what: str):
+def _waiting(stop: StopRequest | None, what: str):
     """`stop.waiting(what)`, or nothing for a caller that installed no StopRequest."""
     return stop.waiting(what) if stop is not None else contextlib.nullcontext()
 
@@ -77,7 +67,7 @@ class World:
     dtype: torch.dtype
     owns_process_group: bool
     """True when this run started the process group (and so destroys it at the end)."""
-    stop: object = None
+    stop: StopRequest | None = None
     """The run's StopRequest: a signal while the ranks wait for rank 0's shared values ends the process."""
     parallelize: ParallelizeConfig = ParallelizeConfig()
     """What the parallelisation order applies to each pipeline: compile, attention kernel, text encoders' mode
@@ -85,8 +75,8 @@ class World:
     vae_decode: str = "auto"
     """`--vae-decode`: how each job's VAE decodes (`genbatch.runner.decode`), checked against every model at
     start-up."""
-    stale: object = None
-    """The run's `genbatch.parallel.stale.StaleConfig` (None: exact attention)."""
+    stale: StaleConfig | None = None
+    """The run's stale-K/V attention (`--distrifusion`, `--pipefusion`; None: exact attention)."""
 
     @property
     def world_size(self) -> int:
@@ -118,65 +108,35 @@ class World:
         """Every rank of the run, counted into the run's ledger (start-up's broadcasts go through it)."""
         return Comm(dist.group.WORLD, self.ctx.ledger)
 
-    def load_manifest(self, options):
-        """(jobs, rejected, extra_columns) on rank 0, with `jobs` a `JobTable`, and (None, [], []) on the other
-        ranks (the jobs they run reach them with `shared_jobs`); or, on every rank, the exit status of a usage
-        error."""
-        from genbatch.manifests import ManifestFileError, read_jobs
-
-        loaded = None
-
-        def read():
-            nonlocal loaded
-            try:
-                loaded = read_jobs(options.manifest, overrides=options.row_defaults(),
-                                   storage_options=options.storage_options, media_policy=options.media_policy())
-                self._validate_layout(loaded.jobs.models())
-                patches = self.stale.patches if self.stale is not None else None
-                loaded.jobs, unfit = reject_unfit(loaded.jobs, self.ctx.dims, device_memory_bytes(self.ctx.device),
-                                                  torch.finfo(self.dtype).bits // 8, patches)
-                loaded.rejected.extend(unfit)
-                return None
-            except (ManifestFileError, UsageError, FileNotFoundError) as error:
-                return f"genbatch: {error}"
-
-        problem = self.shared_value(read)
-        if problem is not None:
-            if self.ctx.rank == 0:
-                print(problem, file=sys.stderr)
-            return exit_codes.USAGE
-        if loaded is None:
-            return None, [], []
-        return loaded.jobs, loaded.rejected, loaded.extra_columns
-
-    def shared_jobs(self, compute):
-        """`compute()` on rank 0 gives (a `JobTable`, a small value); every rank gets the same two. The table
-        travels as Arrow IPC pieces and its order as one int64 tensor, read in place: never a pickled list of
-        jobs, and never a second whole copy on rank 0. A StorageError of `compute` is raised on every rank."""
+    def shared_table(self, compute):
+        """`compute()` on rank 0 gives (a `JobTable`, a small value, a value for rank 0 alone); every rank gets
+        the same table and small value, and rank 0 its own value too (None on the others). The table travels as
+        Arrow IPC pieces and its order as one int64 tensor, read in place: never a pickled list of jobs, and
+        never a second whole copy on rank 0. A StorageError of `compute` is raised on every rank."""
         if not self.ctx.distributed:
-            jobs, value = compute()
+            jobs, value, own = compute()
             _return_freed_memory()
-            return jobs, value
+            return jobs, value, own
         import warnings
 
         from genbatch.jobs.table import JobTable
 
-        kept = {}
+        source = self.ctx.rank == 0
+        jobs = own = None
 
         def header():
-            jobs, value = compute()
+            nonlocal jobs, own
+            jobs, value, own = compute()
             if len(jobs) < jobs.table.num_rows // 2:  # most are done or in other shares: send only these
                 jobs = JobTable(jobs.table.take(jobs.order))
-            kept["jobs"] = jobs
             return jobs.ipc_pieces(), len(jobs), value
 
         pieces, count, value = self.shared_value(header)
-        source = self.ctx.rank == 0
-        order = torch.from_numpy(kept["jobs"].order) if source else torch.empty(count, dtype=torch.int64)
+        order = torch.from_numpy(jobs.order) if source else torch.empty(count, dtype=torch.int64)
         self._broadcast(order)
         received = []
         for index in range(pieces):
-            payload = kept["jobs"].ipc_piece(index) if source else None
+            payload = jobs.ipc_piece(index) if source else None
             size = torch.tensor([payload.size if source else 0], dtype=torch.int64)
             self._broadcast(size)
             if source:
@@ -188,9 +148,10 @@ class World:
             self._broadcast(data)
             if not source:
                 received.append(data.numpy())
-        jobs = kept.pop("jobs") if source else JobTable.from_ipc(received, order.numpy())
+        if not source:
+            jobs = JobTable.from_ipc(received, order.numpy())
         _return_freed_memory()  # what reading, checking and ordering freed, before the model loads
-        return jobs, value
+        return jobs, value, own
 
     def _broadcast(self, tensor: torch.Tensor) -> None:
         """Rank 0's `tensor` into every rank's (CPU tensors; nccl broadcasts through device memory)."""
@@ -202,7 +163,9 @@ class World:
         if self.ctx.rank != 0:
             tensor.copy_(moved.cpu())
 
-    def _validate_layout(self, models: list[str]) -> None:
+    def check_models(self, models: list[str]) -> None:
+        """Each model against the layout, the attention kernel, the decode mode and the text encoders' split;
+        UsageError naming the model and the fix."""
         for name in models:
             spec = resolve_model(name)
             try:
@@ -223,62 +186,6 @@ class World:
             except ValueError as error:
                 raise UsageError(f"model {name}: {error}") from None
 
-    def executor(self, options, store, writer, run_id: str, stop=None):
-        """The job executor of this rank; `stop` is the run's installed StopRequest (a new one if None)."""
-        from genbatch.io.media_input import MediaReader
-        from genbatch.runner.adapters import Adapters
-        from genbatch.io.retry import RetryPolicy
-        from genbatch.parallel.cfg import branch_exchange
-        from genbatch.runner.decode import Decoder
-        from genbatch.runner.embeddings import EmbeddingCache
-        from genbatch.runner.execute import JobExecutor
-        from genbatch.runner.signals import StopRequest
-
-        policy = options.media_policy()  # what rows' images and adapters may read
-        return JobExecutor(
-            ctx=self.ctx,
-            pipelines=PipelineCache(load=self.load_pipeline),
-            store=store,
-            writer=writer,
-            exchange=branch_exchange(self.ctx),
-            decoder=Decoder(ctx=self.ctx, mode=options.vae_decode,
-                            memory_bytes=None if options.vae_memory_gib is None else int(options.vae_memory_gib * 2**30)),
-            stop=stop if stop is not None else StopRequest().install(),
-            checkpoints=options.checkpoints,
-            run_id=run_id,
-            stale=self.stale,
-            media=MediaReader(storage_options=dict(options.storage_options),
-                              retry=RetryPolicy(timeout_s=options.storage_timeout), policy=policy),
-            adapters=Adapters(policy=policy, storage_options=dict(options.storage_options),
-                              timeout_s=options.storage_timeout),
-            embeddings=EmbeddingCache(max_bytes=int(options.embedding_cache_gib * 2**30)),
-        )
-
-    def load_pipeline(self, spec):
-        """Load `spec` and parallelise it for this rank's job group."""
-        from genbatch.parallel.apply import parallelize_pipeline
-
-        if spec.name not in PRESETS and (self.ctx.dims.tp > 1 or self._reads_encoder_parts(spec)):
-            # a directory: each rank reads its own shards of what tensor parallelism splits
-            return load_tensor_parallel_pipeline(spec, self.ctx, self.dtype, self.parallelize)
-        if self.ctx.dims.fsdp and self.ctx.group.size > 1:
-            return load_sharded_pipeline(spec, self.ctx, self.dtype, self.parallelize)
-        pipe = load_pipeline(spec, self.ctx.device, self.dtype)
-        parallelize_pipeline(pipe, spec, self.ctx, self.parallelize)
-        return pipe
-
-    def _reads_encoder_parts(self, spec) -> bool:
-        """True when some text encoder of `spec`'s directory is split over the job group without `--tp` (and
-        without `--fsdp`, whose group leader reads the model), read from its saved config: each rank then reads
-        only its part of it."""
-        from genbatch.parallel.tensor.encoders import config_width, mode_for
-
-        dims = self.ctx.dims
-        if self.ctx.group.size == 1 or dims.fsdp:
-            return False
-        widths = [config_width(spec.path, name) for name in TEXT_ENCODERS]  # 0: no such encoder (or no config)
-        return any(width and mode_for(self.parallelize.text_encoders, width, fsdp=False) == "tp" for width in widths)
-
     def wait_for_all_ranks(self, run_id: str, store: dist.Store) -> None:
         """Rank 0 waits (without a collective, whose timeout is short) until every rank has finished."""
         if not self.ctx.distributed:
@@ -294,7 +201,7 @@ class World:
             leave_process_group()
 
 
-def start_world(options, stop=None) -> World:
+def start_world(options: RunOptions, stop: StopRequest | None = None) -> World:
     """Join the process group described by the environment (torchrun, srun) and build the mesh; `stop` (the
     run's StopRequest) ends the process on a signal during the rendezvous."""
     try:
@@ -305,27 +212,29 @@ def start_world(options, stop=None) -> World:
     device = _device()
     owns = False
     if world_size > 1 and not dist.is_initialized():
-        backend = options.backend or ("nccl" if device.type == "cuda" else "gloo")
+        backend = options.layout.backend or ("nccl" if device.type == "cuda" else "gloo")
         with _waiting(stop, "the rendezvous"):
-            dist.init_process_group(backend, timeout=timedelta(seconds=options.collective_timeout))
+            dist.init_process_group(backend, timeout=timedelta(seconds=options.layout.collective_timeout))
         owns = True
     elif dist.is_initialized():
         world_size = dist.get_world_size()
     try:
-        parallelize = options.parallelize_config()
+        parallelize = options.model.parallelize_config()
         cache = parallelize.caches_steps
+        layout = options.layout
         # however the layout is chosen, the axis table's rules (parallel/axes.py) judge it: `resolve` applies
         # them to the flags, and the planner's choice is checked here
-        if options.layout == "auto":
+        if layout.request == "auto":
             from genbatch.runner.auto_layout import auto_dims
 
-            overrides = options.overrides
-            dims = auto_dims(options.model, world_size, device, profile=options.profile, decode=options.vae_decode,
-                             cache=cache, steps=overrides.num_inference_steps, guidance=overrides.guidance_scale)
+            overrides = options.model.overrides
+            dims = auto_dims(options.model.model, world_size, device, profile=layout.profile,
+                             decode=layout.vae_decode, cache=cache, steps=overrides.num_inference_steps,
+                             guidance=overrides.guidance_scale)
             dims.check(cache=cache)
         else:
-            dims = options.layout.resolve(world_size, cache=cache)
-        stale = stale_config(dims.distrifusion, options.warmup_steps, dims.pp, options.patches)
+            dims = layout.request.resolve(world_size, cache=cache)
+        stale = stale_config(dims.distrifusion, layout.warmup_steps, dims.pp, layout.patches)
         if dims.world_size != world_size:
             raise ValueError(
                 f"{dims.describe()} = {dims.world_size} ranks, but {world_size} processes were started; leave --dp "
@@ -335,7 +244,6 @@ def start_world(options, stop=None) -> World:
         if owns:
             leave_process_group()
         raise UsageError(str(error)) from None
-    dtype = DTYPES[options.dtype or default_dtype(device)]
+    dtype = DTYPES[options.model.dtype or default_dtype(device)]
     return World(ctx=build_context(dims, device), dtype=dtype, owns_process_group=owns, stop=stop,
-                 parallelize=parallelize,
-                 vae_decode=options.vae_decode, stale=stale)
+                 parallelize=parallelize, vae_decode=layout.vae_decode, stale=stale)

@@ -11,6 +11,7 @@ import torch
 from genbatch.parallel.compile import CLOCK
 from genbatch.runner.timing import JobTimer
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 BASE = job("tiny-wan", num_inference_steps=2)
 ROWS = [replace(BASE, id=f"row{index}", prompt=f"a paper boat on a pond, take {index}", seed=index, row=index)
@@ -26,7 +27,7 @@ def _latents(out: str, compile: bool) -> tuple[list[torch.Tensor], dict, int]:
     CLOCK.counts.clear()
     CLOCK.take()
     with job_executor(out, compile=compile, compile_backend="aot_eager") as (world, executor):
-        latents = [executor.denoise_batch(batch, JobTimer(world.ctx.device)) for batch in BATCHES]
+        latents = [drive.denoise_batch(executor, batch, JobTimer(world.ctx.device)) for batch in BATCHES]
     return latents, dict(CLOCK.counts), sum(counters["graph_break"].values())
 
 

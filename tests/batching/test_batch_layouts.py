@@ -12,6 +12,7 @@ import pytest
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 BASE = job("tiny-sd3", width=80, height=48, num_inference_steps=3, guidance_scale=4.5)
 ROWS = [replace(BASE, id=f"row{index}", prompt=prompt, negative_prompt=negative, seed=40 + index, row=index)
@@ -24,8 +25,8 @@ LAYOUTS = [(2, 1, 2, 1, False), (2, 2, 1, 1, False), (2, 1, 1, 2, False), (2, 1,
 def _batch(out: str, **layout):
     with job_executor(out, **layout) as (world, executor):
         timer = JobTimer(world.ctx.device)
-        latents = executor.denoise_batch(ROWS, timer)
-        return latents, executor.decode_batch(ROWS, latents, timer)
+        latents = drive.denoise_batch(executor, ROWS, timer)
+        return latents, drive.decode_batch(executor, ROWS, latents, timer)
 
 
 def _every_layout(rank, world_size, out):

@@ -14,6 +14,7 @@ from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 ROUNDING = 2e-4
 """The most a [0, 1] pixel of a batched row may differ from the same row computed otherwise (fp32 rounding;
@@ -46,8 +47,8 @@ def _pipeline_batch(preset: str, rows) -> np.ndarray:
 def test_a_batch_equals_the_pipelines_batched_call_and_each_row_alone(preset, cfg, tmp_path):
     rows = _rows(preset, cfg)
     with job_executor(str(tmp_path / "out"), model=preset) as (world, executor):
-        batched = executor.generate_batch(rows, JobTimer(world.ctx.device))
-        alone = [executor.generate(row, JobTimer(world.ctx.device)) for row in rows]
+        batched = drive.generate_batch(executor, rows, JobTimer(world.ctx.device))
+        alone = [drive.generate(executor, row, JobTimer(world.ctx.device)) for row in rows]
     theirs = _pipeline_batch(preset, rows)
     assert len(batched) == len(rows)
     for index, row in enumerate(rows):

@@ -13,6 +13,7 @@ from genbatch.parallel.stale import DISTRIFUSION, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 BASE = job("tiny-flux", width=64, height=48, num_inference_steps=4)
 ROWS = [replace(BASE, id=f"row{index}", prompt=prompt, seed=60 + index, row=index)
@@ -21,9 +22,9 @@ ROWS = [replace(BASE, id=f"row{index}", prompt=prompt, seed=60 + index, row=inde
 
 def _batch_and_rows(rank, world_size, out, layout, stale):
     with job_executor(f"{out}/{rank}", **layout) as (world, executor):
-        executor.stale = stale
-        batched = executor.denoise_batch(ROWS, JobTimer(world.ctx.device))
-        alone = [executor.denoise(row, JobTimer(world.ctx.device)) for row in ROWS]
+        drive.use_stale(executor, stale)
+        batched = drive.denoise_batch(executor, ROWS, JobTimer(world.ctx.device))
+        alone = [drive.denoise(executor, row, JobTimer(world.ctx.device)) for row in ROWS]
         return batched, alone
 
 

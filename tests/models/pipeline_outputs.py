@@ -11,6 +11,7 @@ from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.support.runs import job_executor
+from tests.support import executor as drive
 
 
 def random_image(path, size: tuple[int, int]) -> str:
@@ -31,7 +32,7 @@ def saved_preset(name: str, directory) -> str:
 
 def genbatch_frames(model: str, spec_job, out: str) -> np.ndarray:
     with job_executor(out, model=model) as (world, executor):
-        return executor.generate(spec_job, JobTimer(world.ctx.device))
+        return drive.generate(executor, spec_job, JobTimer(world.ctx.device))
 
 
 def pipeline_frames(model: str, spec_job, **call) -> np.ndarray:
@@ -47,8 +48,8 @@ def _stale_latents(rank, world_size, spec_job, cases, out):
     results = []
     for index, (layout, stale) in enumerate(cases):
         with job_executor(f"{out}/{index}/rank{rank}", **layout) as (world, executor):
-            executor.stale = stale
-            results.append(executor.denoise(spec_job, JobTimer(world.ctx.device)))
+            drive.use_stale(executor, stale)
+            results.append(drive.denoise(executor, spec_job, JobTimer(world.ctx.device)))
     return results
 
 

@@ -29,6 +29,7 @@ from tests.models.pipeline_outputs import (
     saved_preset,
 )
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 PRESET = "tiny-hunyuan-video-i2v"
 
@@ -86,8 +87,8 @@ def test_a_batch_joins_its_rows_image_latents(tmp_path):
                         image=random_image(tmp_path / f"{index}.png", size)), id=f"row{index}", row=index)
             for index, (prompt, size) in enumerate((("a red fox", (64, 48)), ("a lighthouse at dusk", (40, 56))))]
     with job_executor(str(tmp_path / "out"), model=PRESET) as (world, executor):
-        batched = executor.generate_batch(rows, JobTimer(world.ctx.device))
-        alone = [executor.generate(row, JobTimer(world.ctx.device)) for row in rows]
+        batched = drive.generate_batch(executor, rows, JobTimer(world.ctx.device))
+        alone = [drive.generate(executor, row, JobTimer(world.ctx.device)) for row in rows]
     for index, row in enumerate(rows):
         np.testing.assert_allclose(batched[index], alone[index], rtol=0, atol=2e-4, err_msg=row.id)
     assert np.abs(batched[0] - batched[1]).max() > 1e-2

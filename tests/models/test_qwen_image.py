@@ -16,6 +16,7 @@ from genbatch.runner.timing import JobTimer
 from tests.models.pipeline_outputs import genbatch_frames, pipeline_frames, saved_preset
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 PRESET = "tiny-qwen-image"
 
@@ -81,8 +82,8 @@ def _run(spec_job, out, **layout):
         forwards = []
         handle = transformer.register_forward_pre_hook(lambda *_: forwards.append(1))
         timer = JobTimer(world.ctx.device)
-        latents = executor.denoise(spec_job, timer)
-        frames = executor.decode(spec_job, latents, timer)
+        latents = drive.denoise(executor, spec_job, timer)
+        frames = drive.decode(executor, spec_job, latents, timer)
         handle.remove()
     exchanged = sum(interval.extra.get("bytes_cfg_exchange", 0) for interval in timer.intervals)
     return latents, frames, len(forwards), exchanged, executor.decoder.last_mode

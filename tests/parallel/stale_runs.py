@@ -8,18 +8,20 @@ import math
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from genbatch.parallel.patch.session import STALE_BYTES
+from tests.support import executor as drive
 
 
 def denoised(out: str, layout: dict, preset: str, stale, seeds, steps: int, resync=frozenset()) -> dict:
     """This process's run of `preset` under `layout` and the approximation `stale` (None: exact), once per seed;
     `resync`: further synchronous steps (the reference of a resumed run)."""
-    with job_executor(out, **layout) as (world, executor):
-        executor.stale, executor.resync_steps = stale, frozenset(resync)
+    with job_executor(out, **layout) as (world, executor), drive.hook_summaries() as summaries:
+        drive.use_stale(executor, stale, resync)
         results = {}
         for seed in seeds:
             timer = JobTimer(world.ctx.device)
-            results[seed] = executor.denoise(job(preset, num_inference_steps=steps, seed=seed), timer)
-        return {"latents": results, "stale_bytes": executor.last_stale_bytes, "rank": world.ctx.rank,
+            results[seed] = drive.denoise(executor, job(preset, num_inference_steps=steps, seed=seed), timer)
+        return {"latents": results, "stale_bytes": summaries[-1].get(STALE_BYTES, 0), "rank": world.ctx.rank,
                 "bytes": [{k: v for k, v in row.items() if k.startswith("bytes_")}
                           for row in timer.rows() if row["stage"] == "denoise_step"]}
 

@@ -20,6 +20,7 @@ from genbatch.runner.presets import build_preset
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 STEPS = 2
 WAN = job("tiny-wan", width=64, height=48, num_inference_steps=STEPS, seed=3)  # 3 x 3 x 4 = 36 tokens
@@ -31,7 +32,7 @@ LATENT_BYTES = 16 * 3 * 6 * 8 * E  # the noise prediction: 16 channels x 3 x 6 x
 def _step_bytes(cfg, ring, ulysses, fsdp, out):
     with job_executor(out, cfg=cfg, ring=ring, ulysses=ulysses, fsdp=fsdp) as (world, executor):
         timer = JobTimer(world.ctx.device)
-        executor.denoise(WAN, timer)
+        drive.denoise(executor, WAN, timer)
         shard = parameter_bytes(executor.pipelines.get(SPEC).transformer)
         rows = [row for row in timer.rows() if row["stage"] == "denoise_step"]
         return [{k: v for k, v in row.items() if k.startswith("bytes_")} for row in rows], shard

@@ -16,6 +16,7 @@ from genbatch.parallel.comm import Comm, CommLedger
 from genbatch.parallel.flags import ATTENTION_KERNELS
 from genbatch.runner.timing import JobTimer
 from tests.support.runs import job, job_executor, run_cli, write_manifest
+from tests.support import executor as drive
 
 H100 = (9, 0)
 A100 = (8, 0)
@@ -97,7 +98,7 @@ def test_a_one_process_run_sets_the_kernel_on_the_denoiser(tmp_path):
     results = {}
     for kernel in ("auto", "math"):
         with job_executor(str(tmp_path), attention=kernel) as (world, executor):
-            results[kernel] = executor.denoise(job("tiny-wan", num_inference_steps=2), JobTimer(world.ctx.device))
+            results[kernel] = drive.denoise(executor, job("tiny-wan", num_inference_steps=2), JobTimer(world.ctx.device))
             transformer = executor.model_for(job("tiny-wan")).pipe.transformer
             backends = {str(getattr(module.processor, "_attention_backend", None))
                         for module in transformer.modules() if hasattr(module, "processor")}
@@ -112,7 +113,7 @@ def test_a_kernel_set_on_one_model_leaves_the_process_default_alone(tmp_path):
 
     before = _AttentionBackendRegistry.get_active_backend()[0]
     with job_executor(str(tmp_path), attention="math") as (world, executor):
-        executor.denoise(job("tiny-wan", num_inference_steps=1), JobTimer(world.ctx.device))
+        drive.denoise(executor, job("tiny-wan", num_inference_steps=1), JobTimer(world.ctx.device))
     assert _AttentionBackendRegistry.get_active_backend()[0] == before
 
 

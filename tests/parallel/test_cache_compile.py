@@ -13,6 +13,7 @@ import torch
 from genbatch.parallel.compile import CLOCK
 from genbatch.runner.timing import JobTimer
 from tests.support.runs import job, job_executor, run_cli, write_manifest
+from tests.support import executor as drive
 
 
 def test_fbc_hooks_sit_outside_the_compiled_blocks(tmp_path):
@@ -21,16 +22,16 @@ def test_fbc_hooks_sit_outside_the_compiled_blocks(tmp_path):
     spec = job("tiny-wan", num_inference_steps=4, cache="fbc:0.5")
     with job_executor(str(tmp_path / "eager")) as (world, executor):
         eager_timer = JobTimer(world.ctx.device)
-        eager = executor.denoise(spec, eager_timer)
+        eager = drive.denoise(executor, spec, eager_timer)
     torch._dynamo.reset()
     counters.clear()
     CLOCK.counts.clear()
     with job_executor(str(tmp_path / "compiled"), compile=True, compile_backend="aot_eager") as (world, executor):
         timer = JobTimer(world.ctx.device)
-        compiled = executor.denoise(spec, timer)
+        compiled = drive.denoise(executor, spec, timer)
         skipped = [row["cache_skipped"] for row in timer.rows() if row["stage"] == "denoise_step"]
         with pytest.raises(ValueError, match="inside WanTransformer3DModel's blocks, compiled whole; give the run"):
-            executor.denoise(job("tiny-wan", num_inference_steps=2, cache="taylorseer:2"), JobTimer(world.ctx.device))
+            drive.denoise(executor, job("tiny-wan", num_inference_steps=2, cache="taylorseer:2"), JobTimer(world.ctx.device))
         model = executor.model_for(spec).pipe.transformer
         assert not [m for m in model.modules() if getattr(m, "_diffusers_hook", None) and m._diffusers_hook.hooks]
     assert sum(skipped) > 0
@@ -48,19 +49,19 @@ def test_taylorseer_runs_with_compile_around_its_hooks_and_compiles_once(tmp_pat
     cached = job("tiny-wan", num_inference_steps=6, cache="taylorseer:2")
     plain = job("tiny-wan", num_inference_steps=3)
     with job_executor(str(tmp_path / "eager")) as (world, executor):
-        eager = executor.denoise(cached, JobTimer(world.ctx.device))
-        eager_plain = executor.denoise(plain, JobTimer(world.ctx.device))
+        eager = drive.denoise(executor, cached, JobTimer(world.ctx.device))
+        eager_plain = drive.denoise(executor, plain, JobTimer(world.ctx.device))
     torch._dynamo.reset()
     counters.clear()
     CLOCK.counts.clear()
     with job_executor(str(tmp_path / "compiled"), compile=True, compile_backend="aot_eager",
                       overrides=JobOverrides(cache="taylorseer:2")) as (world, executor):
         timer = JobTimer(world.ctx.device)
-        compiled = executor.denoise(cached, timer)
+        compiled = drive.denoise(executor, cached, timer)
         skipped = [row["cache_skipped"] for row in timer.rows() if row["stage"] == "denoise_step"]
         compiles = dict(CLOCK.counts)
-        again = executor.denoise(cached, JobTimer(world.ctx.device))  # the kept hooks, re-armed
-        after = executor.denoise(plain, JobTimer(world.ctx.device))  # passing through
+        again = drive.denoise(executor, cached, JobTimer(world.ctx.device))  # the kept hooks, re-armed
+        after = drive.denoise(executor, plain, JobTimer(world.ctx.device))  # passing through
         assert dict(CLOCK.counts) == compiles  # no compile after the first job
     assert sum(skipped) > 0 and sum(counters["graph_break"].values()) > 0  # the hooked calls run eagerly
     assert (compiled - eager).abs().max().item() <= 1e-4

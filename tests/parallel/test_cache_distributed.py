@@ -16,15 +16,16 @@ from genbatch.parallel.cache.session import SKIPPED
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 STEPS = 5
 
 
 def _denoise(out: str, layout: dict, mode: str, steps: int, preset: str) -> dict:
-    with job_executor(out, **layout) as (world, executor):
+    with job_executor(out, **layout) as (world, executor), drive.hook_summaries() as summaries:
         timer = JobTimer(world.ctx.device)
-        latents = executor.denoise(job(preset, num_inference_steps=steps, cache=mode), timer)
-        return {"indicators": executor.last_summary["cache_indicators"], "latents": latents,
+        latents = drive.denoise(executor, job(preset, num_inference_steps=steps, cache=mode), timer)
+        return {"indicators": summaries[-1]["cache_indicators"], "latents": latents,
                 "skipped": [row[SKIPPED] for row in timer.rows() if row["stage"] == "denoise_step"]}
 
 

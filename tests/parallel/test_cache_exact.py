@@ -22,6 +22,7 @@ from genbatch.runner.execute import JobInterrupted, JobModel
 from genbatch.runner.timing import JobTimer
 from tests.resume.inprocess import SignalAfterStep, executor_on
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 STEPS = 6
 
@@ -29,9 +30,10 @@ STEPS = 6
 def _run(executor, spec, timer=None, model=None):
     """(latents, per-step skipped counts, what the job's step cache measured: its indicators, modules hooked)."""
     timer = timer or JobTimer(executor.ctx.device)
-    latents = executor.denoise(spec, timer, model)
+    with drive.hook_summaries() as summaries:
+        latents = drive.denoise(executor, spec, timer, model)
     skipped = [row.get(SKIPPED) for row in timer.rows() if row["stage"] == "denoise_step"]
-    summary = executor.last_summary
+    summary = summaries[-1]
     return latents, skipped, SimpleNamespace(indicators=summary.get("cache_indicators", []),
                                              hooked=summary.get("cache_hooked", 0))
 
@@ -131,7 +133,7 @@ def test_a_resumed_job_computes_its_first_step_in_full(tmp_path):
     with executor_on(str(tmp_path)) as harness:
         timer = SignalAfterStep(harness.device, step=3)
         with pytest.raises(JobInterrupted, match="after step 4"):
-            harness.executor.denoise(spec, timer)
+            drive.denoise(harness.executor, spec, timer)
         before = [row[SKIPPED] for row in timer.rows() if row["stage"] == "denoise_step"]
         harness.writer.flush()
     assert sum(before[1:]) > 0  # it was skipping before the stop
@@ -146,9 +148,9 @@ def test_a_checkpoint_of_another_cache_mode_is_not_resumed(tmp_path):
     spec = job("tiny-wan", id="wan", num_inference_steps=6, cache="fbc:0.5")
     with executor_on(str(tmp_path)) as harness:
         with pytest.raises(JobInterrupted):
-            harness.executor.denoise(spec, SignalAfterStep(harness.device, step=1))
+            drive.denoise(harness.executor, spec, SignalAfterStep(harness.device, step=1))
         harness.writer.flush()
     with executor_on(str(tmp_path)) as harness:
         timer = SignalAfterStep(harness.device)
-        harness.executor.denoise(job("tiny-wan", id="wan", num_inference_steps=6, cache="none"), timer)
+        drive.denoise(harness.executor, job("tiny-wan", id="wan", num_inference_steps=6, cache="none"), timer)
     assert timer.steps() == list(range(6))  # started over: the mode is part of the fingerprint

@@ -23,6 +23,7 @@ from genbatch.parallel.cache.session import SKIPPED
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 STEPS = 6
 WAN_1_3B = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "ffn_dim": 8960,
@@ -41,10 +42,10 @@ def _tiny_coefficients():
 
 def _denoise(out: str, layout: dict, mode: str, steps: int, preset: str) -> dict:
     with _tiny_coefficients() if mode != "none" else contextlib.nullcontext(), \
-            job_executor(out, **layout) as (world, executor):
+            job_executor(out, **layout) as (world, executor), drive.hook_summaries() as summaries:
         timer = JobTimer(world.ctx.device)
-        latents = executor.denoise(job(preset, num_inference_steps=steps, cache=mode), timer)
-        return {"indicators": executor.last_summary.get("cache_indicators", []), "latents": latents,
+        latents = drive.denoise(executor, job(preset, num_inference_steps=steps, cache=mode), timer)
+        return {"indicators": summaries[-1].get("cache_indicators", []), "latents": latents,
                 "skipped": [row.get(SKIPPED) for row in timer.rows() if row["stage"] == "denoise_step"]}
 
 
@@ -88,7 +89,7 @@ def test_threshold_0_equals_no_cache_and_a_threshold_skips_after_the_warm_up(pre
 
 def test_a_model_without_published_coefficients_is_refused_when_its_job_starts(tmp_path):
     with job_executor(str(tmp_path)) as (world, executor), pytest.raises(ValueError, match="TeaCache covers"):
-        executor.denoise(job("tiny-wan", num_inference_steps=2, cache="teacache:0.2"), JobTimer(world.ctx.device))
+        drive.denoise(executor, job("tiny-wan", num_inference_steps=2, cache="teacache:0.2"), JobTimer(world.ctx.device))
 
 
 def test_under_ulysses_2_the_indicator_equals_one_process(tmp_path):

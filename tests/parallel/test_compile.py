@@ -18,6 +18,7 @@ from genbatch.parallel.compile import CLOCK, CompileConfig, unit_names
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 PRESETS = ("tiny-wan", "tiny-flux", "tiny-sd3")
 
@@ -34,7 +35,7 @@ def _denoise(out: str, preset: str, compile: bool, jobs=None, **layout) -> dict:
     with job_executor(out, compile=compile, compile_backend="aot_eager", **layout) as (world, executor):
         for spec in jobs or [job(preset, num_inference_steps=2)]:
             timer = JobTimer(world.ctx.device)
-            latents.append(executor.denoise(spec, timer))
+            latents.append(drive.denoise(executor, spec, timer))
             rows += timer.rows()
     return {"latents": latents, "rows": rows, "graph_breaks": sum(counters["graph_break"].values()),
             "graphs": counters["stats"]["unique_graphs"], "compiles": dict(CLOCK.counts)}
@@ -198,7 +199,7 @@ def test_inductor_compiled_wan_equals_eager_within_1e_4_and_its_artifacts_reload
         if name == "warm":
             assert cache.load() and any((tmp_path / "inductor-warm").rglob("*.so"))
         with job_executor(str(tmp_path), compile=compile, compile_backend="inductor") as (world, executor):
-            latents[name] = executor.denoise(job("tiny-wan", num_inference_steps=2), JobTimer(world.ctx.device))
+            latents[name] = drive.denoise(executor, job("tiny-wan", num_inference_steps=2), JobTimer(world.ctx.device))
         if name == "cold":
             assert cache.save() and (tmp_path / "cache" / "wan.tar.gz").stat().st_size > 0
     assert float((latents["cold"] - latents["eager"]).abs().max()) <= 1e-4

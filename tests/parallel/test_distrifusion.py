@@ -17,6 +17,7 @@ from genbatch.runner.timing import JobTimer
 from tests.parallel.stale_runs import denoised, mse, on_ranks
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 STEPS = 4
 
@@ -44,24 +45,24 @@ def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
 
 
 def _resume_on_rank(rank, world_size, out, steps, every, warmup):
-    from genbatch.runner.execute import CheckpointPolicy
+    from genbatch.runner.checkpoint import CheckpointPolicy
 
     stale = StaleConfig(method=DISTRIFUSION, patches=2, warmup_steps=warmup)
     first = job("tiny-wan", num_inference_steps=steps, seed=3)
     policy = CheckpointPolicy(every_steps=every)
     with job_executor(f"{out}/resumed", distrifusion=2, checkpoints=policy) as (world, executor):
-        executor.stale = stale
-        checkpointed = executor.denoise(first, JobTimer(world.ctx.device))  # checkpoints after step `every`
+        drive.use_stale(executor, stale)
+        checkpointed = drive.denoise(executor, first, JobTimer(world.ctx.device))  # checkpoints after step `every`
         executor.writer.flush()
         timer = JobTimer(world.ctx.device)
-        resumed = executor.denoise(first, timer)  # a new session: resumes at `every`
+        resumed = drive.denoise(executor, first, timer)  # a new session: resumes at `every`
         timed = [row["step"] for row in timer.rows() if row["stage"] == "denoise_step"]
-        executor.stale = StaleConfig(method=DISTRIFUSION, patches=2, warmup_steps=warmup + 1)
-        executor.denoise(first, JobTimer(world.ctx.device))  # checkpoints again after step `every`
+        drive.use_stale(executor, StaleConfig(method=DISTRIFUSION, patches=2, warmup_steps=warmup + 1))
+        drive.denoise(executor, first, JobTimer(world.ctx.device))  # checkpoints again after step `every`
         executor.writer.flush()
-        executor.stale = stale
+        drive.use_stale(executor, stale)
         timer = JobTimer(world.ctx.device)
-        executor.denoise(first, timer)  # that checkpoint was made under another warm-up: starts over
+        drive.denoise(executor, first, timer)  # that checkpoint was made under another warm-up: starts over
         restarted = [row["step"] for row in timer.rows() if row["stage"] == "denoise_step"]
     plain = denoised(f"{out}/plain", {"distrifusion": 2}, "tiny-wan", stale, (3,), steps)["latents"][3]
     rewarmed = range(every, every + warmup)

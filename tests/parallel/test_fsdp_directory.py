@@ -12,6 +12,7 @@ from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def wan_directory(tmp_path_factory):
 def _latents(rank, world_size, model, out, layout):
     spec_job = job("tiny-wan", model=model, num_inference_steps=3, seed=21, negative_prompt="fog")
     with job_executor(out, dtype="bf16", **layout) as (world, executor):
-        return executor.denoise(spec_job, JobTimer(world.ctx.device)).float()
+        return drive.denoise(executor, spec_job, JobTimer(world.ctx.device)).float()
 
 
 def test_fsdp_loads_a_directory_and_matches_one_process(wan_directory, tmp_path):

@@ -17,6 +17,7 @@ from genbatch.models.hooks import to_uint8
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 WAN = job("tiny-wan", width=80, height=48, num_inference_steps=3, negative_prompt="blurry", seed=11)
 FLUX = job("tiny-flux", width=80, height=48, num_inference_steps=3, seed=12)
@@ -49,8 +50,8 @@ EIGHT_RANKS = [(WAN, 2, 2, 1, 2, False)]  # dp 2 x cfg 2 x ulysses 2
 def _run_job(spec_job, dp, cfg, ring, ulysses, fsdp, tp=1, *, out):
     with job_executor(out, dp=dp, cfg=cfg, ring=ring, ulysses=ulysses, tp=tp, fsdp=fsdp) as (world, executor):
         timer = JobTimer(world.ctx.device)
-        latents = executor.denoise(spec_job, timer)
-        return latents, executor.decode(spec_job, latents, timer)
+        latents = drive.denoise(executor, spec_job, timer)
+        return latents, drive.decode(executor, spec_job, latents, timer)
 
 
 def _all_layouts(rank, world_size, layouts, out):

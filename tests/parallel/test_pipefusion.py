@@ -20,6 +20,7 @@ from genbatch.runner.timing import JobTimer
 from tests.parallel.stale_runs import denoised, mse, on_ranks
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 STEPS = 3
 
@@ -60,21 +61,21 @@ def test_stale_kv_errs_at_most_half_as_much_as_naive_patches(preset, tmp_path):
 
 
 def _resume_on_rank(rank, world_size, out, steps, every, warmup):
-    from genbatch.runner.execute import CheckpointPolicy
+    from genbatch.runner.checkpoint import CheckpointPolicy
 
     stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=warmup)
     first = job("tiny-wan", num_inference_steps=steps, seed=3)
     with job_executor(f"{out}/resumed", pp=2, checkpoints=CheckpointPolicy(every_steps=every)) as (world, executor):
-        executor.stale = stale
-        checkpointed = executor.denoise(first, JobTimer(world.ctx.device))  # checkpoints after step `every`
+        drive.use_stale(executor, stale)
+        checkpointed = drive.denoise(executor, first, JobTimer(world.ctx.device))  # checkpoints after step `every`
         executor.writer.flush()
         timer = JobTimer(world.ctx.device)
-        resumed = executor.denoise(first, timer)  # a new session: resumes at `every`, re-warms
+        resumed = drive.denoise(executor, first, timer)  # a new session: resumes at `every`, re-warms
         timed = [row["step"] for row in timer.rows() if row["stage"] == "denoise_step"]
     plain = denoised(f"{out}/plain", {"pp": 2}, "tiny-wan", stale, (3,), steps)["latents"][3]
     with job_executor(f"{out}/reference", pp=2) as (world, executor):
-        executor.stale, executor.resync_steps = stale, frozenset(range(every, every + warmup))
-        reference = executor.denoise(first, JobTimer(world.ctx.device))
+        drive.use_stale(executor, stale, range(every, every + warmup))
+        reference = drive.denoise(executor, first, JobTimer(world.ctx.device))
     return {"checkpointed": checkpointed, "plain": plain, "resumed": resumed, "reference": reference, "timed": timed}
 
 
@@ -163,9 +164,9 @@ def _expert_switch_rank(rank, world_size, out, path, steps, switch):
     for name, model, resync in (("two experts", path, ()), ("one, re-warmed there", None, (switch,)),
                                 ("one", None, ())):
         with job_executor(f"{out}/{name}/rank{rank}", pp=2) as (world, executor):
-            executor.stale, executor.resync_steps = stale, frozenset(resync)
+            drive.use_stale(executor, stale, resync)
             spec = job("tiny-wan", num_inference_steps=steps, seed=7, **({"model": model} if model else {}))
-            runs[name] = executor.denoise(spec, JobTimer(world.ctx.device))
+            runs[name] = drive.denoise(executor, spec, JobTimer(world.ctx.device))
     return runs
 
 
@@ -191,8 +192,8 @@ def test_wan_2_2_rewarms_at_the_expert_switch_end_to_end(tmp_path):
 
 def _directory_rank(rank, world_size, out, path, layout, stale, steps):
     with job_executor(f"{out}/rank{rank}", **layout) as (world, executor):
-        executor.stale = stale
-        return executor.denoise(job("tiny-wan", model=path, num_inference_steps=steps, seed=7),
+        drive.use_stale(executor, stale)
+        return drive.denoise(executor, job("tiny-wan", model=path, num_inference_steps=steps, seed=7),
                                 JobTimer(world.ctx.device))
 
 

@@ -17,6 +17,7 @@ from genbatch.parallel.stale import DISTRIFUSION, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 STEPS = 3
 
@@ -28,8 +29,8 @@ def _latents(out: str, preset: str, stale: StaleConfig, compile: bool, **layout)
     counters.clear()
     CLOCK.counts.clear()
     with job_executor(out, compile=compile, compile_backend="aot_eager", **layout) as (world, executor):
-        executor.stale = stale
-        latents = executor.denoise(job(preset, num_inference_steps=STEPS, seed=4), JobTimer(world.ctx.device))
+        drive.use_stale(executor, stale)
+        latents = drive.denoise(executor, job(preset, num_inference_steps=STEPS, seed=4), JobTimer(world.ctx.device))
     return {"latents": latents, "graph_breaks": sum(counters["graph_break"].values()),
             "compiles": dict(CLOCK.counts)}
 

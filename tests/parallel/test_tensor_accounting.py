@@ -20,6 +20,7 @@ from genbatch.models import family, resolve_model
 from genbatch.parallel.formulas import StepShape, bytes_per_step, tp_all_reduce_tokens
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 STEPS, E, P = 2, 4, 2
 JOBS = {
@@ -48,7 +49,7 @@ def _measure(rank, world_size, out):
     for index, (name, spec_job) in enumerate(JOBS.items()):
         with job_executor(f"{out}/{index}", tp=P) as (world, executor):
             timer = JobTimer(world.ctx.device)
-            executor.denoise(spec_job, timer)
+            drive.denoise(executor, spec_job, timer)
             rows = [row for row in timer.rows() if row["stage"] == "denoise_step"]
             found[name] = [{k: v for k, v in row.items() if k.startswith("bytes_")} for row in rows]
     ctx = world.ctx

@@ -27,6 +27,7 @@ from genbatch.runner.loading import empty_component, load_pipeline
 from tests.parallel.test_tensor_loading import _save
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job_executor
+from genbatch.runner.loading import load_for_group
 
 PROMPTS = ["a red fox in the snow", "an owl"]
 
@@ -110,8 +111,8 @@ def _load_and_encode(rank, world_size, path, out, layout=None):
     folder = os.path.join(path, "text_encoder")
     layout = layout or {"tp": 2}
     with counted_reads() as counts, job_executor(out, text_encoder_parallel="tp", **layout) as (world, _):
-        with mock.patch("genbatch.runner.world.load_pipeline", side_effect=AssertionError("loaded whole")):
-            pipe = world.load_pipeline(resolve_model(path))
+        with mock.patch("genbatch.runner.loading.load_pipeline", side_effect=AssertionError("loaded whole")):
+            pipe = load_for_group(resolve_model(path), world.ctx, world.dtype, world.parallelize)
         read = counts[os.path.abspath(folder)]
     encoder = pipe.text_encoder
     params = list(encoder.parameters())

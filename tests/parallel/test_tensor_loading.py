@@ -26,6 +26,7 @@ from genbatch.runner.loading import load_pipeline
 from tests.parallel.test_layouts import FLUX, WAN, _check, _run_job
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job_executor
+from genbatch.runner.loading import load_for_group
 
 MODELS = {"tiny-wan": WAN, "tiny-flux": FLUX}
 
@@ -147,8 +148,8 @@ def _compare_with_the_old_path(rank, world_size, paths, out):
         for name, path in paths.items():
             spec = resolve_model(path)
             read = ("transformer", *_split_encoders(path, world.ctx, world.dtype, "tp"))
-            with mock.patch("genbatch.runner.world.load_pipeline", side_effect=AssertionError("loaded whole")):
-                new_pipe = world.load_pipeline(spec)
+            with mock.patch("genbatch.runner.loading.load_pipeline", side_effect=AssertionError("loaded whole")):
+                new_pipe = load_for_group(spec, world.ctx, world.dtype, world.parallelize)
             old_pipe = load_pipeline(spec, world.ctx.device, world.dtype)
             parallelize_pipeline(old_pipe, spec, world.ctx, ParallelizeConfig(text_encoders="tp"))
             for component in read:

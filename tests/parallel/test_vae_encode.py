@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from tests.parallel.test_vae import WAN22_VAE, WIDE_IMAGE_VAE
 from tests.support.distributed import run_on_ranks
+from tests.support import executor as drive
 
 TOLERANCE = 1e-4
 WORLD_SIZES = (2, 4)
@@ -120,7 +121,7 @@ def _image_job_on_rank(rank: int, world_size: int, image: str, out: str) -> tupl
     spec = job("tiny-wan-i2v", num_inference_steps=2, num_frames=5, seed=3, image=image)
     with mock.patch.object(encode, "tile_parallel", wraps=encode.tile_parallel) as tiled:
         with job_executor(out, model="tiny-wan-i2v", ulysses=world_size) as (world, executor):
-            latents = executor.denoise(spec, JobTimer(world.ctx.device))
+            latents = drive.denoise(executor, spec, JobTimer(world.ctx.device))
     return tiled.call_count, latents
 
 
@@ -133,7 +134,7 @@ def test_an_image_rows_encode_is_split_over_its_job_group(tmp_path):
     image = str(tmp_path / "first.png")
     Image.new("RGB", (64, 48), (250, 120, 20)).save(image)
     with job_executor(str(tmp_path / "one"), model="tiny-wan-i2v") as (world, executor):
-        reference = executor.denoise(job("tiny-wan-i2v", num_inference_steps=2, num_frames=5, seed=3, image=image),
+        reference = drive.denoise(executor, job("tiny-wan-i2v", num_inference_steps=2, num_frames=5, seed=3, image=image),
                                      JobTimer(world.ctx.device))
     for tiled, latents in run_on_ranks(_image_job_on_rank, 2, (image, str(tmp_path / "two")), timeout_s=60):
         assert tiled == 1  # the conditioning video, encoded once, on tiles

@@ -13,8 +13,10 @@ import torch
 
 from genbatch.io import BackgroundWriter, RunStore
 from genbatch.runner.checkpoint import DenoiseCheckpoint
-from genbatch.runner.execute import CheckpointPolicy, JobExecutor
-from genbatch.runner.run import RunOptions
+from genbatch.runner.checkpoint import CheckpointPolicy
+from genbatch.runner.execute import JobExecutor
+from genbatch.runner.options import RunOptions
+from genbatch.runner.startup import build_executor
 from genbatch.runner.timing import JobTimer
 from genbatch.runner.world import start_world
 
@@ -70,12 +72,12 @@ class Harness:
 @contextlib.contextmanager
 def executor_on(out: str, policy: CheckpointPolicy | None = None):
     """A fresh single-process JobExecutor (its own pipelines) writing to `out`; writes flushed on exit."""
-    options = RunOptions(manifest="unused", out=out, media_allow=("/",),
-                         checkpoints=policy or CheckpointPolicy(every_steps=0, every_seconds=0))
+    options = RunOptions.from_flags("unused", out, {
+        "media_allow": ("/",), "checkpoints": policy or CheckpointPolicy(every_steps=0, every_seconds=0)})
     world = start_world(options)
     store = RecordingStore(out)
     writer = BackgroundWriter(max_pending=2)
-    executor = world.executor(options, store, writer, run_id="resume-test")
+    executor = build_executor(options, world, store, writer, run_id="resume-test")
     try:
         yield Harness(executor=executor, store=store, writer=writer)
     finally:

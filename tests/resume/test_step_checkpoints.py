@@ -13,11 +13,13 @@ import pytest
 import torch
 
 from genbatch.io import RunStore
-from genbatch.runner.execute import CheckpointPolicy, JobInterrupted
+from genbatch.runner.checkpoint import CheckpointPolicy
+from genbatch.runner.execute import JobInterrupted
 from genbatch.runner.timing import JobTimer
 from tests.resume.inprocess import SignalAfterStep, executor_on
 from tests.support.faulty_proxy import FaultyProxy
 from tests.support.runs import job, run_cli, write_manifest
+from tests.support import executor as drive
 
 STEPS = 8
 JOBS = {
@@ -31,7 +33,7 @@ def uninterrupted(tmp_path_factory):
     """Final latents of each job run straight through."""
     out = str(tmp_path_factory.mktemp("uninterrupted"))
     with executor_on(out) as harness:
-        return {name: harness.executor.denoise(spec, JobTimer(harness.device)) for name, spec in JOBS.items()}
+        return {name: drive.denoise(harness.executor, spec, JobTimer(harness.device)) for name, spec in JOBS.items()}
 
 
 def _stop_after(out: str, spec, steps_done: int, signum=signal.SIGUSR1) -> list[int]:
@@ -39,7 +41,7 @@ def _stop_after(out: str, spec, steps_done: int, signum=signal.SIGUSR1) -> list[
     with executor_on(out) as harness:
         timer = SignalAfterStep(harness.device, step=steps_done - 1, signum=signum)
         with pytest.raises(JobInterrupted, match=f"after step {steps_done}"):
-            harness.executor.denoise(spec, timer)
+            drive.denoise(harness.executor, spec, timer)
         harness.writer.flush()
         assert harness.store.saved == {spec.id: [steps_done]}  # the stop checkpoint, nothing periodic
         return timer.steps()
@@ -48,7 +50,7 @@ def _stop_after(out: str, spec, steps_done: int, signum=signal.SIGUSR1) -> list[
 def _resume(out: str, spec) -> tuple[torch.Tensor, list[int]]:
     with executor_on(out) as harness:
         timer = SignalAfterStep(harness.device)
-        latents = harness.executor.denoise(spec, timer)
+        latents = drive.denoise(harness.executor, spec, timer)
         return latents, timer.steps()
 
 
@@ -69,7 +71,7 @@ def test_stopped_twice_by_sigterm_then_resumed(uninterrupted, tmp_path):
     with executor_on(str(tmp_path)) as harness:  # resumes at 2, stopped again at 4
         timer = SignalAfterStep(harness.device, step=3, signum=signal.SIGTERM)
         with pytest.raises(JobInterrupted, match="after step 4"):
-            harness.executor.denoise(spec, timer)
+            drive.denoise(harness.executor, spec, timer)
         assert timer.steps() == [2, 3]
     latents, steps = _resume(str(tmp_path), spec)
     assert steps == list(range(4, STEPS))
@@ -88,7 +90,7 @@ def test_a_changed_row_does_not_resume_a_stale_checkpoint(uninterrupted, tmp_pat
 def test_checkpoints_every_k_steps(every_steps, expected, tmp_path):
     policy = CheckpointPolicy(every_steps=every_steps, every_seconds=0)
     with executor_on(str(tmp_path), policy) as harness:
-        harness.executor.denoise(JOBS["tiny-flux"], JobTimer(harness.device))
+        drive.denoise(harness.executor, JOBS["tiny-flux"], JobTimer(harness.device))
         harness.writer.flush()
         assert harness.store.saved.get("flux", []) == expected  # none after the last step: the job is done
 
@@ -101,7 +103,7 @@ def test_checkpoints_at_most_every_t_seconds(tmp_path):
     policy = CheckpointPolicy(every_steps=1, every_seconds=seconds)
     with executor_on(str(tmp_path), policy) as harness:
         timer = SignalAfterStep(harness.device, step_sleep_s=0.1)
-        harness.executor.denoise(JOBS["tiny-flux"], timer)
+        drive.denoise(harness.executor, JOBS["tiny-flux"], timer)
         harness.writer.flush()
         saved = harness.store.saved.get("flux", [])
     last = timer.intervals[[i.stage for i in timer.intervals].index("denoise_step")].start.clock
@@ -116,7 +118,7 @@ def test_checkpoints_at_most_every_t_seconds(tmp_path):
 
 def test_a_committed_job_leaves_no_checkpoint(tmp_path):
     with executor_on(str(tmp_path), CheckpointPolicy(every_steps=2, every_seconds=0)) as harness:
-        harness.executor.run(JOBS["tiny-flux"])
+        drive.run(harness.executor, JOBS["tiny-flux"])
         harness.writer.flush()
         assert harness.store.saved == {"flux": [2, 4, 6]}
         assert harness.store.done_ids() == {"flux"}
@@ -155,7 +157,7 @@ def test_an_image_row_resumes_to_the_same_latents_and_a_changed_image_starts_ove
         spec = job(preset, id=preset, num_inference_steps=STEPS, seed=3, num_frames=5, negative_prompt="grey",
                    image=image)
         with executor_on(str(tmp_path / f"straight-{preset}")) as harness:
-            straight = harness.executor.denoise(spec, JobTimer(harness.device))
+            straight = drive.denoise(harness.executor, spec, JobTimer(harness.device))
         assert _stop_after(str(tmp_path / preset), spec, stop_at) == list(range(stop_at))
         latents, steps = _resume(str(tmp_path / preset), spec)
         assert steps == list(range(stop_at, STEPS))
@@ -176,7 +178,7 @@ def test_a_lora_row_resumes_to_the_same_latents_and_another_scale_starts_over(tm
     lora = peft_lora("tiny-flux", tmp_path / "style", ("to_q", "to_v", "proj_mlp"))
     spec = replace(JOBS["tiny-flux"], id="styled", lora=(LoraRef(lora, scale=0.8),))
     with executor_on(str(tmp_path / "straight")) as harness:
-        straight = harness.executor.denoise(spec, JobTimer(harness.device))
+        straight = drive.denoise(harness.executor, spec, JobTimer(harness.device))
     assert _stop_after(str(tmp_path / "styled"), spec, 3) == [0, 1, 2]
     latents, steps = _resume(str(tmp_path / "styled"), spec)  # a new executor: the adapter switched in again
     assert steps == list(range(3, STEPS))

@@ -106,8 +106,11 @@ def test_one_process_and_a_batch_of_four(one_process, manifest, tmp_path):
 
 
 def _runs(rank: int, world_size: int, runs: list[tuple[str, ...]]) -> list[int]:
-    """Each `gen` command line in turn, on this rank of the pool: their exit statuses."""
-    return [_run_cli_rank(rank, world_size, args).returncode for args in runs]
+    """Each `gen` command line in turn, on this rank of the pool: their exit statuses (none a crash)."""
+    results = [_run_cli_rank(rank, world_size, args) for args in runs]
+    for result in results:
+        assert "Traceback" not in result.stderr, result.stderr
+    return [result.returncode for result in results]
 
 
 LAYOUTS_2 = {"ulysses2": ("--ulysses", "2"), "tp2": ("--tp", "2"), "cfg2": ("--cfg", "2"), "pp2": ("--pp", "2"),
@@ -146,6 +149,7 @@ def _flaky_read_then_rerun(rank: int, world_size: int, manifest: str, out: str) 
     with mock.patch.object(MediaReader, "_bytes", flaky):
         first = _run_cli_rank(rank, world_size, args)
     rerun = _run_cli_rank(rank, world_size, args)
+    assert "Traceback" not in first.stderr + rerun.stderr, first.stderr + rerun.stderr
     return [first.returncode, rerun.returncode]
 
 

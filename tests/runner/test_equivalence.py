@@ -12,6 +12,7 @@ from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +28,7 @@ def saved_presets(tmp_path_factory):
 
 def _genbatch_frames(model: str, spec_job, tmp_path) -> np.ndarray:
     with job_executor(str(tmp_path / "out"), model=model) as (world, executor):
-        return executor.generate(spec_job, JobTimer(world.ctx.device))
+        return drive.generate(executor, spec_job, JobTimer(world.ctx.device))
 
 
 def _diffusers_frames(model: str, spec_job) -> np.ndarray:

@@ -28,6 +28,7 @@ from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.support.lora import kohya_flux_lora, peft_lora, qwen_comfy_lora, wan_original_lora
 from tests.support.runs import job, job_executor, run_cli, write_manifest
+from tests.support import executor as drive
 
 FLUX_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "proj_out", "proj_mlp", "net.0.proj")
 """Column-wise, row-wise and packed row-wise (the single blocks' proj_out) Linears under --tp."""
@@ -57,7 +58,7 @@ def test_a_lora_job_equals_diffusers_and_the_next_job_gets_the_base_weights_back
     styled, half = (replace(plain, lora=(LoraRef(flux_lora, scale=scale),)) for scale in (1.0, 0.5))
     with job_executor(str(tmp_path / "out")) as (world, executor):
         timer = JobTimer(world.ctx.device)
-        ours = {name: executor.generate(spec, timer) for name, spec in
+        ours = {name: drive.generate(executor, spec, timer) for name, spec in
                 (("styled", styled), ("plain", plain), ("half", half), ("styled again", styled))}
         weights = executor.adapters._weights[executor.model_for(plain).pipe]
         kept = weights.kept_bytes
@@ -79,10 +80,10 @@ def test_a_none_b_none_in_one_run_equals_four_separate_runs(flux_lora, tmp_path)
     plain = job("tiny-flux", num_inference_steps=2, seed=8)
     sequence = [replace(plain, lora=(LoraRef(flux_lora),)), plain, replace(plain, lora=(LoraRef(other, 0.7),)), plain]
     with job_executor(str(tmp_path / "one")) as (world, executor):
-        together = [executor.generate(spec, JobTimer(world.ctx.device)) for spec in sequence]
+        together = [drive.generate(executor, spec, JobTimer(world.ctx.device)) for spec in sequence]
     for index, spec in enumerate(sequence):
         with job_executor(str(tmp_path / f"alone-{index}")) as (world, executor):
-            np.testing.assert_array_equal(together[index], executor.generate(spec, JobTimer(world.ctx.device)))
+            np.testing.assert_array_equal(together[index], drive.generate(executor, spec, JobTimer(world.ctx.device)))
     assert np.abs(together[0] - together[1]).max() > 0.05 and np.abs(together[2] - together[1]).max() > 0.05
 
 
@@ -90,7 +91,7 @@ def test_the_original_wan_layout_is_converted_as_diffusers_converts_it(tmp_path)
     lora = wan_original_lora(tmp_path / "wan" / "lightx2v_style.safetensors")
     spec = job("tiny-wan", num_inference_steps=3, seed=5, num_frames=5)
     with job_executor(str(tmp_path / "out")) as (world, executor):
-        ours = executor.generate(replace(spec, lora=(LoraRef(lora, scale=0.7),)), JobTimer(world.ctx.device))
+        ours = drive.generate(executor, replace(spec, lora=(LoraRef(lora, scale=0.7),)), JobTimer(world.ctx.device))
     theirs = _pipeline_output(spec, lora, 0.7)
     assert np.abs(ours - theirs).max() <= 1e-4
     assert np.abs(theirs - _pipeline_output(spec)).max() > 0.05
@@ -100,8 +101,8 @@ def test_the_comfyui_qwen_image_layout_is_converted_as_diffusers_converts_it(tmp
     lora = qwen_comfy_lora(tmp_path / "qwen" / "lightning_style.safetensors", alpha=16.0)
     spec = job("tiny-qwen-image", num_inference_steps=2, seed=5)
     with job_executor(str(tmp_path / "out")) as (world, executor):
-        ours = executor.generate(replace(spec, lora=(LoraRef(lora, scale=0.7),)), JobTimer(world.ctx.device))
-        base = executor.generate(spec, JobTimer(world.ctx.device))
+        ours = drive.generate(executor, replace(spec, lora=(LoraRef(lora, scale=0.7),)), JobTimer(world.ctx.device))
+        base = drive.generate(executor, spec, JobTimer(world.ctx.device))
     theirs = _two_adapter_output(spec, [(lora, 0.7)])
     assert np.abs(ours - theirs).max() <= 1e-4
     assert np.abs(theirs - base).max() > 0.01  # the adapter moved it (100x the tolerance)
@@ -119,11 +120,11 @@ def test_kohya_flux_and_text_encoder_loras_equal_diffusers(tmp_path):
         base = {name: param.clone() for name, param in pipe.text_encoder.named_parameters()}
         ours = {}
         for name, path, scale in (("kohya", kohya, 0.8), ("encoder", encoder, 1.0)):
-            ours[name] = executor.generate(replace(spec, lora=(LoraRef(path, scale=scale),)),
+            ours[name] = drive.generate(executor, replace(spec, lora=(LoraRef(path, scale=scale),)),
                                            JobTimer(world.ctx.device))
             changed = [key for key, param in pipe.text_encoder.named_parameters() if not torch.equal(param, base[key])]
             assert changed, f"{name}: the text encoder's layers were not merged"
-        plain = executor.generate(spec, JobTimer(world.ctx.device))
+        plain = drive.generate(executor, spec, JobTimer(world.ctx.device))
         assert all(torch.equal(param, base[key]) for key, param in pipe.text_encoder.named_parameters())
     reference = _pipeline_output(spec)
     np.testing.assert_array_equal(plain, reference)
@@ -170,10 +171,10 @@ def _layouts_on_rank(rank, world_size, styled, plain, layouts, out):
         stale = StaleConfig(method=PIPEFUSION, patches=2, warmup_steps=styled.num_inference_steps) \
             if layout.get("pp") else None
         with job_executor(f"{out}/{index}", **layout) as (world, executor):
-            executor.stale = stale
-            latents = [executor.denoise(styled, JobTimer(world.ctx.device))]
+            drive.use_stale(executor, stale)
+            latents = [drive.denoise(executor, styled, JobTimer(world.ctx.device))]
             elements = executor.adapters._weights[executor.model_for(styled).pipe].elements
-            latents.append(executor.denoise(plain, JobTimer(world.ctx.device)))
+            latents.append(drive.denoise(executor, plain, JobTimer(world.ctx.device)))
         results.append((latents, elements))
     return results
 
@@ -184,8 +185,8 @@ def test_sharded_layouts_merge_their_own_parts_and_equal_one_process(flux_lora, 
     plain = job("tiny-flux", num_inference_steps=2, seed=9)
     styled = replace(plain, lora=(LoraRef(flux_lora, scale=0.8),))
     with job_executor(str(tmp_path / "one")) as (world, executor):
-        reference = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
-        executor.denoise(styled, JobTimer(world.ctx.device))
+        reference = [drive.denoise(executor, spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
+        drive.denoise(executor, styled, JobTimer(world.ctx.device))
         whole = executor.adapters._weights[executor.model_for(styled).pipe].elements
     layouts = [{"ulysses": 2}, {"tp": 2}, {"ulysses": 2, "fsdp": True}, {"pp": 2}, {"pp": 2, "fsdp": True}]
     per_rank = run_on_ranks(_layouts_on_rank, 2, args=(styled, plain, layouts, str(tmp_path / "ranks")),
@@ -332,14 +333,14 @@ def test_under_compile_a_switch_changes_tensors_in_place_and_compiles_nothing(fl
     plain = job("tiny-flux", num_inference_steps=2, seed=3)
     styled = replace(plain, lora=(LoraRef(flux_lora),))
     with job_executor(str(tmp_path / "eager")) as (world, executor):
-        eager = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
+        eager = [drive.denoise(executor, spec, JobTimer(world.ctx.device)) for spec in (styled, plain)]
     torch._dynamo.reset()
     counters.clear()
     CLOCK.counts.clear()
     with job_executor(str(tmp_path / "compiled"), compile=True, compile_backend="aot_eager") as (world, executor):
-        first = executor.denoise(plain, JobTimer(world.ctx.device))
+        first = drive.denoise(executor, plain, JobTimer(world.ctx.device))
         graphs = counters["stats"]["unique_graphs"]
-        compiled = [executor.denoise(spec, JobTimer(world.ctx.device)) for spec in (styled, plain, styled)]
+        compiled = [drive.denoise(executor, spec, JobTimer(world.ctx.device)) for spec in (styled, plain, styled)]
     assert graphs > 0 and counters["stats"]["unique_graphs"] == graphs  # three switches, no new graph
     for ours, theirs in zip(compiled, (eager[0], eager[1], eager[0]), strict=True):
         assert (ours - theirs).abs().max().item() <= 1e-4 * max(1.0, theirs.abs().max().item())
@@ -364,8 +365,8 @@ def test_two_adapters_at_two_scales_equal_diffusers(preset, tmp_path):
                 (peft_lora(preset, tmp_path / "b", ("to_k", "to_out.0"), rank=2, alpha=2.0, seed=2), 1.3)]
     spec = job(preset, num_inference_steps=2, seed=4, lora=tuple(LoraRef(path, scale) for path, scale in adapters))
     with job_executor(str(tmp_path / "out")) as (world, executor):
-        ours = executor.generate(spec, JobTimer(world.ctx.device))
-        base = executor.generate(replace(spec, lora=()), JobTimer(world.ctx.device))
+        ours = drive.generate(executor, spec, JobTimer(world.ctx.device))
+        base = drive.generate(executor, replace(spec, lora=()), JobTimer(world.ctx.device))
     theirs = _two_adapter_output(spec, adapters)
     assert np.abs(ours - theirs).max() <= 1e-4
     assert np.abs(ours - base).max() > 0.01  # the adapters moved it (100x the tolerance)
@@ -385,9 +386,9 @@ def test_wan_2_2_adapters_go_into_the_expert_each_names(tmp_path):
     with job_executor(str(tmp_path / "out"), model="tiny-wan22-i2v") as (world, executor):
         pipe = executor.model_for(spec).pipe
         base = {name: param.clone() for name, param in pipe.transformer_2.named_parameters()}
-        ours = executor.generate(replace(spec, lora=refs), JobTimer(world.ctx.device))
+        ours = drive.generate(executor, replace(spec, lora=refs), JobTimer(world.ctx.device))
         assert any(not torch.equal(param, base[name]) for name, param in pipe.transformer_2.named_parameters())
-        only_high = executor.generate(replace(spec, lora=refs[:1]), JobTimer(world.ctx.device))
+        only_high = drive.generate(executor, replace(spec, lora=refs[:1]), JobTimer(world.ctx.device))
         assert all(torch.equal(param, base[name]) for name, param in pipe.transformer_2.named_parameters())
     reference = load_pipeline(resolve_model("tiny-wan22-i2v"), torch.device("cpu"), torch.float32)
     reference.load_lora_weights(high, adapter_name="high")
@@ -400,7 +401,7 @@ def test_wan_2_2_adapters_go_into_the_expert_each_names(tmp_path):
     assert np.abs(ours - only_high).max() > 0.01  # the low-noise expert's adapter moved it (100x the tolerance)
     with job_executor(str(tmp_path / "one"), model="tiny-wan") as (world, executor):
         with pytest.raises(RowNotPrepared, match="column 'lora': .*expert 'low' is the transformer_2 of a two-expert"):
-            executor.generate(replace(job("tiny-wan", num_frames=5, num_inference_steps=2),
+            drive.generate(executor, replace(job("tiny-wan", num_frames=5, num_inference_steps=2),
                                       lora=(LoraRef(low, expert="low"),)), JobTimer(world.ctx.device))
 
 

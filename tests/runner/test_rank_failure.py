@@ -86,8 +86,7 @@ def _run_losing_rank_1_after_one_job(rank: int, world_size: int, manifest: str, 
     """`gen run`'s `run` on a two-rank group whose rank 1 exits right after finishing its first job."""
     from genbatch.runner import run as run_module
     from genbatch.runner.execute import JobExecutor
-    from genbatch.parallel.dims import LayoutRequest
-    from genbatch.runner.run import RunOptions
+    from genbatch.runner.options import RunOptions
 
     finish_batch = JobExecutor.run_batch
 
@@ -98,7 +97,7 @@ def _run_losing_rank_1_after_one_job(rank: int, world_size: int, manifest: str, 
         return result
 
     JobExecutor.run_batch = finish_then_exit
-    status = run_module.run(RunOptions(manifest=manifest, out=out, layout=LayoutRequest.of(ulysses=2), quiet=True))
+    status = run_module.run(RunOptions.from_flags(manifest, out, {"ulysses": 2, "quiet": True}))
     with open(os.path.join(out, "rank0-status"), "w") as handle:
         handle.write(str(status))
     return status

@@ -5,8 +5,9 @@ from __future__ import annotations
 from genbatch.io import RunStore
 from genbatch.jobs.schedule import hand_out_order, select_share
 from genbatch.models import resolve_model
-from genbatch.runner.execute import CheckpointPolicy
+from genbatch.runner.checkpoint import CheckpointPolicy
 from tests.support.runs import job, job_executor
+from tests.support import executor as drive
 
 
 class Counting:
@@ -30,9 +31,9 @@ def test_a_checkpointed_job_resolves_its_model_and_pipeline_once(tmp_path, monke
     monkeypatch.setattr(RunStore, "save_checkpoint", lambda self, job_id, payload: saved.append(job_id))
     with job_executor(str(tmp_path / "out")) as (world, executor):
         executor.checkpoints = CheckpointPolicy(every_steps=1)
-        result = executor.run(job("tiny-wan", num_inference_steps=4))
+        result = drive.run(executor, job("tiny-wan", num_inference_steps=4))
         executor.writer.close()
-    assert result.record["status"] == "done"
+    assert result.records[0]["status"] == "done"
     assert saved == ["job"] * 3  # a checkpoint after steps 1, 2 and 3 (none after the last)
     assert resolutions.calls == ["tiny-wan"]  # once for encode, denoise, 3 checkpoints, decode and the media
     assert gets == ["tiny-wan"]

@@ -48,7 +48,8 @@ def test_a_20k_row_run_does_only_its_shares_undone_jobs(tmp_path):
             (out / "done" / f"{job.id}.json").write_bytes(body)
 
     finished = run_cli_on_ranks(2, "run", manifest, "--out", str(out), *RUN, "--share", "1/2", "-q")
-    assert finished.returncode == 0, finished.stderr
+    assert finished.returncode == 1, finished.stderr  # every valid job done; the 21 rejected rows are not
+    assert "Traceback" not in finished.stderr, finished.stderr
     outputs = sorted(name.removesuffix(".png") for name in store.objects.list_names(store.layout.join("outputs")))
     assert outputs == sorted(todo)  # each undone job once; none of the other share, none done before
     records = {job_id: store.read_done(job_id) for job_id in todo}
@@ -72,20 +73,21 @@ def _share_jobs(rank: int, world_size: int, manifest: str):
 
     def compute(keep_every):
         jobs = read_jobs(manifest, overrides=JobOverrides(model="tiny-flux")).jobs
-        return jobs.take(np.arange(len(jobs))[::-keep_every]), {"told": rank}
+        return jobs.take(np.arange(len(jobs))[::-keep_every]), {"told": rank}, f"rank {rank}'s own"
 
     shared = []
     for keep_every in (1, 3):  # most jobs (the whole table travels) and a third (only those travel)
-        jobs, value = world.shared_jobs(lambda: compute(keep_every))  # noqa: B023 - called at once
-        shared.append(([job.record() for job in jobs], value))
+        jobs, value, own = world.shared_table(lambda: compute(keep_every))  # noqa: B023 - called at once
+        shared.append(([job.record() for job in jobs], value, own))
     return shared
 
 
-def test_shared_jobs_gives_every_rank_the_same_jobs(tmp_path):
+def test_shared_table_gives_every_rank_the_same_jobs_and_rank_0_its_own_value(tmp_path):
     manifest = _manifest(tmp_path / "m.parquet")
     expected = read_jobs(manifest, overrides=JobOverrides(model="tiny-flux")).jobs
     results = run_on_ranks(_share_jobs, world_size=2, args=(manifest,))
     for case, keep_every in enumerate((1, 3)):
         wanted = [job.record() for job in expected.take(np.arange(len(expected))[::-keep_every])]
         assert [results[rank][case][1] for rank in (0, 1)] == [{"told": 0}, {"told": 0}]
+        assert [results[rank][case][2] for rank in (0, 1)] == ["rank 0's own", None]
         assert results[0][case][0] == results[1][case][0] == wanted

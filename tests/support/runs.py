@@ -100,21 +100,19 @@ def run_cli_on_ranks(world_size: int, *args: str, timeout_s: float = 120.0) -> C
 
 
 @contextlib.contextmanager
-def job_executor(out: str, store=None, **layout):
+def job_executor(out: str, store=None, **flags):
     """(world, JobExecutor) for this process's world (one process, or the gloo group already started), laid
-    out by `layout` (the axes' degrees and fsdp by name: dp, cfg, ring, ulysses, fsdp, ...; any other RunOptions
-    field too), writing to `out`; signal handlers restored after."""
+    out and run as `gen run` with these flags (by click's names: dp, cfg, ring, ulysses, fsdp, dtype, attention,
+    compile, ...; `checkpoints` a CheckpointPolicy), writing to `out`; signal handlers restored after."""
     from genbatch.io import BackgroundWriter, RunStore
-    from genbatch.parallel.axes import AXES
-    from genbatch.parallel.dims import LayoutRequest
-    from genbatch.runner.run import RunOptions
+    from genbatch.runner.options import RunOptions
+    from genbatch.runner.startup import build_executor
     from genbatch.runner.world import start_world
 
-    degrees = {name: layout.pop(name) for name in (*AXES, "fsdp") if name in layout}
-    layout.setdefault("media_allow", ("/",))  # tests read images from wherever they wrote them
-    options = RunOptions(manifest="unused", out=out, layout=LayoutRequest.of(**degrees), **layout)
+    flags.setdefault("media_allow", ("/",))  # tests read images from wherever they wrote them
+    options = RunOptions.from_flags("unused", out, flags)
     world = start_world(options)
-    executor = world.executor(options, store or RunStore(out), BackgroundWriter(max_pending=1), run_id="test")
+    executor = build_executor(options, world, store or RunStore(out), BackgroundWriter(max_pending=1), run_id="test")
     try:
         yield world, executor
     finally:
