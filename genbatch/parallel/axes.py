@@ -27,6 +27,10 @@ from dataclasses import dataclass
 class Axis:
     name: str
     """The axis's name in the mesh, in layout names (`ulysses4`) and in `gen run --NAME`."""
+    short: str
+    """Its column heading in `gen plan`'s table."""
+    collective: str | None
+    """The byte ledger's collective kind it sends (`bytes_KIND` in the timings; None: it sends nothing a step)."""
     what: str
     """One line for messages (and `gen plan`'s help)."""
     help: str
@@ -48,23 +52,23 @@ class Axis:
 
 
 _AXES = (
-    Axis(name="dp", what="data parallel: groups that run different jobs",
+    Axis(name="dp", short="dp", collective=None, what="data parallel: groups that run different jobs",
          help="Data-parallel groups (default: the rest of the world)."),
-    Axis(name="cfg", what="CFG parallel: the two guidance branches on different ranks", max_degree=2,
+    Axis(name="cfg", short="cfg", collective="cfg_exchange", what="CFG parallel: the two guidance branches on different ranks", max_degree=2,
          help="CFG parallel: 2 runs the two guidance branches on different ranks."),
-    Axis(name="distrifusion", what="DistriFusion: one patch per rank, every layer's K/V all-gathered a step late",
+    Axis(name="distrifusion", short="df", collective="stale_kv", what="DistriFusion: one patch per rank, every layer's K/V all-gathered a step late",
          help="DistriFusion: each rank one patch of the latent, every layer's K/V of the others all-gathered "
               "asynchronously and used a step late; composes with --cfg and --dp only.",
          stale="DistriFusion", alone_with=("cfg", "dp"), with_fsdp=False,
          why_alone="DistriFusion keeps every layer whole on every rank and gives each rank one patch: the other "
                    "axes would split the layers, heads or patch again"),
-    Axis(name="pp", what="PipeFusion stages: layers split into stages, patches streamed through them",
+    Axis(name="pp", short="pp", collective="p2p", what="PipeFusion stages: layers split into stages, patches streamed through them",
          help="PipeFusion stages: the layers split over P ranks, patches of the latent streamed through them.",
          aliases=("--pipefusion",), fsdp_shards=False, stale="PipeFusion"),
-    Axis(name="ring", what="Ring attention: K/V blocks passed around a ring", help="Ring-attention degree."),
-    Axis(name="ulysses", what="Ulysses: heads exchanged by all-to-all",
+    Axis(name="ring", short="ring", collective="p2p", what="Ring attention: K/V blocks passed around a ring", help="Ring-attention degree."),
+    Axis(name="ulysses", short="uly", collective="all_to_all", what="Ulysses: heads exchanged by all-to-all",
          help="Ulysses degree (must divide the head count)."),
-    Axis(name="tp", what="tensor parallel: weights split by heads and MLP columns", fsdp_shards=False,
+    Axis(name="tp", short="tp", collective="all_reduce", what="tensor parallel: weights split by heads and MLP columns", fsdp_shards=False,
          help="Tensor-parallel degree: heads and MLP columns split over consecutive ranks (ulysses x tp must "
               "divide the head count)."),
 )

@@ -26,20 +26,17 @@ import json
 import os
 from dataclasses import asdict, dataclass, field, fields
 
+from genbatch.parallel.axes import AXIS
+
 SCHEMA = 1
 """The profile file's schema version (bumped when a field changes meaning or goes away)."""
 
 COLLECTIVE_OF_AXIS = {
-    "ulysses": "all_to_all",
-    "ring": "p2p",
-    "pp": "p2p",
-    "distrifusion": "stale_kv",
-    "tp": "all_reduce",
-    "fsdp": "fsdp_all_gather",
-    "sp_gather": "sp_gather",
-    "cfg": "cfg_exchange",
+    **{axis.name: axis.collective for axis in AXIS.values() if axis.collective},  # the axis table's own
+    "fsdp": "fsdp_all_gather",  # FSDP's weight all-gathers (over a sub-mesh, not an axis)
+    "sp_gather": "sp_gather",   # the output gather at the end of a sequence-parallel forward
 }
-"""The byte ledger's collective kind (`bytes_KIND` in the timings) each of the cost model's axes sends."""
+"""The byte ledger's collective kind (`bytes_KIND` in the timings) each of the cost model's terms sends."""
 
 
 @dataclass(kw_only=True, slots=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from genbatch.parallel.axes import AXES, STALE_AXES
+from genbatch.parallel.axes import AXES, AXIS, STALE_AXES
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.explain import explain, round_figures as _round
 from genbatch.planner.layouts import plan_degrees
@@ -107,7 +107,6 @@ def plan_to_dict(plan: Plan) -> dict:
     }
 
 
-_SHORT = {"dp": "dp", "cfg": "cfg", "distrifusion": "df", "pp": "pp", "ring": "ring", "ulysses": "uly", "tp": "tp"}
 
 
 def _degree_cells(degrees: dict[str, int]) -> list[str]:
@@ -126,7 +125,7 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
         "",
     ]
     encodes = work.encode is not None
-    header = ["#", *(_SHORT[axis] for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
+    header = ["#", *(AXIS[axis].short for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
               "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", *(("enc", "enc s") if encodes else ()),
               "decode"]
     rows = [header]
@@ -152,7 +151,7 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
                     if encodes else "")
                  + "; decode: parallel over the job group, full on its leader, or tiled there (blended tiles) when "
                  "no exact mode fits)")
-    stale = [f"{_SHORT[axis]} ({method})" for axis, method in STALE_AXES.items()
+    stale = [f"{AXIS[axis].short} ({method})" for axis, method in STALE_AXES.items()
              if any(candidate.layout.degree(axis) > 1 for candidate in plan.ranked[:top])]
     if stale:
         lines.append(f"({' and '.join(stale)} reuse{'s' if len(stale) == 1 else ''} stale K/V: ranked above exact "

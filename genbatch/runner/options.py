@@ -211,39 +211,36 @@ class RunOptions:
         try:
             return cls(
                 manifest=manifest, out=out,
-                model=_group(ModelOptions, flags, model="model", dtype="dtype", download="download",
-                             attention="attention", compile="compile", compile_backend="compile_backend",
-                             compile_cache="compile_cache", text_encoder_parallel="text_encoder_parallel",
-                             overrides=overrides_from_options(dict(flags))),
-                layout=_group(LayoutOptions, flags, profile="profile", backend="backend",
-                              collective_timeout="collective_timeout", warmup_steps="warmup_steps",
-                              patches="patches", vae_decode="vae_decode", vae_memory_gib="vae_memory",
-                              request=_layout_request(flags)),
-                storage=_group(StorageOptions, flags, timeout="storage_timeout", media_max_mib="media_max_mib",
+                model=_group(ModelOptions, flags, {
+                    "model": "model", "dtype": "dtype", "download": "download", "attention": "attention",
+                    "compile": "compile", "compile_backend": "compile_backend", "compile_cache": "compile_cache",
+                    "text_encoder_parallel": "text_encoder_parallel"},
+                    overrides=overrides_from_options(dict(flags))),
+                layout=_group(LayoutOptions, flags, {
+                    "profile": "profile", "backend": "backend", "collective_timeout": "collective_timeout",
+                    "warmup_steps": "warmup_steps", "patches": "patches", "vae_decode": "vae_decode",
+                    "vae_memory_gib": "vae_memory"},
+                    request=_layout_request(flags)),
+                storage=_group(StorageOptions, flags, {"timeout": "storage_timeout", "media_max_mib": "media_max_mib"},
                                options=_storage_options(get("storage_option") or ()),
                                media_allow=tuple(get("media_allow") or ()),
                                media_refuse=_networks(get("media_refuse") or ())),
-                resume=_group(ResumeOptions, flags, max_attempts="max_attempts", share=_share(get("share")),
+                resume=_group(ResumeOptions, flags, {"max_attempts": "max_attempts"}, share=_share(get("share")),
                               dynamic_hand_out=get("hand_out", "dynamic") == "dynamic",
                               checkpoints=_checkpoints(flags)),
-                features=_group(FeatureOptions, flags, batch_size="batch_size",
-                                embedding_cache_gib="embedding_cache_gib"),
+                features=_group(FeatureOptions, flags, {"batch_size": "batch_size",
+                                                        "embedding_cache_gib": "embedding_cache_gib"}),
                 report=bool(get("report", False)), quiet=bool(get("quiet", False)),
             )
         except ValueError as error:
             raise UsageError(str(error)) from None
 
 
-def _group(kind: type, flags: Mapping[str, Any], **names: Any):
-    """`kind(...)` with each field named in `names` from the flag its string names (left out when the flags
-    lack it: the field keeps its default), or, for a non-string, that value."""
-    values = {}
-    for name, source in names.items():
-        if not isinstance(source, str):
-            values[name] = source
-        elif source in flags and flags[source] is not None:
-            values[name] = flags[source]
-    return kind(**values)
+def _group(kind: type, flags: Mapping[str, Any], names: Mapping[str, str], **values: Any):
+    """`kind(**values)`, with each field in `names` from the flag it names (a flag left out, or None, keeps the
+    field's default)."""
+    found = {field_name: flags[flag] for field_name, flag in names.items() if flags.get(flag) is not None}
+    return kind(**found, **values)
 
 
 def _layout_request(flags: Mapping[str, Any]) -> LayoutRequest | str:
