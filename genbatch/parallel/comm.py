@@ -35,6 +35,11 @@ KINDS = ("all_to_all", "p2p", "all_gather", "sp_gather", "sp_mask", "stale_kv", 
 """The ledger's kinds, present from the start (a new one may still appear)."""
 
 
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+"""Equal-size all-gather into one tensor: `all_gather_single` where torch has it (2.13 deprecates the older name,
+with a FutureWarning a rank), else `all_gather_into_tensor`, the same call under its older name."""
+
+
 def _counters() -> dict[str, torch.Tensor]:
     return {kind: torch.zeros((), dtype=torch.int64) for kind in KINDS}
 
@@ -141,7 +146,7 @@ class Comm:
 
         `kind` names the ledger entry (e.g. "cfg_exchange"), so reports can tell what the bytes were for."""
         self.ledger.add(kind, _nbytes(tensor) * (self.size - 1))
-        return dist.all_gather_into_tensor(output, tensor.contiguous(), group=self.group, async_op=async_op)
+        return _all_gather_single(output, tensor.contiguous(), group=self.group, async_op=async_op)
 
     def all_gather_uneven(self, tensor: torch.Tensor, rows: Sequence[int], kind: str = "all_gather") -> list[torch.Tensor]:
         """All-gather tensors whose dim 0 differs by rank (`rows[r]` on rank r): pad, gather, trim."""
@@ -158,7 +163,7 @@ class Comm:
         padded[: tensor.shape[0]] = tensor
         gathered = tensor.new_empty((longest * self.size, *tensor.shape[1:]))
         self.ledger.add(kind, _nbytes(tensor) * (self.size - 1))
-        work = dist.all_gather_into_tensor(gathered, padded, group=self.group, async_op=True)
+        work = _all_gather_single(gathered, padded, group=self.group, async_op=True)
         return PendingGather(work, gathered, tuple(rows), longest)
 
     def all_reduce(self, tensor: torch.Tensor, op=dist.ReduceOp.SUM, kind: str = "all_reduce") -> torch.Tensor:

@@ -22,6 +22,25 @@ def _threads_per_worker(nproc: int) -> str:
     return os.environ.get("OMP_NUM_THREADS") or str(max(1, (os.cpu_count() or 1) // nproc))
 
 
+_STATUSES_SAID = (exit_codes.JOBS_FAILED, exit_codes.USAGE, exit_codes.REQUEUE)
+"""Worker exit statuses genbatch itself chose and explained (failed rows, a usage error, a stop)."""
+
+
+def _quiet_agent() -> None:
+    """Keep the agent's log to what genbatch has not said: its ERROR line for a worker that ended with one of
+    genbatch's own statuses (`failed (exitcode: 1)`, which reads like a crash), and its notice that it ends the
+    other workers then, are dropped; a worker killed by a signal or crashing is still logged."""
+    import logging
+
+    said = tuple(f"failed (exitcode: {status})" for status in _STATUSES_SAID)
+
+    def keep(record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not (message.startswith(said) or "closing signal SIGTERM" in message)
+
+    logging.getLogger("torch.distributed.elastic.multiprocessing.api").addFilter(keep)
+
+
 def launch_local(nproc: int, args: list[str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -42,6 +61,7 @@ def launch_local(nproc: int, args: list[str]) -> int:
         monitor_interval=0.1,
         start_method="spawn",
     )
+    _quiet_agent()
     previous = signal.signal(signal.SIGUSR1, lambda *_: os.kill(os.getpid(), signal.SIGTERM))
     try:
         elastic_launch(config, entrypoint=sys.executable)("-m", "genbatch", *args)
