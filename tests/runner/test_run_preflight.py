@@ -96,7 +96,7 @@ def test_causes_after_the_first_five_are_counted_and_the_valid_rows_run(tmp_path
     manifest = tmp_path / "m.parquet"
     pq.write_table(pa.Table.from_pylist(rows), manifest)
     result = gen("run", str(manifest), "--out", str(tmp_path / "out"), "--model", "tiny-flux", "--frames", "10")
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 1 and "1 done, 0 failed, 7 rejected" in result.stderr, result.stderr
     rejected_lines = [line for line in result.stderr.splitlines() if line.startswith("genbatch: rejected")]
     assert len(rejected_lines) == 5, result.stderr
     assert rejected_lines[0] == "genbatch: rejected row 0 (id 'r1'): column 'width': 65 is not a multiple of 16 (use 64)"
