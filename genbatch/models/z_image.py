@@ -61,9 +61,9 @@ CALL_DEFAULTS = {"width": 1024, "height": 1024, "num_inference_steps": 50, "guid
 at `guidance_scale` 0 and 9 steps: give those in the manifest or with --guidance-scale / --steps."""
 
 CHAT_TEMPLATE = (
-    "{%- for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{%- endfor %}{%- if add_generation_prompt %}<|im_start|>assistant\n"
-    "{%- if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{%- endif %}{%- endif %}"
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and enable_thinking is false %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
 )
 """Qwen3's chat template for plain text messages (what the pipeline renders the prompt with): with
 `enable_thinking=True` the assistant's turn is opened and left empty."""
