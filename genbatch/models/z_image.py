@@ -394,7 +394,8 @@ FAMILY = ModelFamily(
                    patch_size=(2, 2), vae_spatial=2 ** (len(PUBLISHED_VAE["block_out_channels"]) - 1), vae_temporal=1,
                    out_channels=PUBLISHED_TRANSFORMER["in_channels"], vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
                    vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKL", width=1024, height=1024,
-                   frames=None, steps=9,  # the model card's: 9 steps, 8 forwards after the first
+                   frames=None, steps=9,  # the model card's
+                   pipeline_stages=False,  # the main blocks' one stream holds the caption with the image
                    tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer(
                        {"noise_refiner": PUBLISHED_TRANSFORMER["n_refiner_layers"],
                         "layers": PUBLISHED_TRANSFORMER["n_layers"]})),
