@@ -44,7 +44,7 @@ def directory(tmp_path_factory):
 
 CASES = [  # (guidance, negative prompt, (width, height), condition image size or None, from a directory)
     (1.0, None, (64, 64), None, False),  # the pipeline's default: no guidance
-    (4.0, "blurry, grey", (96, 64), None, False),  # true CFG, another aspect ratio
+    pytest.param(4.0, "blurry, grey", (96, 64), None, False, marks=pytest.mark.slow),  # true CFG, another aspect
     (1.0, None, (64, 96), (72, 40), False),  # a condition image of another aspect ratio than the output's
     (4.0, "grey", (64, 96), None, True),  # (a directory's condition image is resized to the pipeline's 1024^2:
 ]                                         # beyond the tiny vision tower's 64^2, so its image rows run from the preset)
@@ -71,6 +71,7 @@ def _encoded(pipe, spec_job):
     return family("qwen-image-21").hooks.encode(pipe, replace(spec_job, media=media), torch.device("cpu"))
 
 
+@pytest.mark.slow
 def test_the_prompt_the_image_and_the_guidance_reach_the_output(tmp_path):
     image = random_image(tmp_path / "in.png", (64, 64))
     base = job(PRESET, num_inference_steps=2, seed=3)
@@ -131,6 +132,7 @@ def test_sequence_parallel_is_refused_naming_the_layouts_that_run_it():
         sequence_plan(pipe.transformer)
 
 
+@pytest.mark.slow
 def test_a_batch_equals_its_rows_one_by_one(tmp_path):
     # two rows of one prompt share a layout (one forward); a third prompt's length makes another group
     image = random_image(tmp_path / "in.png", (64, 48))
@@ -191,6 +193,7 @@ def test_the_vae_decodes_and_encodes_patch_parallel_as_one_rank(world_size):
             assert sum(sent.values()) > 0, "the tiles exchanged halos"
 
 
+@pytest.mark.slow
 def test_a_lora_equals_diffusers_load_lora_weights(tmp_path):
     from genbatch.jobs.lora import LoraRef
     from tests.support.lora import peft_lora
@@ -209,6 +212,7 @@ def test_a_lora_equals_diffusers_load_lora_weights(tmp_path):
     assert np.abs(ours - base).max() > 0.01  # the adapter moved it
 
 
+@pytest.mark.slow
 def test_a_sample_sigmas_grid_sets_the_steps_and_the_hub_id_resolves(directory, tmp_path, monkeypatch):
     import shutil
 
@@ -238,3 +242,31 @@ def test_a_sample_sigmas_grid_sets_the_steps_and_the_hub_id_resolves(directory, 
                                                       torch.Generator().manual_seed(0), torch.device("cpu"))
     finally:
         resolve_model.cache_clear()
+
+
+@pytest.mark.slow
+def test_compile_equals_eager(tmp_path):
+    spec_job = job(PRESET, num_inference_steps=3, seed=5, guidance_scale=4.0, negative_prompt="grey")
+    with job_executor(str(tmp_path / "eager"), model=PRESET) as (world, executor):
+        eager = executor.denoise(spec_job, JobTimer(world.ctx.device))
+    with job_executor(str(tmp_path / "compiled"), model=PRESET, compile=True, compile_backend="aot_eager") as (
+            world, executor):
+        compiled = [executor.denoise(replace(spec_job, seed=seed), JobTimer(world.ctx.device)) for seed in (5, 6)]
+    assert (compiled[0] - eager).abs().max().item() <= 1e-4
+    assert (compiled[1] - eager).abs().max().item() > 1e-3  # another seed through the same graphs
+
+
+def test_the_planner_ranks_no_sequence_or_pipefusion_layout_for_it():
+    from genbatch.parallel.dims import ParallelDims
+    from genbatch.planner.hardware import make_cluster
+    from genbatch.planner.layouts import structural_problems
+    from genbatch.planner.shapes import resolve_shape
+
+    for name in ("qwen-image-2.1", PRESET):
+        shape = resolve_shape(name)
+        assert not shape.sequence_parallel and not shape.pipeline_stages, name
+    shape = resolve_shape("qwen-image-2.1")
+    cluster = make_cluster(8)
+    assert any("needs a sequence-parallel plan" in problem for problem in structural_problems(
+        ParallelDims(dp=4, ulysses=2), shape, 4352, 40, cluster))
+    assert not structural_problems(ParallelDims(dp=4, tp=2), shape, 4352, 40, cluster)

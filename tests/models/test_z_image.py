@@ -31,8 +31,8 @@ def directory(tmp_path_factory):
 
 CASES = [  # (guidance, negative prompt, (width, height), from a directory)
     (0.0, None, (64, 64), False),  # Turbo: one branch
-    (4.0, "blurry, grey", (64, 64), False),  # CFG against the negative prompt
-    (0.0, None, (80, 48), True),
+    pytest.param(4.0, "blurry, grey", (64, 64), False, marks=pytest.mark.slow),  # CFG against the negative prompt
+    pytest.param(0.0, None, (80, 48), True, marks=pytest.mark.slow),
     (3.0, None, (48, 80), True),  # CFG against the empty prompt, the pipeline's negative when none is given
 ]
 
@@ -123,6 +123,7 @@ def test_a_batch_equals_its_rows_one_by_one(tmp_path):
     assert np.abs(batched[0] - batched[1]).max() > 0.05  # the prompts reach the image
 
 
+@pytest.mark.slow
 def test_a_lora_equals_diffusers_load_lora_weights(tmp_path):
     from genbatch.jobs.lora import LoraRef
     from tests.support.lora import peft_lora
@@ -155,3 +156,26 @@ def test_the_hub_id_resolves_from_the_hub_cache(directory, tmp_path, monkeypatch
         resolve_model.cache_clear()
     assert (spec.family, spec.path, spec.uses_cfg, spec.size_multiple) == ("z-image", snapshot, True, 16)
     assert spec.defaults["guidance_scale"] == 5.0 and spec.defaults["num_inference_steps"] == 50  # __call__'s
+
+
+@pytest.mark.slow
+def test_compile_equals_eager_and_taylorseer_runs(tmp_path):
+    spec_job = job(PRESET, num_inference_steps=4, seed=5, guidance_scale=4.0, negative_prompt="grey")
+    with job_executor(str(tmp_path / "eager"), model=PRESET) as (world, executor):
+        eager = executor.denoise(spec_job, JobTimer(world.ctx.device))
+        cached = executor.denoise(replace(spec_job, cache="taylorseer:2"), JobTimer(world.ctx.device))
+        hooked = executor.last_summary["cache_hooked"]
+    with job_executor(str(tmp_path / "compiled"), model=PRESET, compile=True, compile_backend="aot_eager") as (
+            world, executor):
+        compiled = executor.denoise(spec_job, JobTimer(world.ctx.device))
+    assert (compiled - eager).abs().max().item() <= 1e-4
+    assert hooked > 0 and 0 < (cached - eager).abs().max().item() < eager.abs().max().item()
+
+
+def test_the_planner_takes_no_pipefusion_stages_for_it():
+    from genbatch.planner.shapes import resolve_shape
+
+    for name in ("z-image-turbo", PRESET):
+        shape = resolve_shape(name)
+        assert shape.sequence_parallel and not shape.pipeline_stages, name
+    assert not resolve_shape("z-image-turbo").uses_cfg and resolve_shape(PRESET).uses_cfg  # Turbo runs at 0
