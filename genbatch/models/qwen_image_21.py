@@ -89,7 +89,8 @@ TINY_TEXT = dict(hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_
                  pad_token_id=0, eos_token_id=1, bos_token_id=None)
 """A two-layer Qwen3-VL language model (its rotary sections add up to half its head size, 4)."""
 TINY_VISION = dict(depth=1, hidden_size=16, intermediate_size=16, num_heads=2, out_hidden_size=32, patch_size=16,
-                   spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0], num_position_embeddings=64)
+                   spatial_merge_size=2, temporal_patch_size=2, deepstack_visual_indexes=[0],
+                   num_position_embeddings=64)
 """A one-block Qwen3-VL vision tower, 16-pixel patches merged 2 x 2."""
 TINY_PROCESSOR = dict(min_pixels=32 * 32, max_pixels=64 * 64, patch_size=16, temporal_patch_size=2, merge_size=2)
 """The tiny preset's Qwen2-VL-style image processor: a condition image seen at a few thousand pixels (a handful of
@@ -122,7 +123,8 @@ PUBLISHED_TRANSFORMER = {
 PUBLISHED_VAE = {
     "attn_scales": [], "base_dim": 96, "decoder_base_dim": 144, "dim_mult": [1, 2, 4, 8, 8], "dropout": 0.0,
     "in_channels": 4, "is_residual": True, "num_res_blocks": 2, "out_channels": 4, "patch_size": None,
-    "scale_factor_spatial": 16, "scale_factor_temporal": 8, "temperal_downsample": [False, True, True, True], "z_dim": 64,
+    "scale_factor_spatial": 16, "scale_factor_temporal": 8, "temperal_downsample": [False, True, True, True],
+    "z_dim": 64,
 }
 """Qwen/Qwen-Image-2.1 vae/config.json (its 64 latents_mean / latents_std left out): 0.34B parameters, 0.26B of them
 the decoder's."""
@@ -191,7 +193,8 @@ def input_size(image_size: tuple[int, int], output_resolution: int) -> tuple[int
     width, height, _ = calculate_dimensions(output_resolution * output_resolution, image_size[0] / image_size[1])
     if not width or not height:
         raise ValueError(f"a condition image of {image_size[0]}x{image_size[1]} resized to {output_resolution}^2 "
-                         "pixels at its aspect ratio has a side under 16 pixels; crop it to a less extreme aspect ratio")
+                         "pixels at its aspect ratio has a side under 16 pixels; crop it to a less extreme aspect "
+                         "ratio")
     return width, height
 
 
@@ -526,7 +529,8 @@ FAMILY = ModelFamily(
     image_encode=ImageEncode(video=False, area=1024 * 1024, multiple=32, required=False),
     published=(
         ModelShape(name="qwen-image-2.1", is_video=False, uses_cfg=False,  # sampled without guidance by default
-                   num_layers=PUBLISHED_TRANSFORMER["num_layers"], num_heads=PUBLISHED_TRANSFORMER["num_attention_heads"],
+                   num_layers=PUBLISHED_TRANSFORMER["num_layers"],
+                   num_heads=PUBLISHED_TRANSFORMER["num_attention_heads"],
                    head_dim=PUBLISHED_TRANSFORMER["attention_head_dim"],
                    ffn_dim=PUBLISHED_TRANSFORMER["num_attention_heads"] * PUBLISHED_TRANSFORMER["attention_head_dim"]
                    * PUBLISHED_TRANSFORMER["mlp_ratio"],
