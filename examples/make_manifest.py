@@ -1,6 +1,7 @@
 """Write the shipped example manifest: tiny-wan video rows, a tiny-wan-i2v image-to-video row, a tiny-flux-kontext
-and a tiny-qwen-image-edit edit row and tiny-flux image rows, small enough for a CPU, and the image the
-image-to-video and edit rows start from (examples/images/).
+and a tiny-qwen-image-edit edit row, tiny-flux image rows, a tiny-z-image row (Turbo's guidance 0) and a
+tiny-qwen-image-21 row conditioned on the image, small enough for a CPU, and the image the image-to-video, edit and
+conditioned rows start from (examples/images/).
 
     python examples/make_manifest.py [OUT]                   # default: examples/manifest.parquet by this script
     gen validate examples/manifest.parquet --model tiny-wan  # check it
@@ -60,6 +61,10 @@ ROWS = [
          image="images/lighthouse.png", num_inference_steps=4, category="landscape"),
     dict(id="qwen-edit-lighthouse", prompt="the lighthouse in winter", negative_prompt="blurry",
          model="tiny-qwen-image-edit", image="images/lighthouse.png", num_inference_steps=4, category="landscape"),
+    dict(id="zimage-lantern", prompt="a paper lantern floating over a dark lake", model="tiny-z-image",
+         guidance_scale=0.0, num_inference_steps=4, category="landscape"),
+    dict(id="qwen21-lighthouse", prompt="the lighthouse under the northern lights", model="tiny-qwen-image-21",
+         image="images/lighthouse.png", num_inference_steps=4, category="landscape"),
     dict(id="flux-apple", prompt="a green apple on a wooden table", model="tiny-flux", seed=7, category="still life"),
     dict(
         id="flux-house",

@@ -104,6 +104,12 @@ class ModelShape:
     """True for an edit model (FLUX.1 Kontext, Qwen-Image-Edit): the input image's latent tokens follow the
     output's in the image stream, so self-attention runs over both; priced with the input at the output's size
     (each pipeline resizes it to about that many pixels, at its own aspect ratio)."""
+    sequence_parallel: bool = True
+    """False when genbatch has no sequence-parallel plan for the model's transformer (Qwen-Image 2.1's block-causal
+    attention): ulysses, ring and DistriFusion do not apply to it."""
+    pipeline_stages: bool = True
+    """False when the model's transformer takes no PipeFusion stages (no `TransformerPlan.carried`, or no sequence
+    plan for its patches): pp does not apply to it."""
     pads_frames_to_patch: bool = False
     """True when the pipeline pads the latent frames up to a multiple of the temporal patch before patching
     (CogVideoX 1.5 does); False when the patch embedding sees the latent as it is."""

@@ -28,6 +28,9 @@ HALO_PAD = "halo_pad"
 the right come from the neighbouring tiles, zeros only at the image's border."""
 CAUSAL_CONV3D = "causal_conv3d"
 """Wan's causal 3-D convolution: halos in height and width, its own causal padding in time."""
+CAUSAL_CONV2D = "causal_conv2d"
+"""Qwen-Image 2.1's image form of Wan's causal convolution (a Conv2d on the one frame, zero-padded by its own
+`_padding`, no feature cache): halos in height and width."""
 GROUP_NORM = "group_norm"
 """GroupNorm: statistics over the whole image, gathered from the tiles."""
 WAN_ATTENTION = "wan_attention"
@@ -35,7 +38,7 @@ WAN_ATTENTION = "wan_attention"
 IMAGE_ATTENTION = "image_attention"
 """diffusers' mid-block self-attention over pixels: keys and values gathered from every tile."""
 
-KINDS = (LOCAL, RESNET, UPSAMPLE, DOWNSAMPLE, WAN_RESAMPLE, CONV2D, HALO_PAD, CAUSAL_CONV3D, GROUP_NORM,
+KINDS = (LOCAL, RESNET, UPSAMPLE, DOWNSAMPLE, WAN_RESAMPLE, CONV2D, HALO_PAD, CAUSAL_CONV3D, CAUSAL_CONV2D, GROUP_NORM,
          WAN_ATTENTION, IMAGE_ATTENTION)
 
 TORCH_LAYERS: dict[str, str] = {
@@ -92,3 +95,21 @@ AUTOENCODER_KL_QWEN_IMAGE: dict[str, str] = {
 }
 """The decoder and encoder of diffusers' `AutoencoderKLQwenImage` (Qwen-Image, Qwen-Image-Edit): Wan 2.1's VAE
 under its own class names (the same layers, forwards and caches), so the same rules."""
+
+_QWEN21 = "diffusers.models.autoencoders.autoencoder_kl_qwenimage21"
+AUTOENCODER_KL_QWEN_IMAGE_21: dict[str, str] = {
+    **TORCH_LAYERS,
+    **{f"{_QWEN21}:{name}": LOCAL for name in ("QwenImage21Decoder3d", "QwenImage21MidBlock", "QwenImage21UpBlock",
+                                               "QwenImage21ResidualUpBlock", "QwenImage21ResidualBlock",
+                                               "QwenImage21Encoder3d", "QwenImage21ResidualDownBlock")},
+    f"{_QWEN21}:QwenImage21Upsample": LOCAL,  # nearest-exact x2, as Wan's
+    f"{_QWEN21}:QwenImage21RMS_norm": LOCAL,  # normalises over channels, per pixel
+    f"{_QWEN21}:QwenImage21DupUp3D": LOCAL,  # each pixel to a 2x2 block (the first frame of two kept): local
+    f"{_QWEN21}:QwenImage21AvgDown3D": LOCAL,  # means over 2x2 blocks: local on tiles whose edges are even
+    f"{_QWEN21}:QwenImage21Resample": WAN_RESAMPLE,
+    f"{_QWEN21}:QwenImage21CausalConv3d": CAUSAL_CONV2D,
+    f"{_QWEN21}:QwenImage21AttentionBlock": WAN_ATTENTION,  # Wan's attention block, copied
+    "torch.nn:ZeroPad2d": HALO_PAD,
+}
+"""The decoder and encoder of diffusers' `AutoencoderKLQwenImage21` (Qwen-Image 2.1): Wan 2.2's residual VAE made
+for one image (its causal convolutions 2-D, no feature cache), RGBA in and out."""

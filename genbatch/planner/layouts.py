@@ -103,6 +103,12 @@ def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, 
         if getattr(layout, axis) > 1 and crosses_nodes(layout, axis, cluster):
             problems.append(f"{axis}={getattr(layout, axis)} would cross nodes ({cluster.gpus_per_node} GPUs a node); "
                             f"keep {axis} inside a node")
+    split = {axis: getattr(layout, axis) for axis in ("ulysses", "ring", "distrifusion") if getattr(layout, axis) > 1}
+    if split and not shape.sequence_parallel:
+        problems.append(f"{', '.join(f'{axis}={degree}' for axis, degree in split.items())} needs a sequence-parallel "
+                        f"plan, which {shape.name} has none of (use dp, cfg or tp)")
+    if layout.pp > 1 and not shape.pipeline_stages:
+        problems.append(f"pp={layout.pp} needs PipeFusion stages, which {shape.name} has none of")
     if layout.pp > shape.num_layers:
         problems.append(f"pp={layout.pp} (PipeFusion stages) exceeds the {shape.num_layers} layers of {shape.name}")
     problems += layout.problems()

@@ -108,6 +108,8 @@ def shape_from_spec(spec: ModelSpec) -> ModelShape:
     defaults = spec.defaults
     vae_class = _vae_class(spec, root)
     vae_mflop, vae_gib = _vae_costs(vae_class, spec.is_video)
+    plans = list(families()[spec.family].transformers.values()) if spec.family in families() else []
+    sequence = all(plan.sequence is not None for plan in plans)
     return ModelShape(
         name=spec.name,
         is_video=spec.is_video,
@@ -130,6 +132,8 @@ def shape_from_spec(spec: ModelSpec) -> ModelShape:
         vae_class=vae_class,
         tp_all_reduces=spec.tp_all_reduces,
         joins_image_tokens=spec.joins_image_tokens,
+        sequence_parallel=sequence,
+        pipeline_stages=sequence and all(plan.carried for plan in plans),
         width=int(defaults.get("width") or 1024),
         height=int(defaults.get("height") or 1024),
         frames=int(defaults["num_frames"]) if spec.is_video and defaults.get("num_frames") else None,

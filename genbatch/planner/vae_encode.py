@@ -7,8 +7,8 @@ over the job group where the VAE class decodes patch-parallel too, `ModelFamily.
 - Wan 2.1/2.2 I2V and FLF2V (`AutoencoderKLWan`) encode the whole conditioning video (the first frame, zeros,
   the last frame) at the output's size, frame-causally as diffusers does: the first frame alone, then four
   frames at a time, with a cache of each causal convolution's last frames; Wan 2.2 TI2V encodes the image alone.
-- Qwen-Image-Edit (`AutoencoderKLQwenImage`, Wan's encoder) and FLUX.1 Kontext (`AutoencoderKL`) encode the
-  input image at its resized area.
+- Qwen-Image-Edit (`AutoencoderKLQwenImage`, Wan's encoder), FLUX.1 Kontext (`AutoencoderKL`) and Qwen-Image 2.1
+  (`AutoencoderKLQwenImage21`) encode the input image at its resized area.
 
 The peak is the activations of one chunk (`frames_at_once` input frames over the encoded area, `values_per_pixel`
 live values per input pixel and frame, plus `values_per_area` per pixel that do not grow with the chunk: the
@@ -71,8 +71,16 @@ chunks of four beside a full cache), the same at 208x120 and 1280x720; 6.67 MFLO
 QWEN_IMAGE_ENCODER = replace(WAN_ENCODER, vae_class="AutoencoderKLQwenImage")
 """Qwen-Image: Wan's encoder, encoding one frame (counted 968 values and 6.76 MFLOP a pixel at 512^2)."""
 
+QWEN_IMAGE_21_ENCODER = EncoderMemory(vae_class="AutoencoderKLQwenImage21", channels=96, values_per_pixel=965.0,
+                                      values_per_area=0.0, frames_at_once=1, input_copies=1.0, mflop_per_pixel=3.0,
+                                      first_frame_mflop_per_pixel=3.0)
+"""Qwen-Image 2.1 (base_dim 96, dim_mult 1-2-4-8-8, RGBA in): its condition image in one pass, no feature cache;
+counted 968 values (its 4 input channels included) and 2.98 to 3.01 MFLOP a pixel at 512^2 and 1024^2 on the meta
+device."""
+
 ENCODERS: dict[str, EncoderMemory] = {memory.vae_class: memory for memory in (IMAGE_ENCODER, WAN_ENCODER,
-                                                                              QWEN_IMAGE_ENCODER)}
+                                                                              QWEN_IMAGE_ENCODER,
+                                                                              QWEN_IMAGE_21_ENCODER)}
 """Every VAE class whose encoder the planner models, by class name."""
 
 

@@ -9,7 +9,8 @@ A decoder never holds the whole video's activations at once:
   blended; its tiling adds 256-pixel spatial tiles.
 - CogVideoX (`AutoencoderKLCogVideoX`) decodes a few latent frames at a time with a convolution cache; its
   tiling cuts 240x360-pixel tiles (half its sample size).
-- The image VAE (`AutoencoderKL`: FLUX, SD3) decodes the whole image; its tiling cuts tiles of its sample size.
+- The image VAE (`AutoencoderKL`: FLUX, SD3, Z-Image) decodes the whole image; its tiling cuts tiles of its sample
+  size. Qwen-Image 2.1's (`AutoencoderKLQwenImage21`) decodes its one frame whole; its tiling cuts 256-pixel tiles.
 
 So the peak is the activations of one chunk (`frames_at_once` output frames over the decoded area, `values_per_pixel`
 live values per output pixel and frame, plus `values_per_area` per pixel that do not grow with the chunk: the
@@ -80,6 +81,12 @@ QWEN_IMAGE = DecoderMemory(vae_class="AutoencoderKLQwenImage", channels=96, valu
                            values_per_area=732.0, frames_at_once=4, output_copies=1.0, tile=(256, 256),
                            tiled_output_copies=3.2, tiled_work=(256 / 192) ** 2)
 """Qwen-Image: Wan's decoder, decoding one frame."""
+QWEN_IMAGE_21 = DecoderMemory(vae_class="AutoencoderKLQwenImage21", channels=144, values_per_pixel=3067.0,
+                              values_per_area=0.0, frames_at_once=1, output_copies=1.0, tile=(256, 256),
+                              tiled_output_copies=3.2, tiled_work=(256 / 192) ** 2)
+"""Qwen-Image 2.1 (decoder_base_dim 144, dim_mult 1-2-4-8-8, RGBA out): one frame, no feature cache; counted 3,070
+values a pixel at 512^2 and 1024^2 (its 4 output channels included), and 208M values tiled at 1024^2 (256-pixel
+tiles every 192), on the meta device (bench/vae_memory.py's count)."""
 HUNYUAN_VIDEO = DecoderMemory(vae_class="AutoencoderKLHunyuanVideo", channels=128, values_per_pixel=1160.0,
                               values_per_area=0.0, frames_at_once=17, output_copies=1.2, tile=(256, 256),
                               tiled_output_copies=1.35, full_work=17 / 12, tiled_work=17 / 12 * (256 / 192) ** 2)
@@ -91,8 +98,8 @@ COGVIDEOX = DecoderMemory(vae_class="AutoencoderKLCogVideoX", channels=128, valu
 """CogVideoX and CogVideoX 1.5 (block_out_channels 128, 256, 256, 512; sample 480x720): the first batch of three
 latent frames (nine output frames) is the largest; tiles overlap by 1/6 of their height and 1/5 of their width."""
 
-DECODERS: dict[str, DecoderMemory] = {memory.vae_class: memory for memory in (IMAGE, WAN, QWEN_IMAGE, HUNYUAN_VIDEO,
-                                                                             COGVIDEOX)}
+DECODERS: dict[str, DecoderMemory] = {memory.vae_class: memory for memory in (IMAGE, WAN, QWEN_IMAGE, QWEN_IMAGE_21,
+                                                                             HUNYUAN_VIDEO, COGVIDEOX)}
 """Every VAE class the planner models, by class name."""
 
 

@@ -107,6 +107,30 @@ def _patch_causal_conv(group: TileGroup, conv: wan.WanCausalConv3d):
     return forward
 
 
+def _check_causal_conv2d(conv: nn.Conv2d) -> str | None:
+    left, right, top, bottom = conv._padding
+    if left != right or top != bottom:
+        return f"padding {tuple(conv._padding)} (only the same padding on both sides is tiled)"
+    return _same_padding(conv.kernel_size, (top, left), conv.dilation, conv.stride)
+
+
+def _patch_causal_conv2d(group: TileGroup, conv: nn.Conv2d):
+    left, _, top, _ = conv._padding
+    if top == 0 and left == 0:
+        return None
+
+    def run(x, pad_h, pad_w):
+        return convolution(x, conv.weight, conv.bias, conv.stride, (pad_h, pad_w), conv.dilation, conv.groups)
+
+    def forward(x, cache_x=None):
+        # as QwenImage21CausalConv3d.forward: the one frame (b, c, 1, h, w) convolved in 2-D with its zero padding
+        if cache_x is not None:
+            raise ValueError("this convolution folds its single frame away and takes no feature cache")
+        return halo_conv(group, x.squeeze(2), run, top, left).unsqueeze(2)
+
+    return forward
+
+
 def _check_attention(attn: Attention) -> str | None:
     if type(attn.processor) is not AttnProcessor2_0:
         return f"attention processor {type(attn.processor).__name__} (only AttnProcessor2_0 is tiled)"
@@ -159,6 +183,7 @@ KIND_RULES: dict[str, Rule] = {
     vae_rules.CONV2D: Rule(check=_check_conv2d, patch=_patch_conv2d),
     vae_rules.HALO_PAD: Rule(check=_check_halo_pad, patch=lambda group, pad: lambda x: pad_from_after(group, x)),
     vae_rules.CAUSAL_CONV3D: Rule(check=_check_causal_conv, patch=_patch_causal_conv),
+    vae_rules.CAUSAL_CONV2D: Rule(check=_check_causal_conv2d, patch=_patch_causal_conv2d),
     vae_rules.GROUP_NORM: Rule(patch=lambda group, norm: lambda x: group_norm(group, norm, x)),
     vae_rules.WAN_ATTENTION: Rule(patch=lambda group, block: lambda x: wan_attention(group, block, x), descend=False),
     vae_rules.IMAGE_ATTENTION: Rule(
