@@ -10,8 +10,8 @@ import torch
 
 from genbatch.parallel.compile import CLOCK
 from genbatch.runner.timing import JobTimer
-from tests.support.runs import job, job_executor
 from tests.support import executor as drive
+from tests.support.runs import job, job_executor
 
 BASE = job("tiny-wan", num_inference_steps=2)
 ROWS = [replace(BASE, id=f"row{index}", prompt=f"a paper boat on a pond, take {index}", seed=index, row=index)

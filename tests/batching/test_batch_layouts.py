@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 BASE = job("tiny-sd3", width=80, height=48, num_inference_steps=3, guidance_scale=4.5)
 ROWS = [replace(BASE, id=f"row{index}", prompt=prompt, negative_prompt=negative, seed=40 + index, row=index)

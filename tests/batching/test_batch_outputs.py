@@ -13,8 +13,8 @@ import torch
 from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
-from tests.support.runs import job, job_executor
 from tests.support import executor as drive
+from tests.support.runs import job, job_executor
 
 ROUNDING = 2e-4
 """The most a [0, 1] pixel of a batched row may differ from the same row computed otherwise (fp32 rounding;

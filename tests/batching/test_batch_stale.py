@@ -11,9 +11,9 @@ import torch
 
 from genbatch.parallel.stale import DISTRIFUSION, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 BASE = job("tiny-flux", width=64, height=48, num_inference_steps=4)
 ROWS = [replace(BASE, id=f"row{index}", prompt=prompt, seed=60 + index, row=index)

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from genbatch.jobs.schedule import OrderKeys, hand_out_order, hand_out_positions, select_share, share_positions
-from genbatch.jobs.media import manifest_base
 from genbatch.jobs.lora import LoraRef
+from genbatch.jobs.media import manifest_base
+from genbatch.jobs.schedule import OrderKeys, hand_out_order, hand_out_positions, select_share, share_positions
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import ManifestReader, read_jobs
 from genbatch.manifests.columns import WHITESPACE

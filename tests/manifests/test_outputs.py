@@ -10,10 +10,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from genbatch.jobs.inputs.num_outputs import MAX_OUTPUTS
 from genbatch.jobs.seeds import seed_from_id
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import ManifestFileError, ManifestReader, iter_checked, read_jobs
-from genbatch.jobs.inputs.num_outputs import MAX_OUTPUTS
 from tests.support.runs import run_cli, write_manifest as write_rows
 
 FLUX = JobOverrides(model="tiny-flux")

@@ -2,10 +2,10 @@
 
 import pytest
 
-from genbatch.models import resolve_model
 from genbatch.jobs.resolve import Resolved, SettingResolver, resolve_model_name
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests import read_jobs
+from genbatch.models import resolve_model
 
 WAN = resolve_model("tiny-wan")
 FLUX = resolve_model("tiny-flux")

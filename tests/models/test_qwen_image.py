@@ -14,9 +14,9 @@ from genbatch.models.hooks import COND, UNCOND
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.models.pipeline_outputs import genbatch_frames, pipeline_frames, saved_preset
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 PRESET = "tiny-qwen-image"
 

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from PIL import Image
 
 from genbatch.io.media_input import MediaReader
+from genbatch.jobs.prepared import PreparedJob
 from genbatch.models import family, resolve_model
 from genbatch.models.hooks import COND, UNCOND
 from genbatch.models.qwen_image_21 import TINY_VAE
@@ -32,6 +33,7 @@ from tests.models.pipeline_outputs import (
     saved_preset,
 )
 from tests.support.distributed import run_on_ranks
+from tests.support import executor as drive
 from tests.support.runs import job, job_executor
 
 PRESET = "tiny-qwen-image-21"
@@ -68,7 +70,7 @@ def test_output_equals_the_diffusers_pipeline(guidance, negative, size, source, 
 
 def _encoded(pipe, spec_job):
     media = {"image": MediaReader().read("image", spec_job.image)} if spec_job.image else {}
-    return family("qwen-image-21").hooks.encode(pipe, replace(spec_job, media=media), torch.device("cpu"))
+    return family("qwen-image-21").hooks.encode(pipe, PreparedJob.of(spec_job, media=media), torch.device("cpu"))
 
 
 @pytest.mark.slow
@@ -76,7 +78,7 @@ def test_the_prompt_the_image_and_the_guidance_reach_the_output(tmp_path):
     image = random_image(tmp_path / "in.png", (64, 64))
     base = job(PRESET, num_inference_steps=2, seed=3)
     with job_executor(str(tmp_path / "out"), model=PRESET) as (world, executor):
-        runs = {name: executor.generate(spec_job, JobTimer(world.ctx.device)) for name, spec_job in (
+        runs = {name: drive.generate(executor, spec_job, JobTimer(world.ctx.device)) for name, spec_job in (
             ("base", base), ("prompt", replace(base, prompt="a lighthouse at dusk")),
             ("image", replace(base, image=image)),
             ("cfg", replace(base, guidance_scale=4.0, negative_prompt="grey")))}
@@ -94,7 +96,7 @@ def test_the_prompt_the_image_and_the_guidance_reach_the_output(tmp_path):
 
 
 def test_a_job_resumed_past_its_first_step_fills_the_cache_and_equals_the_uninterrupted_one(tmp_path):
-    spec_job = job(PRESET, num_inference_steps=4, seed=9, guidance_scale=4.0, negative_prompt="grey")
+    spec_job = PreparedJob.of(job(PRESET, num_inference_steps=4, seed=9, guidance_scale=4.0, negative_prompt="grey"))
     pipe = load_pipeline(resolve_model(PRESET), torch.device("cpu"), torch.float32)
     hooks = family("qwen-image-21").hooks
     conditioning = hooks.encode(pipe, spec_job, torch.device("cpu"))
@@ -141,8 +143,8 @@ def test_a_batch_equals_its_rows_one_by_one(tmp_path):
                         negative_prompt="grey", image=image), id=f"row{index}", row=index)
             for index, prompt in enumerate(("a red fox", "a red fox", "a lighthouse on a cliff at dusk"))]
     with job_executor(str(tmp_path / "out"), model=PRESET) as (world, executor):
-        batched = executor.generate_batch(rows, JobTimer(world.ctx.device))
-        alone = [executor.generate(row, JobTimer(world.ctx.device)) for row in rows]
+        batched = drive.generate_batch(executor, rows, JobTimer(world.ctx.device))
+        alone = [drive.generate(executor, row, JobTimer(world.ctx.device)) for row in rows]
     for index, row in enumerate(rows):
         np.testing.assert_allclose(batched[index], alone[index], rtol=0, atol=1e-5, err_msg=row.id)
     assert np.abs(batched[0] - batched[1]).max() > 0.05 and np.abs(batched[0] - batched[2]).max() > 0.05
@@ -203,8 +205,8 @@ def test_a_lora_equals_diffusers_load_lora_weights(tmp_path):
     path = peft_lora(PRESET, tmp_path / "lora", ("to_q", "to_v", "to_out.0", "img_mlp.proj", "img_mlp.out"), seed=1)
     spec_job = job(PRESET, num_inference_steps=2, seed=4, lora=(LoraRef(path, 0.8),))
     with job_executor(str(tmp_path / "out"), model=PRESET) as (world, executor):
-        ours = executor.generate(spec_job, JobTimer(world.ctx.device))
-        base = executor.generate(replace(spec_job, lora=()), JobTimer(world.ctx.device))
+        ours = drive.generate(executor, spec_job, JobTimer(world.ctx.device))
+        base = drive.generate(executor, replace(spec_job, lora=()), JobTimer(world.ctx.device))
     pipe = load_pipeline(resolve_model(PRESET), torch.device("cpu"), torch.float32)
     pipe.load_lora_weights(path, adapter_name="row")
     pipe.set_adapters("row", 0.8)
@@ -252,10 +254,10 @@ def test_a_sample_sigmas_grid_sets_the_steps_and_the_hub_id_resolves(directory, 
 def test_compile_equals_eager(tmp_path):
     spec_job = job(PRESET, num_inference_steps=3, seed=5, guidance_scale=4.0, negative_prompt="grey")
     with job_executor(str(tmp_path / "eager"), model=PRESET) as (world, executor):
-        eager = executor.denoise(spec_job, JobTimer(world.ctx.device))
+        eager = drive.denoise(executor, spec_job, JobTimer(world.ctx.device))
     with job_executor(str(tmp_path / "compiled"), model=PRESET, compile=True, compile_backend="aot_eager") as (
             world, executor):
-        compiled = [executor.denoise(replace(spec_job, seed=seed), JobTimer(world.ctx.device)) for seed in (5, 6)]
+        compiled = [drive.denoise(executor, replace(spec_job, seed=seed), JobTimer(world.ctx.device)) for seed in (5, 6)]
     assert (compiled[0] - eager).abs().max().item() <= 1e-4
     assert (compiled[1] - eager).abs().max().item() > 1e-3  # another seed through the same graphs
 

@@ -19,6 +19,7 @@ from genbatch.models.z_image import ZImageGuidance, z_image_cfg
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
 from tests.models.pipeline_outputs import check_two_rank_layouts, genbatch_frames, pipeline_frames, saved_preset
+from tests.support import executor as drive
 from tests.support.runs import job, job_executor
 
 PRESET = "tiny-z-image"
@@ -116,8 +117,8 @@ def test_a_batch_equals_its_rows_one_by_one(tmp_path):
             for index, prompt in enumerate(("a red fox", "a lighthouse on a cliff at dusk, in heavy rain"))
             for guidance in (3.0,)]
     with job_executor(str(tmp_path / "out"), model=PRESET) as (world, executor):
-        batched = executor.generate_batch(rows, JobTimer(world.ctx.device))
-        alone = [executor.generate(row, JobTimer(world.ctx.device)) for row in rows]
+        batched = drive.generate_batch(executor, rows, JobTimer(world.ctx.device))
+        alone = [drive.generate(executor, row, JobTimer(world.ctx.device)) for row in rows]
     for index, row in enumerate(rows):
         np.testing.assert_allclose(batched[index], alone[index], rtol=0, atol=1e-5, err_msg=row.id)
     assert np.abs(batched[0] - batched[1]).max() > 0.05  # the prompts reach the image
@@ -131,8 +132,8 @@ def test_a_lora_equals_diffusers_load_lora_weights(tmp_path):
     path = peft_lora(PRESET, tmp_path / "lora", ("to_q", "to_v", "to_out.0", "w1", "w2"), seed=1)
     spec_job = job(PRESET, num_inference_steps=2, seed=4, guidance_scale=0.0, lora=(LoraRef(path, 0.8),))
     with job_executor(str(tmp_path / "out"), model=PRESET) as (world, executor):
-        ours = executor.generate(spec_job, JobTimer(world.ctx.device))
-        base = executor.generate(replace(spec_job, lora=()), JobTimer(world.ctx.device))
+        ours = drive.generate(executor, spec_job, JobTimer(world.ctx.device))
+        base = drive.generate(executor, replace(spec_job, lora=()), JobTimer(world.ctx.device))
     pipe = load_pipeline(resolve_model(PRESET), torch.device("cpu"), torch.float32)
     pipe.load_lora_weights(path, adapter_name="row")
     pipe.set_adapters("row", 0.8)
@@ -162,12 +163,13 @@ def test_the_hub_id_resolves_from_the_hub_cache(directory, tmp_path, monkeypatch
 def test_compile_equals_eager_and_taylorseer_runs(tmp_path):
     spec_job = job(PRESET, num_inference_steps=4, seed=5, guidance_scale=4.0, negative_prompt="grey")
     with job_executor(str(tmp_path / "eager"), model=PRESET) as (world, executor):
-        eager = executor.denoise(spec_job, JobTimer(world.ctx.device))
-        cached = executor.denoise(replace(spec_job, cache="taylorseer:2"), JobTimer(world.ctx.device))
-        hooked = executor.last_summary["cache_hooked"]
+        eager = drive.denoise(executor, spec_job, JobTimer(world.ctx.device))
+        with drive.hook_summaries() as summaries:
+            cached = drive.denoise(executor, replace(spec_job, cache="taylorseer:2"), JobTimer(world.ctx.device))
+        hooked = summaries[-1]["cache_hooked"]
     with job_executor(str(tmp_path / "compiled"), model=PRESET, compile=True, compile_backend="aot_eager") as (
             world, executor):
-        compiled = executor.denoise(spec_job, JobTimer(world.ctx.device))
+        compiled = drive.denoise(executor, spec_job, JobTimer(world.ctx.device))
     assert (compiled - eager).abs().max().item() <= 1e-4
     assert hooked > 0 and 0 < (cached - eager).abs().max().item() < eager.abs().max().item()
 

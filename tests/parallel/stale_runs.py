@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import math
 
+from genbatch.parallel.patch.session import STALE_BYTES
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from genbatch.parallel.patch.session import STALE_BYTES
-from tests.support import executor as drive
 
 
 def denoised(out: str, layout: dict, preset: str, stale, seeds, steps: int, resync=frozenset()) -> dict:

@@ -18,9 +18,9 @@ from genbatch.models import resolve_model
 from genbatch.parallel.fsdp import parameter_bytes
 from genbatch.runner.presets import build_preset
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 STEPS = 2
 WAN = job("tiny-wan", width=64, height=48, num_inference_steps=STEPS, seed=3)  # 3 x 3 x 4 = 36 tokens

@@ -15,8 +15,8 @@ from genbatch.parallel.attention.strategy import make_strategy
 from genbatch.parallel.comm import Comm, CommLedger
 from genbatch.parallel.flags import ATTENTION_KERNELS
 from genbatch.runner.timing import JobTimer
-from tests.support.runs import job, job_executor, run_cli, write_manifest
 from tests.support import executor as drive
+from tests.support.runs import job, job_executor, run_cli, write_manifest
 
 H100 = (9, 0)
 A100 = (8, 0)

@@ -12,8 +12,8 @@ import torch
 
 from genbatch.parallel.compile import CLOCK
 from genbatch.runner.timing import JobTimer
-from tests.support.runs import job, job_executor, run_cli, write_manifest
 from tests.support import executor as drive
+from tests.support.runs import job, job_executor, run_cli, write_manifest
 
 
 def test_fbc_hooks_sit_outside_the_compiled_blocks(tmp_path):

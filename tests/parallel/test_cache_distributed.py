@@ -14,9 +14,9 @@ import torch
 
 from genbatch.parallel.cache.session import SKIPPED
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 STEPS = 5
 

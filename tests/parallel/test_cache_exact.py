@@ -21,8 +21,8 @@ from genbatch.parallel.comm import Comm, CommLedger
 from genbatch.runner.execute import JobInterrupted, JobModel
 from genbatch.runner.timing import JobTimer
 from tests.resume.inprocess import SignalAfterStep, executor_on
-from tests.support.runs import job, job_executor
 from tests.support import executor as drive
+from tests.support.runs import job, job_executor
 
 STEPS = 6
 

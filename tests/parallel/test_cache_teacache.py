@@ -21,9 +21,9 @@ from genbatch.models import teacache
 from genbatch.models.teacache import COVERED, TeaCacheModel, covered_model
 from genbatch.parallel.cache.session import SKIPPED
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 STEPS = 6
 WAN_1_3B = {"num_layers": 30, "num_attention_heads": 12, "attention_head_dim": 128, "ffn_dim": 8960,

@@ -16,9 +16,9 @@ import torch
 from genbatch.models import family, resolve_model
 from genbatch.parallel.compile import CLOCK, CompileConfig, unit_names
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 PRESETS = ("tiny-wan", "tiny-flux", "tiny-sd3")
 

@@ -15,9 +15,9 @@ import pytest
 
 from genbatch.models.hooks import to_uint8
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 WAN = job("tiny-wan", width=80, height=48, num_inference_steps=3, negative_prompt="blurry", seed=11)
 FLUX = job("tiny-flux", width=80, height=48, num_inference_steps=3, seed=12)

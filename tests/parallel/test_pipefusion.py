@@ -18,9 +18,9 @@ import torch
 from genbatch.parallel.stale import NAIVE_PATCH, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
 from tests.parallel.stale_runs import denoised, mse, on_ranks
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 STEPS = 3
 

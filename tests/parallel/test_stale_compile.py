@@ -15,9 +15,9 @@ import torch
 from genbatch.parallel.compile import CLOCK
 from genbatch.parallel.stale import DISTRIFUSION, PIPEFUSION, StaleConfig
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 STEPS = 3
 

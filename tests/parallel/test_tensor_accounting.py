@@ -18,9 +18,9 @@ import pytest
 
 from genbatch.models import family, resolve_model
 from genbatch.parallel.formulas import StepShape, bytes_per_step, tp_all_reduce_tokens
+from tests.support import executor as drive
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job, job_executor
-from tests.support import executor as drive
 
 STEPS, E, P = 2, 4, 2
 JOBS = {

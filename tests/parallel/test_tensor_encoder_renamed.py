@@ -24,10 +24,10 @@ import torch
 from genbatch.models import resolve_model
 from genbatch.parallel.tensor.checkpoint import checkpoint_names, missing_from, weight_map, whole_load_reason
 from genbatch.runner.loading import empty_component, load_pipeline
+from genbatch.runner.loading import load_for_group
 from tests.parallel.test_tensor_loading import _save
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job_executor
-from genbatch.runner.loading import load_for_group
 
 PROMPTS = ["a red fox in the snow", "an owl"]
 

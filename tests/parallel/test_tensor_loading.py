@@ -22,11 +22,11 @@ from safetensors.torch import save_file
 from genbatch.models import resolve_model
 from genbatch.parallel.tensor.checkpoint import block_indices, load_dtype, missing_from, read_part, weight_map
 from genbatch.parallel.tensor.styles import block_slice
+from genbatch.runner.loading import load_for_group
 from genbatch.runner.loading import load_pipeline
 from tests.parallel.test_layouts import FLUX, WAN, _check, _run_job
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import job_executor
-from genbatch.runner.loading import load_for_group
 
 MODELS = {"tiny-wan": WAN, "tiny-flux": FLUX}
 

@@ -14,8 +14,8 @@ import torch
 import torch.distributed as dist
 
 from tests.parallel.test_vae import WAN22_VAE, WIDE_IMAGE_VAE
-from tests.support.distributed import run_on_ranks
 from tests.support import executor as drive
+from tests.support.distributed import run_on_ranks
 
 TOLERANCE = 1e-4
 WORLD_SIZES = (2, 4)

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import torch
 
 from genbatch.io import BackgroundWriter, RunStore
-from genbatch.runner.checkpoint import DenoiseCheckpoint
 from genbatch.runner.checkpoint import CheckpointPolicy
+from genbatch.runner.checkpoint import DenoiseCheckpoint
 from genbatch.runner.execute import JobExecutor
 from genbatch.runner.options import RunOptions
 from genbatch.runner.startup import build_executor

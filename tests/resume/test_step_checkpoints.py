@@ -17,9 +17,9 @@ from genbatch.runner.checkpoint import CheckpointPolicy
 from genbatch.runner.execute import JobInterrupted
 from genbatch.runner.timing import JobTimer
 from tests.resume.inprocess import SignalAfterStep, executor_on
+from tests.support import executor as drive
 from tests.support.faulty_proxy import FaultyProxy
 from tests.support.runs import job, run_cli, write_manifest
-from tests.support import executor as drive
 
 STEPS = 8
 JOBS = {

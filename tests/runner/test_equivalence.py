@@ -11,8 +11,8 @@ import torch
 from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
-from tests.support.runs import job, job_executor
 from tests.support import executor as drive
+from tests.support.runs import job, job_executor
 
 
 @pytest.fixture(scope="module")

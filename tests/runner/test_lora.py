@@ -26,9 +26,9 @@ from genbatch.jobs.lora import LoraRef, run_loras
 from genbatch.models import resolve_model
 from genbatch.runner.loading import load_pipeline
 from genbatch.runner.timing import JobTimer
+from tests.support import executor as drive
 from tests.support.lora import kohya_flux_lora, peft_lora, qwen_comfy_lora, wan_original_lora
 from tests.support.runs import job, job_executor, run_cli, write_manifest
-from tests.support import executor as drive
 
 FLUX_TARGETS = ("to_q", "to_k", "to_v", "to_out.0", "proj_out", "proj_mlp", "net.0.proj")
 """Column-wise, row-wise and packed row-wise (the single blocks' proj_out) Linears under --tp."""

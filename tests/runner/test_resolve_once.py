@@ -6,8 +6,8 @@ from genbatch.io import RunStore
 from genbatch.jobs.schedule import hand_out_order, select_share
 from genbatch.models import resolve_model
 from genbatch.runner.checkpoint import CheckpointPolicy
-from tests.support.runs import job, job_executor
 from tests.support import executor as drive
+from tests.support.runs import job, job_executor
 
 
 class Counting:

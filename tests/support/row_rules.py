@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
+from genbatch.jobs.ids import MAX_ID_BYTES
 from genbatch.jobs.inputs import cache as cache_input
 from genbatch.jobs.inputs import lora as lora_input
 from genbatch.jobs.inputs import num_outputs as outputs
@@ -16,7 +17,6 @@ from genbatch.jobs.inputs.media import MEDIA_COLUMNS, media_problems
 from genbatch.jobs.media import media_url
 from genbatch.jobs.resolve import Resolved, resolve_model_name
 from genbatch.jobs.seeds import job_seed, output_seed
-from genbatch.jobs.ids import MAX_ID_BYTES
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides, JobSpec
 from genbatch.manifests import validate
 from genbatch.manifests.validate import ModelRules, Rejection
