@@ -44,8 +44,6 @@ def test_fbc_hooks_sit_outside_the_compiled_blocks(tmp_path):
 def test_taylorseer_runs_with_compile_around_its_hooks_and_compiles_once(tmp_path):
     from torch._dynamo.utils import counters
 
-    from genbatch.jobs.spec import JobOverrides
-
     cached = job("tiny-wan", num_inference_steps=6, cache="taylorseer:2")
     plain = job("tiny-wan", num_inference_steps=3)
     with job_executor(str(tmp_path / "eager")) as (world, executor):
@@ -55,7 +53,7 @@ def test_taylorseer_runs_with_compile_around_its_hooks_and_compiles_once(tmp_pat
     counters.clear()
     CLOCK.counts.clear()
     with job_executor(str(tmp_path / "compiled"), compile=True, compile_backend="aot_eager",
-                      overrides=JobOverrides(cache="taylorseer:2")) as (world, executor):
+                      cache="taylorseer:2") as (world, executor):
         timer = JobTimer(world.ctx.device)
         compiled = drive.denoise(executor, cached, timer)
         skipped = [row["cache_skipped"] for row in timer.rows() if row["stage"] == "denoise_step"]

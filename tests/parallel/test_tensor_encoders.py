@@ -140,15 +140,16 @@ def _pipeline_modes(rank, world_size, out):
     from torch.distributed.tensor import DTensor
 
     from genbatch.runner.timing import JobTimer
+    from tests.support import executor as drive
     from tests.support.runs import job_executor
 
     with job_executor(f"{out}/replicate", ulysses=2, fsdp=True, text_encoder_parallel="replicate") as (world, ex):
-        latents = ex.denoise(WAN, JobTimer(world.ctx.device))
+        latents = drive.denoise(ex, WAN, JobTimer(world.ctx.device))
         encoder = ex.model_for(WAN).pipe.text_encoder
         whole = not any(isinstance(param, DTensor) for param in encoder.parameters())
     try:
         with job_executor(f"{out}/tp", ulysses=2, text_encoder_parallel="tp") as (world, ex):
-            ex.denoise(WAN, JobTimer(world.ctx.device))
+            drive.denoise(ex, WAN, JobTimer(world.ctx.device))
         refused = ""
     except ValueError as error:
         refused = str(error)

@@ -375,7 +375,7 @@ def test_two_adapters_at_two_scales_equal_diffusers(preset, tmp_path):
 def test_wan_2_2_adapters_go_into_the_expert_each_names(tmp_path):
     from PIL import Image
 
-    from genbatch.runner.execute import RowNotPrepared
+    from tests.support.executor import RowNotPrepared
 
     image = tmp_path / "first.png"
     Image.new("RGB", (64, 48), (250, 240, 20)).save(image)

@@ -60,6 +60,13 @@ def decode(executor: JobExecutor, job: JobSpec, latents: torch.Tensor, timer: Jo
     return executor.decode_batch(prepared(executor, [job], timer, model), latents, timer, model)[0]
 
 
+def decode_batch(executor: JobExecutor, jobs: list[JobSpec], latents: torch.Tensor, timer: JobTimer,
+                 model: JobModel | None = None):
+    """Each row's [0, 1] frames from the batch's final latents, on the leader (None elsewhere)."""
+    model = model or executor.model_for(jobs[0])
+    return executor.decode_batch(prepared(executor, jobs, timer, model), latents, timer, model)
+
+
 def run(executor: JobExecutor, job: JobSpec) -> BatchResult:
     """`run_batch` of the one job; RowNotPrepared when its inputs could not be prepared."""
     result = executor.run_batch([job])
