@@ -198,6 +198,7 @@ def test_a_duplicate_id_is_one_rejected_row_in_every_count(tmp_path):
     assert "rejected (2)" in index and "duplicate id, first used on row 0" in index
 
 
+@pytest.mark.slow  # the real launcher and two fresh interpreters: the pool's runs above show the same outcome
 @pytest.mark.processes
 def test_gen_run_nproc_2_ends_with_1_and_leaves_no_process(manifest, one_process, tmp_path):
     """The real launcher and its ranks (`gen run --nproc 2 --ulysses 2`) under a subreaper, which adopts any rank
