@@ -159,6 +159,9 @@ class JobExecutor:
     """Prepares a job's LoRA adapters once each and switches them into its pipeline."""
     embeddings: EmbeddingCache = field(default_factory=lambda: EmbeddingCache(max_bytes=int(DEFAULT_GIB * 2**30)))
     """This rank's prompt encodes, kept while they fit (`--embedding-cache-gib`)."""
+    last_sounds: list = field(default_factory=list)
+    """The sound (`genbatch.io.sound.Soundtrack`, or None) of each row of the batch last decoded here, in batch
+    order: the family's `soundtrack`, made on the leader only."""
 
     def __post_init__(self) -> None:
         if self.cache_group is None:
@@ -340,7 +343,7 @@ class JobExecutor:
         """`decode` for a batch, one row at a time (as that row alone decodes: the same bytes, one row's peak)."""
         model = model or self.model_for(jobs[0])
         family, pipe = model.family, model.pipe
-        frames = []
+        frames, self.last_sounds = [], []
         with torch.no_grad():
             for index, job in enumerate(jobs):
                 row = latents if len(jobs) == 1 else latents[index : index + 1]
@@ -351,6 +354,11 @@ class JobExecutor:
                 if stage_memory is not None:
                     timer.intervals[-1].extra["peak_bytes"] = stage_memory
                 frames.append(None if decoded is None else family.postprocess(pipe, decoded))
+                sound = None
+                if decoded is not None and family.wants_sound(job):
+                    with timer.stage("audio_decode", **self._own_columns(job, jobs)):
+                        sound = family.soundtrack(pipe, job, row)
+                self.last_sounds.append(sound)
         return frames
 
     def run(self, job: JobSpec) -> JobResult:
@@ -379,12 +387,14 @@ class JobExecutor:
         if not self.ctx.is_leader:
             return BatchResult(records=records, timings=self._timing_rows(timer, jobs))
         encoded = []
-        for job, job_frames in zip(jobs, frames, strict=True):
+        for job, job_frames, sound in zip(jobs, frames, self.last_sounds, strict=True):
             with timer.stage("encode_media", **self._own_columns(job, jobs)):
-                encoded.append(self._encode_media(to_uint8(job_frames), job, model.spec.is_video))
+                encoded.append(self._encode_media(to_uint8(job_frames), job, model.spec.is_video, sound))
         skipped = sum(interval.extra.get(SKIPPED, 0) for interval in timer.intervals)
-        for job, record, (media, ext) in zip(jobs, records, encoded, strict=True):
+        for job, record, (media, ext), sound in zip(jobs, records, encoded, self.last_sounds, strict=True):
             record["output_uri"] = self.store.output_uri(job.id, ext)
+            if sound is not None:
+                record.update(audio_sample_rate=sound.sample_rate, audio_seconds=sound.seconds)
             seconds = timer.seconds_by_stage(job.id if len(jobs) > 1 else None)
             record.update({f"{stage}_s": value for stage, value in seconds.items()})
             if parse_cache(job.cache).enabled:  # this run's steps only (a resumed job's earlier run had its own)
@@ -422,11 +432,11 @@ class JobExecutor:
         }])
 
     @staticmethod
-    def _encode_media(frames: np.ndarray, job: JobSpec, is_video: bool) -> tuple[bytes, str]:
+    def _encode_media(frames: np.ndarray, job: JobSpec, is_video: bool, sound=None) -> tuple[bytes, str]:
         from genbatch.io import encode_mp4, encode_png
 
         if is_video:
-            return encode_mp4(frames, fps=job.fps), "mp4"
+            return encode_mp4(frames, fps=job.fps, sound=sound), "mp4"
         return encode_png(frames), "png"
 
     def _step_extra(self) -> dict:
