@@ -134,7 +134,11 @@ HEADS = "heads"
 NORM_ACROSS_HEADS = "rms_norm_across_heads"
 """An RMSNorm over all heads' channels (Wan's QK norm): its weight split over tp and its mean square
 all-reduced, or the output is silently wrong."""
-TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS)
+HEAD_CHANNELS = "head_channels"
+"""A module without weights whose outputs span every head's channels (LTX-2's rotary tables, (b, s, heads x d) or,
+split-type, (b, heads, s, d/2)): each rank keeps its own heads' share of each output, as the split q and k hold
+their heads (no communication)."""
+TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS, HEAD_CHANNELS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

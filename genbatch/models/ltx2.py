@@ -53,6 +53,7 @@ from genbatch.jobs.spec import JobSpec
 from genbatch.models.base import (
     COLWISE,
     CROSS,
+    HEAD_CHANNELS,
     HEADS,
     NORM_ACROSS_HEADS,
     ROWWISE,
@@ -540,6 +541,7 @@ TENSOR_PLAN = TensorPlan(
         **{f"transformer_blocks.*.{attn}": HEADS for attn in _ATTENTION},
         **{f"transformer_blocks.*.{ff}.net.0.proj": COLWISE for ff in ("ff", "audio_ff")},
         **{f"transformer_blocks.*.{ff}.net.2": ROWWISE for ff in ("ff", "audio_ff")},
+        **{rope: HEAD_CHANNELS for rope in ("rope", "audio_rope", "cross_attn_rope", "cross_attn_audio_rope")},
     },
     # the video stream's: self-attention, text cross-attention, audio-to-video attention and MLP outputs (the
     # audio stream's four are of its 25 tokens a second, about 2% of the video's at 768x512, and not counted)
