@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genbatch.jobs.spec import JobSpec
+from genbatch.models import vae_rules
 from genbatch.models.base import (
     COLWISE,
     CROSS,
@@ -657,6 +658,8 @@ FAMILY = ModelFamily(
             repeated=("model.vision_tower.vision_model.encoder.layers", "model.language_model.layers"),
             after=("model.language_model.norm", "lm_head")),
     },
+    vae_classes=("diffusers:AutoencoderKLLTX2Video",),
+    vae_rules=vae_rules.AUTOENCODER_KL_LTX2_VIDEO,
     presets=(TinyPreset(name="tiny-ltx2", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,
                         build=build_tiny),),
     published=(_published_shape(),),
