@@ -482,8 +482,9 @@ TINY_SCHEDULER = dict(base_image_seq_len=1024, base_shift=0.95, max_image_seq_le
 TINY_DEFAULTS = {"width": 96, "height": 64, "num_frames": 9, "num_inference_steps": 4, "guidance_scale": 3.0,
                  "fps": 24}
 SOUND_GAIN = 40.0
-"""The tiny vocoder's output projection is scaled by this (deterministically, after the seeded draw), so that its
-waveform is loud enough (about -15 dBFS, under the tanh) for the AAC round trip to be measured."""
+"""The gain of the tiny vocoder's output projection, whose taps are shaped into a band-pass (deterministically,
+after the seeded draw: `build_tiny`), so that its waveform is a sound, loud enough for the AAC round trip to be
+measured."""
 
 
 def build_tiny(meta: frozenset[str] = frozenset()):
@@ -521,7 +522,13 @@ def build_tiny(meta: frozenset[str] = frozenset()):
     audio_vae = seeded(4, lambda: AutoencoderKLLTX2Audio(**TINY_AUDIO_VAE))
     vocoder = seeded(5, lambda: LTX2Vocoder(**TINY_VOCODER))
     with torch.no_grad():
-        vocoder.conv_out.weight.mul_(SOUND_GAIN)
+        # each input's taps a smooth band-pass (a Hann window less its mean: no DC, little above 4 kHz) at a random
+        # gain, no bias: a sound rather than the white noise (and DC) the random layers make
+        weight = vocoder.conv_out.weight
+        taps = torch.hann_window(weight.shape[2] + 2, periodic=False)[1:-1]
+        weight.copy_(weight.mean(dim=2, keepdim=True).sign() * weight.abs().mean(dim=2, keepdim=True)
+                     * (taps - taps.mean()) * SOUND_GAIN)
+        vocoder.conv_out.bias.zero_()
     return LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**TINY_SCHEDULER), vae=vae, audio_vae=audio_vae,
                         text_encoder=text_encoder, tokenizer=tokenizer, connectors=connectors,
                         transformer=transformer, vocoder=vocoder)
