@@ -91,7 +91,7 @@ def test_a_step_runs_the_pipelines_forwards_in_two_branches():
     assert shapes == {CFG: (2, trajectory.latents.shape[1]), PERTURBED: (2, trajectory.latents.shape[1])}
 
 
-def test_the_mp4_has_one_video_and_one_aac_stream_carrying_the_waveform(tmp_path):
+def test_the_mp4_has_one_video_and_one_aac_stream_carrying_the_waveform_and_the_report_plays_it(tmp_path):
     from tests.resume.inprocess import executor_on
 
     with executor_on(str(tmp_path / "run")) as harness:
@@ -112,6 +112,17 @@ def test_the_mp4_has_one_video_and_one_aac_stream_carrying_the_waveform(tmp_path
     correlation, snr = _aligned_quality(sound.samples, decoded.samples)
     print({"correlation": correlation, "snr_db": snr, "decoded": decoded.samples.shape, "waveform": samples})
     assert correlation >= AAC_CORRELATION and snr >= AAC_SNR_DB
+
+    # gen report plays it: the card's video is not muted, its preview keeps the track, the card says so
+    from tests.support.runs import run_cli
+
+    assert run_cli("report", str(tmp_path / "run")).returncode == 0
+    report = tmp_path / "run" / "report"
+    index = (report / "index.html").read_text(encoding="utf-8")
+    assert "<video controls loop" in index and " muted" not in index
+    assert f"<dt>sound</dt><dd>16000 Hz, {samples / 16000:.3g} s</dd>" in index
+    (preview,) = (report / "videos").iterdir()
+    assert streams(preview.read_bytes()) == ["video", "audio"]
 
 
 def _aligned_quality(waveform: np.ndarray, decoded: np.ndarray) -> tuple[float, float]:
