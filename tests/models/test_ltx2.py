@@ -226,3 +226,38 @@ def test_a_job_stopped_after_step_k_resumes_to_the_same_frames_and_sound(tmp_pat
         assert timer.steps() == [2, 3]  # from the checkpoint, not from step 0
     np.testing.assert_array_equal(resumed, straight)
     np.testing.assert_array_equal(resumed_sound.samples, straight_sound.samples)
+
+
+def test_gen_plan_counts_the_published_models_audio_tokens():
+    import json
+
+    from click.testing import CliRunner
+
+    from genbatch.cli import main
+    from genbatch.planner.shapes import resolve_shape
+
+    (published,) = family("ltx2").published
+    assert resolve_shape("ltx-2") == published
+    result = CliRunner().invoke(main, ["plan", "--model", "ltx-2", "--gpus", "8", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.output)
+    # 768x512, 121 frames: 16 latent frames of 16 x 24 video tokens, and 5.04 s of audio at 25 tokens a second
+    assert data["workload"]["tokens"] == 16 * 16 * 24 + 126
+    assert any(layout["cfg"] == 2 for layout in data["layouts"])
+
+
+def test_the_hub_id_resolves_from_the_hub_cache(directory, tmp_path, monkeypatch):
+    from tests.support.hub import add_snapshot
+
+    cache = str(tmp_path / "hub")
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    snapshot = add_snapshot(cache, "Lightricks/LTX-2", directory, commit)
+    monkeypatch.setenv("HF_HUB_CACHE", cache)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    resolve_model.cache_clear()
+    try:
+        spec = resolve_model("Lightricks/LTX-2")
+        assert (spec.family, spec.path, spec.is_video, spec.uses_cfg) == ("ltx2", snapshot, True, True)
+        assert (spec.size_multiple, spec.frame_multiple, spec.vae_spatial) == (32, 8, 32)
+    finally:
+        resolve_model.cache_clear()
