@@ -301,8 +301,7 @@ class LTX2Hooks(Family):
 
         call = call_defaults(pipe)
         sizes = grid(pipe, job)
-        video = pipe.prepare_latents(1, sizes.video_channels, job.height, job.width, job.num_frames,
-                                     call["noise_scale"], torch.float32, device, generator, None)
+        video, shared = self.video_noise(pipe, job, generator, device, call["noise_scale"])
         audio = pipe.prepare_audio_latents(1, num_channels_latents=sizes.audio_channels,
                                            audio_latent_length=sizes.audio_frames,
                                            num_mel_bins=pipe.audio_vae.config.mel_bins, noise_scale=call["noise_scale"],
@@ -316,30 +315,49 @@ class LTX2Hooks(Family):
                                           sigmas=np.linspace(1.0, 1 / steps, steps), mu=mu)
         pipe.scheduler.set_begin_index(0)
         fps = conditioning_frame_rate(float(job.fps), call["motion_speed"])
-        shared = {
+        shared.update({
             "grid": sizes, "fps": fps, "guidance": guidance(pipe, job),
             "video_coords": pipe.transformer.rope.prepare_video_coords(1, sizes.frames, sizes.height, sizes.width,
                                                                        device, fps=fps),
             "audio_coords": pipe.transformer.audio_rope.prepare_audio_coords(1, sizes.audio_frames, device),
-        }
+        })
         return Trajectory(latents=Grid.join(video, audio), timesteps=timesteps, shared=shared)
+
+    def video_noise(self, pipe, job: JobSpec, generator, device, noise_scale: float):
+        """The packed video latent the denoising starts from (1, Sv, Cv), drawn first from the row's generator, and
+        the trajectory's shared values it adds: text-to-video's is noise alone."""
+        import torch
+
+        latents = pipe.prepare_latents(1, pipe.transformer.config.in_channels, job.height, job.width, job.num_frames,
+                                       noise_scale, torch.float32, device, generator, None)
+        return latents, {}
+
+    def timesteps(self, trajectory: Trajectory, timestep) -> dict:
+        """The transformer's timestep arguments for a forward of rows at `timestep` (one value a row): text-to-video
+        runs every stream at it (the pipeline's `sigma` is the same value)."""
+        return {"timestep": timestep, "sigma": timestep}
+
+    def hold(self, trajectory: Trajectory, video_velocity):
+        """The guided video velocity (B, Sv, Cv) the scheduler steps with: text-to-video's moves every token."""
+        return video_velocity
 
     # -- one branch's forwards
 
     @staticmethod
-    def _forward(pipe, trajectory: Trajectory, video, audio, text: dict, timestep, coords, **perturbation):
-        """One transformer forward as the pipeline's loop calls it -> the joined velocity in fp32."""
+    def _forward(pipe, trajectory: Trajectory, video, audio, text: dict, timestep: dict, coords, **perturbation):
+        """One transformer forward as the pipeline's loop calls it (`timestep`: its timestep arguments) -> the joined
+        velocity in fp32."""
         sizes: Grid = trajectory.shared["grid"]
         dtype = text["video_text"].dtype
         out_video, out_audio = pipe.transformer(
             hidden_states=video.to(dtype), audio_hidden_states=audio.to(dtype),
             encoder_hidden_states=text["video_text"], audio_encoder_hidden_states=text["audio_text"],
-            timestep=timestep, sigma=timestep, encoder_attention_mask=text["text_mask"],
+            encoder_attention_mask=text["text_mask"],
             audio_encoder_attention_mask=text["text_mask"], num_frames=sizes.frames, height=sizes.height,
             width=sizes.width, fps=trajectory.shared["fps"], audio_num_frames=sizes.audio_frames,
             video_coords=coords[0], audio_coords=coords[1],
             use_cross_timestep=trajectory.shared["guidance"].use_cross_timestep, attention_kwargs=None,
-            return_dict=False, **perturbation)
+            return_dict=False, **timestep, **perturbation)
         return Grid.join(out_video.float(), out_audio.float())
 
     def predict(self, pipe, trajectory: Trajectory, latents, t, step: int, branch):
@@ -359,8 +377,8 @@ class LTX2Hooks(Family):
             text = {key: torch.cat([branch[f"negative_{key}"], branch[key]], dim=0) for key in TEXT_KEYS}
             doubled = tuple(coord.repeat((2,) + (1,) * (coord.ndim - 1)) for coord in coords)
             return self._forward(pipe, trajectory, torch.cat([video] * 2), torch.cat([audio] * 2), text,
-                                 t.expand(2 * batch), doubled, **plain)
-        timestep = t.expand(batch)
+                                 self.timesteps(trajectory, t.expand(2 * batch)), doubled, **plain)
+        timestep = self.timesteps(trajectory, t.expand(batch))
         perturbations = {POSITIVE: plain, STG: {**plain, "spatio_temporal_guidance_blocks": list(rules.stg_blocks)},
                          MODALITY: {**plain, "isolate_modalities": True}}
         parts = [self._forward(pipe, trajectory, video, audio, branch, timestep, coords, **perturbations[name])
@@ -397,7 +415,7 @@ class LTX2Hooks(Family):
         guided_audio = _guide_modality(audio, {name: value[1] for name, value in split.items()}, sigma,
                                        (rules.audio_cfg, rules.audio_stg, rules.audio_modality, rules.audio_rescale),
                                        flags)
-        return Grid.join(guided_video, guided_audio)
+        return Grid.join(self.hold(trajectory, guided_video), guided_audio)
 
     def batch_trajectory(self, rows: list[Trajectory]) -> Trajectory:
         if len({row.shared["grid"] for row in rows}) > 1:
@@ -490,12 +508,18 @@ measured."""
 def build_tiny(meta: frozenset[str] = frozenset()):
     """LTX-2 (video and sound): LTX2VideoTransformer3DModel, a two-layer Gemma 3 with its connectors,
     AutoencoderKLLTX2Video, AutoencoderKLLTX2Audio and LTX2Vocoder, flow-match Euler."""
+    from diffusers import LTX2Pipeline
+
+    return LTX2Pipeline(**tiny_components(meta))
+
+
+def tiny_components(meta: frozenset[str] = frozenset()) -> dict:
+    """The tiny LTX-2 pipeline's components by name (`build_tiny`; image-to-video's too)."""
     import torch
     from diffusers import (
         AutoencoderKLLTX2Audio,
         AutoencoderKLLTX2Video,
         FlowMatchEulerDiscreteScheduler,
-        LTX2Pipeline,
         LTX2VideoTransformer3DModel,
     )
     from diffusers.pipelines.ltx2 import LTX2TextConnectors
@@ -529,9 +553,9 @@ def build_tiny(meta: frozenset[str] = frozenset()):
         weight.copy_(weight.mean(dim=2, keepdim=True).sign() * weight.abs().mean(dim=2, keepdim=True)
                      * (taps - taps.mean()) * SOUND_GAIN)
         vocoder.conv_out.bias.zero_()
-    return LTX2Pipeline(scheduler=FlowMatchEulerDiscreteScheduler(**TINY_SCHEDULER), vae=vae, audio_vae=audio_vae,
-                        text_encoder=text_encoder, tokenizer=tokenizer, connectors=connectors,
-                        transformer=transformer, vocoder=vocoder)
+    return dict(scheduler=FlowMatchEulerDiscreteScheduler(**TINY_SCHEDULER), vae=vae, audio_vae=audio_vae,
+                text_encoder=text_encoder, tokenizer=tokenizer, connectors=connectors, transformer=transformer,
+                vocoder=vocoder)
 
 
 # -- the plans -----------------------------------------------------------------------------------------------
