@@ -261,3 +261,31 @@ def test_the_hub_id_resolves_from_the_hub_cache(directory, tmp_path, monkeypatch
         assert (spec.size_multiple, spec.frame_multiple, spec.vae_spatial) == (32, 8, 32)
     finally:
         resolve_model.cache_clear()
+
+
+@pytest.mark.slow
+def test_gen_run_batches_two_rows_each_with_its_sound(tmp_path):
+    """`--batch-size 2`: the rows denoise in one forward a branch (their latents within the layouts' 1e-5 of each
+    row's alone) and each MP4 carries its own sound track, its row recording it."""
+    import pyarrow.parquet as pq
+
+    from tests.support.runs import run_cli, write_manifest
+
+    rows = [job(PRESET, id="surf", prompt="waves on a beach", negative_prompt="dull", num_inference_steps=2, seed=1),
+            job(PRESET, id="wind", prompt="wind in the trees", negative_prompt="dull", num_inference_steps=2, seed=2)]
+    with job_executor(str(tmp_path / "alone")) as (world, executor):
+        timer = JobTimer(world.ctx.device)
+        alone = torch.cat([executor.denoise(row, timer) for row in rows])
+        batched = executor.denoise_batch(rows, timer)
+    assert (batched - alone).abs().max().item() <= 1e-5
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [
+        {"id": row.id, "prompt": row.prompt, "negative_prompt": row.negative_prompt, "model": PRESET, "seed": row.seed,
+         "num_inference_steps": 2} for row in rows])
+    out = tmp_path / "out"
+    result = run_cli("run", manifest, "--out", str(out), "-q", "--batch-size", "2")
+    assert result.returncode == 0, result.stderr
+    results = {row["id"]: row for row in pq.read_table(out / "results").to_pylist()}
+    for row in rows:
+        record = results[row.id]
+        assert (record["status"], record["batch_size"], record["audio_sample_rate"]) == ("done", 2, 16000)
+        assert streams((out / "outputs" / f"{row.id}.mp4").read_bytes()) == ["video", "audio"]
