@@ -24,6 +24,7 @@ from typing import Any
 
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import ltx2
+from genbatch.models.ltx2_tiny import TINY_DEFAULTS, TINY_TRANSFORMER, TINY_VAE, tiny_components
 from genbatch.models.base import TinyPreset
 from genbatch.models.hooks import Trajectory
 from genbatch.models.shapes import ImageEncode
@@ -91,10 +92,10 @@ class LTX2I2VHooks(ltx2.LTX2Hooks):
 
 
 def build_tiny(meta: frozenset[str] = frozenset()):
-    """LTX-2 image-to-video: the tiny LTX-2 components (`genbatch.models.ltx2.tiny_components`)."""
+    """LTX-2 image-to-video: the tiny LTX-2 components (`genbatch.models.ltx2_tiny.tiny_components`)."""
     from diffusers import LTX2ImageToVideoPipeline
 
-    return LTX2ImageToVideoPipeline(**ltx2.tiny_components(meta))
+    return LTX2ImageToVideoPipeline(**tiny_components(meta))
 
 
 FAMILY = replace(
@@ -104,8 +105,8 @@ FAMILY = replace(
     call_defaults=CALL_DEFAULTS,
     read_spec=read_spec,
     hooks=LTX2I2VHooks(),
-    presets=(TinyPreset(name="tiny-ltx2-i2v", transformer=ltx2.TINY_TRANSFORMER, vae=ltx2.TINY_VAE,
-                        defaults=ltx2.TINY_DEFAULTS, build=build_tiny),),
+    presets=(TinyPreset(name="tiny-ltx2-i2v", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,
+                        build=build_tiny),),
     published=(),
     image_encode=ImageEncode(video=False, multiple=32),
 )
