@@ -76,7 +76,6 @@ def test_the_image_is_recompressed_at_the_pipelines_crf_and_reaches_the_output(t
     assert not np.array_equal(outputs[0][1], outputs[1][1])
 
 
-@pytest.mark.slow
 def test_ulysses_and_cfg_layouts_equal_one_process_frames_and_sound(tmp_path):
     from tests.parallel.test_layouts import _check
 
