@@ -141,8 +141,8 @@ def _pass(world, executor, jobs, size: int) -> dict:
     start, denoise = time.perf_counter(), 0.0
     for first in range(0, len(jobs), size):
         timer = JobTimer(world.ctx.device)
-        for frames in executor.generate_batch([PreparedJob.of(job) for job in jobs[first : first + size]], timer):
-            encode_png(to_uint8(frames))
+        for row in executor.generate_batch([PreparedJob.of(job) for job in jobs[first : first + size]], timer):
+            encode_png(to_uint8(row.frames))
         denoise += sum(row["seconds"] for row in timer.rows() if row["stage"] == "denoise_step")
     return {"wall": time.perf_counter() - start, "denoise": denoise}
 

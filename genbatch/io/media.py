@@ -2,7 +2,9 @@
 
     encode_png(image)             image: (H, W, 3) uint8                 -> PNG bytes (lossless)
     encode_mp4(frames, fps=16)    frames: (F, H, W, 3) uint8             -> MP4 bytes
+    encode_mp4(frames, fps, sound=Soundtrack(...))                        -> MP4 bytes with an AAC track
     decode_png(data) / decode_mp4(data)   back to arrays, for checks and tests
+    h264_still(image, crf)        image: (H, W, 3) uint8 -> the same image through one H.264 frame (yuv420p)
 
 yuv420p halves the chroma planes, so H.264 needs even sizes: odd widths/heights are padded by one
 replicated edge pixel (a 33x17 video comes back as 34x18, its last row/column repeating the edge).
@@ -18,6 +20,8 @@ import tempfile
 import imageio_ffmpeg
 import numpy as np
 from PIL import Image
+
+from genbatch.io.sound import Soundtrack, add_sound
 
 
 def _check_pixels(array: np.ndarray, ndim: int, what: str) -> np.ndarray:
@@ -57,8 +61,10 @@ def _pad_even(frames: np.ndarray) -> np.ndarray:
     return np.pad(frames, ((0, 0), (0, pad_h), (0, pad_w), (0, 0)), mode="edge")
 
 
-def encode_mp4(frames: np.ndarray, fps: int | float, crf: int = 18, preset: str = "medium") -> bytes:
-    """H.264 MP4 (yuv420p, faststart) of (F, H, W, 3) uint8 frames at `fps`; odd sizes padded to even."""
+def encode_mp4(frames: np.ndarray, fps: int | float, crf: int = 18, preset: str = "medium",
+               sound: Soundtrack | None = None) -> bytes:
+    """H.264 MP4 (yuv420p, faststart) of (F, H, W, 3) uint8 frames at `fps`; odd sizes padded to even. `sound`:
+    muxed in as the file's AAC track (`genbatch.io.sound`)."""
     frames = _pad_even(_check_pixels(frames, 4, "frames"))
     if not fps or fps <= 0:
         raise ValueError(f"fps={fps!r} must be positive: set the manifest's fps column or the model default")
@@ -81,7 +87,8 @@ def encode_mp4(frames: np.ndarray, fps: int | float, crf: int = 18, preset: str 
         finally:
             writer.close()
         with open(path, "rb") as encoded:
-            return encoded.read()
+            video = encoded.read()
+        return video if sound is None else add_sound(video, sound)
     finally:
         os.unlink(path)
 
@@ -100,3 +107,14 @@ def decode_mp4(data: bytes) -> np.ndarray:
         return np.stack(frames)
     finally:
         os.unlink(path)
+
+
+def h264_still(image: np.ndarray, crf: int, preset: str = "veryfast") -> np.ndarray:
+    """`image` (H, W, 3) uint8 encoded as a one-frame H.264 video (libx264 at `crf`, yuv420p) and decoded back: the
+    compression a model conditioned on video frames was trained against (LTX-2's image conditioning). Odd sizes
+    are cropped to even ones first, as H.264 needs; crf 0 returns the image as it is."""
+    image = _check_pixels(image, 3, "image")
+    if crf == 0:
+        return image
+    height, width = image.shape[0] // 2 * 2, image.shape[1] // 2 * 2
+    return decode_mp4(encode_mp4(image[None, :height, :width], fps=1, crf=crf, preset=preset))[0]

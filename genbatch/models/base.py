@@ -54,6 +54,10 @@ JOINT = "joint"
 """An attention module over several streams' tokens concatenated (MMDiT text + image)."""
 CROSS = "cross"
 """Cross-attention from split queries to replicated keys/values (text): needs no communication."""
+SPLIT_KEYS = "split_keys"
+"""Attention from queries every rank holds whole (a stream the plan leaves unsplit: LTX-2's audio) to the keys of
+split streams (LTX-2's video-to-audio attention): each rank attends to its own keys and the partial results merge
+on their log-sum-exp over the sequence group, whatever the run's attention strategy."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -63,7 +67,7 @@ class AttentionSite:
     pattern: str
     """Glob over the module's `named_modules()` names, e.g. `"blocks.*.attn1"`."""
     kind: str
-    """`SELF`, `JOINT` or `CROSS`."""
+    """`SELF`, `JOINT`, `CROSS` or `SPLIT_KEYS`."""
     streams: tuple[str, ...]
     """The split streams whose tokens make up the attended sequence, in the order the module concatenates
     them: an input's name (`"hidden_states"`) or `"<module>:<output index>"` for a split module output.
@@ -130,7 +134,11 @@ HEADS = "heads"
 NORM_ACROSS_HEADS = "rms_norm_across_heads"
 """An RMSNorm over all heads' channels (Wan's QK norm): its weight split over tp and its mean square
 all-reduced, or the output is silently wrong."""
-TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS)
+HEAD_CHANNELS = "head_channels"
+"""A module without weights whose outputs span every head's channels (LTX-2's rotary tables, (b, s, heads x d) or,
+split-type, (b, heads, s, d/2)): each rank keeps its own heads' share of each output, as the split q and k hold
+their heads (no communication)."""
+TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS, HEAD_CHANNELS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from genbatch.io.sound import Soundtrack
     from genbatch.jobs.spec import JobSpec
 
 COND = "cond"
@@ -109,11 +110,28 @@ class Family(Protocol):
     def combine(self, predictions: dict[str, torch.Tensor], guidance_scale: float, t) -> torch.Tensor:
         """The guided noise prediction from the branch predictions."""
 
+    def guide(self, pipe, trajectory: Trajectory, predictions: dict[str, torch.Tensor], guidance_scale: float,
+              latents: torch.Tensor, step: int) -> torch.Tensor:
+        """The guided noise prediction of step `step` from the branch predictions and the latents the step started
+        from: `combine`'s, by default (most guidance needs neither). LTX-2's guides the denoised estimate
+        x0 = x - sigma v, so it needs the latents and the step's sigma."""
+        return self.combine(predictions, guidance_scale, trajectory.timesteps[step])
+
     def vae_input(self, pipe, job: JobSpec, latents: torch.Tensor) -> torch.Tensor:
         """Final latents -> exactly what the pipeline passes to `vae.decode`."""
 
     def postprocess(self, pipe, decoded: torch.Tensor) -> np.ndarray:
         """VAE output -> float frames in [0, 1]: (frames, h, w, 3) for video, (h, w, 3) for images."""
+
+    def wants_sound(self, job: JobSpec) -> bool:
+        """Whether the row's output carries sound (its `soundtrack` is made): False (the default) for a silent
+        family."""
+        return False
+
+    def soundtrack(self, pipe, job: JobSpec, latents: torch.Tensor) -> Soundtrack | None:
+        """One row's final latents -> its sound, made on the group leader after the frames' decode (for the rows
+        that `wants_sound`) and written as the video's audio track."""
+        return None
 
 
 def join_rows(values: list[Any]) -> Any:

@@ -31,6 +31,8 @@ FAMILY_MODULES = (
     "genbatch.models.hunyuan_video_i2v",
     "genbatch.models.z_image",
     "genbatch.models.qwen_image_21",
+    "genbatch.models.ltx2",
+    "genbatch.models.ltx2_i2v",
 )
 """The modules that each define one `FAMILY` (a `ModelFamily`), in the order they are listed to users."""
 ENTRY_POINT_GROUP = "genbatch.families"

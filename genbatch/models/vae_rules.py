@@ -38,8 +38,16 @@ WAN_ATTENTION = "wan_attention"
 IMAGE_ATTENTION = "image_attention"
 """diffusers' mid-block self-attention over pixels: keys and values gathered from every tile."""
 
+LTX2_CONV3D = "ltx2_conv3d"
+"""LTX-2's causal 3-D convolution: halos in height and width, the image's border padded as the layer pads it (zeros,
+or the decoder's reflection), its own repeated first (and last) frames in time."""
+LTX2_RESNET = "ltx2_resnet"
+"""LTX-2's video resnet block: local unless it injects noise (drawn at the whole frame's size)."""
+POINTWISE_CONV3D = "pointwise_conv3d"
+"""A 1x1x1 Conv3d (a resnet's channel shortcut): local."""
+
 KINDS = (LOCAL, RESNET, UPSAMPLE, DOWNSAMPLE, WAN_RESAMPLE, CONV2D, HALO_PAD, CAUSAL_CONV3D, CAUSAL_CONV2D, GROUP_NORM,
-         WAN_ATTENTION, IMAGE_ATTENTION)
+         WAN_ATTENTION, IMAGE_ATTENTION, LTX2_CONV3D, LTX2_RESNET, POINTWISE_CONV3D)
 
 TORCH_LAYERS: dict[str, str] = {
     **{f"torch.nn:{name}": LOCAL for name in ("Sequential", "ModuleList", "Identity", "Dropout", "SiLU", "GELU",
@@ -113,3 +121,16 @@ AUTOENCODER_KL_QWEN_IMAGE_21: dict[str, str] = {
 }
 """The decoder and encoder of diffusers' `AutoencoderKLQwenImage21` (Qwen-Image 2.1): Wan 2.2's residual VAE made
 for one image (its causal convolutions 2-D, no feature cache), RGBA in and out."""
+_LTX2 = "diffusers.models.autoencoders.autoencoder_kl_ltx2"
+AUTOENCODER_KL_LTX2_VIDEO: dict[str, str] = {
+    **TORCH_LAYERS,
+    **{f"{_LTX2}:{name}": LOCAL for name in ("LTX2VideoDecoder3d", "LTX2VideoMidBlock3d", "LTX2VideoUpBlock3d")},
+    f"{_LTX2}:LTX2VideoUpsampler3d": LOCAL,  # its convolution, then channels to 2x2x2 pixels (and the shortcut)
+    f"{_LTX2}:PerChannelRMSNorm": LOCAL,  # normalises over channels, per pixel
+    f"{_LTX2}:LTX2VideoResnetBlock3d": LTX2_RESNET,
+    f"{_LTX2}:LTX2VideoCausalConv3d": LTX2_CONV3D,
+    "torch.nn:LayerNorm": LOCAL,  # a resnet's channel norm before its shortcut
+    "torch.nn:Conv3d": POINTWISE_CONV3D,
+}
+"""The decoder of diffusers' `AutoencoderKLLTX2Video` (LTX-2): its last step turns each latent pixel's channels into
+its 4x4 patch of pixels, local too."""

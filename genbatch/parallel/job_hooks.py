@@ -58,15 +58,17 @@ class DenoiseSteps:
             return self.family.predict(self.pipe, self.trajectory, latents, self.trajectory.timesteps[index], index,
                                        self.conditioning.branches[branch])
 
-    def combine(self, predictions: dict[str, torch.Tensor], index: int) -> torch.Tensor:
-        """This rank's branch predictions -> every branch's (the CFG exchange) -> the guided noise."""
+    def combine(self, predictions: dict[str, torch.Tensor], index: int, latents: torch.Tensor) -> torch.Tensor:
+        """This rank's branch predictions -> every branch's (the CFG exchange) -> the guided noise (`latents`: what
+        step `index` started from; `Family.guide`)."""
         predictions = self.exchange.complete(predictions, self.branches)
-        return self.family.combine(predictions, self.conditioning.guidance_scale, self.trajectory.timesteps[index])
+        return self.family.guide(self.pipe, self.trajectory, predictions, self.conditioning.guidance_scale, latents,
+                                 index)
 
     def whole_step(self, latents: torch.Tensor, index: int) -> torch.Tensor:
         """One step over the whole latent: this rank's branches, the exchange, the scheduler's step."""
         predictions = {name: self.predict(latents, index, name) for name in self.exchange.local_branches(self.branches)}
-        noise = self.combine(predictions, index)
+        noise = self.combine(predictions, index, latents)
         return self.pipe.scheduler.step(noise, self.trajectory.timesteps[index], latents, return_dict=False)[0]
 
 

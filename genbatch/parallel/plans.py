@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
 from genbatch.models import families
-from genbatch.models.base import CROSS, Gather
+from genbatch.models.base import CROSS, SPLIT_KEYS, Gather
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -35,6 +35,13 @@ class SequencePlan:
     strategy: dict[str, str] = field(default_factory=dict)
     """Glob pattern of attention modules -> the attention strategy they use
     (`genbatch.parallel.attention.strategy`); modules not listed use `exact`."""
+    split_keys: tuple[str, ...] = ()
+    """Glob patterns of the attention modules whose queries every rank holds whole and whose keys are split
+    (`genbatch.models.base.SPLIT_KEYS`): merged over the group on the log-sum-exp, whatever the strategy."""
+
+    def has_split_keys(self, module_name: str) -> bool:
+        """Whether `module_name` is a `SPLIT_KEYS` attention module."""
+        return any(fnmatch.fnmatchcase(module_name, pattern) for pattern in self.split_keys)
 
     def pattern_of(self, module_name: str) -> str:
         """The attention pattern that matches `module_name`."""
@@ -82,6 +89,7 @@ def _plans() -> dict[str, SequencePlan]:
                 text_streams=transformer.sequence.text_streams,
                 cp_plan=_cp_plan(transformer.sequence.points),
                 strategy=dict(transformer.sequence.strategy),
+                split_keys=tuple(site.pattern for site in transformer.attention if site.kind == SPLIT_KEYS),
             )
     return plans
 

@@ -23,6 +23,7 @@ from genbatch.parallel.attention import masks
 from genbatch.parallel.attention.group import SequenceGroup
 from genbatch.parallel.attention.layout import SequenceLayout
 from genbatch.parallel.attention.route import ProcessorRoutes, restore_processor
+from genbatch.parallel.attention.split_keys import split_keys_attention
 from genbatch.parallel.attention.strategy import AttentionStrategy, make_strategy
 from genbatch.parallel.marks import ModuleMark
 from genbatch.parallel.plans import sequence_plan
@@ -109,6 +110,24 @@ class _Route:
                                     scale=scale, streams=self.streams)
 
 
+class _SplitKeysRoute(_Route):
+    """The attention of modules whose queries every rank holds whole and whose keys are this rank's share of
+    split streams (`genbatch.models.base.SPLIT_KEYS`): the partial results merge over the group
+    (`split_keys_attention`), whatever the run's strategy."""
+
+    def __init__(self, sp: SequenceParallel, name: str, streams: tuple[str, ...]):
+        self.sp, self.name, self.streams, self.strategy = sp, name, streams, None
+        self.used = False
+
+    def attend(self, query, key, value, attn_mask, scale):
+        """q (b, s_q, h, d) whole, k, v (b, s_rank, h, d) this rank's -> (b, s_q, h, d), the same on every rank."""
+        self.used = True
+        if attn_mask is not None:
+            raise NotImplementedError(f"{self.name}: attention to split keys takes no mask; run this model with "
+                                      "--ulysses 1 --ring 1")
+        return split_keys_attention(query, key, value, self.sp.group.sp, scale=scale, backend=self.sp.group.kernel)
+
+
 class SequenceParallel:
     """Hooks that make one transformer sequence-parallel over `group`; `remove()` restores it.
 
@@ -142,6 +161,12 @@ class SequenceParallel:
         strategies: dict[str, AttentionStrategy] = self.strategies
         routes: dict[tuple, _Route] = {}
         for name, module, streams, planned in attention:
+            if self.plan.has_split_keys(name):
+                key = (streams, "split_keys")
+                if key not in routes:
+                    routes[key] = _SplitKeysRoute(self, self.plan.pattern_of(name), streams)
+                self._route(name, module, key, routes[key])
+                continue
             chosen = strategy or planned
             if chosen not in strategies:
                 strategies[chosen] = make_strategy(chosen, group)

@@ -98,8 +98,16 @@ COGVIDEOX = DecoderMemory(vae_class="AutoencoderKLCogVideoX", channels=128, valu
 """CogVideoX and CogVideoX 1.5 (block_out_channels 128, 256, 256, 512; sample 480x720): the first batch of three
 latent frames (nine output frames) is the largest; tiles overlap by 1/6 of their height and 1/5 of their width."""
 
-DECODERS: dict[str, DecoderMemory] = {memory.vae_class: memory for memory in (IMAGE, WAN, QWEN_IMAGE, QWEN_IMAGE_21,
-                                                                             HUNYUAN_VIDEO, COGVIDEOX)}
+LTX2_VIDEO = DecoderMemory(vae_class="AutoencoderKLLTX2Video", channels=256, values_per_pixel=48.0,
+                           values_per_area=0.0, frames_at_once=None, output_copies=1.0, tile=(512, 512),
+                           tiled_output_copies=1.5, tiled_work=(512 / 448) ** 2)
+"""LTX-2 (block_out_channels 256-2048, decoder 1024, 512, 256 halved by its upsamplers, 4x4 pixel patches): every
+frame at once (diffusers' default, no framewise decode); its last stage runs 128 channels at a quarter of the
+height and width, 8 values an output pixel and frame a tensor, about six alive in a resnet (48). Estimated from
+the layout, not counted by bench/vae_memory.py; tiles of 512 pixels every 448."""
+
+DECODERS: dict[str, DecoderMemory] = {memory.vae_class: memory for memory in (
+    IMAGE, WAN, QWEN_IMAGE, QWEN_IMAGE_21, HUNYUAN_VIDEO, COGVIDEOX, LTX2_VIDEO)}
 """Every VAE class the planner models, by class name."""
 
 

@@ -49,6 +49,13 @@ def _size(job) -> str | None:
     return size
 
 
+def _sound(job) -> str | None:
+    """`16000 Hz, 0.33 s` for a video with a sound track, None for a silent output."""
+    if not job.has_sound:
+        return None
+    return f"{job.audio_sample_rate} Hz" + (f", {job.audio_seconds:.3g} s" if job.audio_seconds else "")
+
+
 def _media(job, media, original: str | None) -> str:
     if media is None:
         return ""
@@ -56,8 +63,9 @@ def _media(job, media, original: str | None) -> str:
         return f'<p class="problem">No preview: {escape(media.problem)}</p>'
     alt = escape(job.prompt or job.id, quote=True)
     if media.video:
-        body = (f'<video controls muted loop playsinline preload="metadata" poster="{_href(media.thumb)}" '
-                f'src="{_href(media.video)}" aria-label="{alt}"></video>')
+        # a video with sound plays it (not muted); a silent one stays muted
+        body = (f'<video controls{"" if media.sound else " muted"} loop playsinline preload="metadata" '
+                f'poster="{_href(media.thumb)}" src="{_href(media.video)}" aria-label="{alt}"></video>')
     else:
         body = f'<img src="{_href(media.thumb)}" alt="{alt}">'
     link = f'<a class="original" href="{_href(original)}">full output</a>' if original else ""
@@ -68,7 +76,8 @@ def card(job, media=None, original: str | None = None) -> str:
     """One job's card: its preview (`media`: previews.Media), prompt, settings, seconds per stage, error."""
     facts = [("seed", job.seed), ("model", job.model), ("size", _size(job)), ("steps", job.steps),
              ("guidance", job.guidance), ("layout", job.layout), ("LoRA", job.lora), ("cache", job.cache),
-             ("approximation", job.approximation), ("VAE decode", job.vae_decode), ("row", job.row)]
+             ("approximation", job.approximation), ("VAE decode", job.vae_decode), ("sound", _sound(job)),
+             ("row", job.row)]
     listed = "".join(f"<dt>{name}</dt><dd>{escape(_number(value))}</dd>" for name, value in facts
                      if value is not None)
     stages = " · ".join(f"{escape(stage)} {seconds:.3g} s" for stage, seconds in job.stages.items())

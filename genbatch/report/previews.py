@@ -33,6 +33,8 @@ class Media:
     """The image's thumbnail, or the video's poster."""
     video: str | None = None
     """The video's H.264 preview (None for an image)."""
+    sound: bool = False
+    """True when the preview carries the video's sound (AAC), which the page plays."""
     problem: str | None = None
     """Why there is no preview (the output is missing, or could not be decoded)."""
 
@@ -55,7 +57,7 @@ def media_for(job) -> Media:
     """The names a done job's previews have in the report (whether or not they exist yet)."""
     key = f"{encode_id(job.id)}-{(job.output_sha256 or 'unhashed')[:16]}"
     if job.is_video:
-        return Media(thumb=f"posters/{key}.jpg", video=f"videos/{key}.mp4")
+        return Media(thumb=f"posters/{key}.jpg", video=f"videos/{key}.mp4", sound=job.has_sound)
     return Media(thumb=f"thumbs/{key}.jpg")
 
 
@@ -72,8 +74,9 @@ def thumbnail_jpeg(data: bytes, size: int) -> bytes:
         return out.getvalue()
 
 
-def video_previews(data: bytes, thumb_px: int, preview_px: int) -> tuple[bytes, bytes]:
-    """(poster JPEG, H.264 MP4 preview) of the MP4 in `data`, from one ffmpeg run."""
+def video_previews(data: bytes, thumb_px: int, preview_px: int, sound: bool = False) -> tuple[bytes, bytes]:
+    """(poster JPEG, H.264 MP4 preview) of the MP4 in `data`, from one ffmpeg run; with `sound`, the preview keeps
+    the video's sound track (AAC)."""
     import imageio_ffmpeg
 
     poster_scale = (f"scale=w='min({thumb_px},iw)':h='min({thumb_px},ih)':force_original_aspect_ratio=decrease,"
@@ -86,7 +89,8 @@ def video_previews(data: bytes, thumb_px: int, preview_px: int) -> tuple[bytes, 
         command = [
             imageio_ffmpeg.get_ffmpeg_exe(), "-nostdin", "-v", "error", "-y", "-i", source,
             "-map", "0:v:0", "-frames:v", "1", "-vf", poster_scale, "-q:v", "3", poster,
-            "-map", "0:v:0", "-an", "-vf", preview_scale, "-c:v", "libx264", "-pix_fmt", "yuv420p",
+            "-map", "0:v:0", *(["-map", "0:a:0", "-c:a", "aac", "-b:a", "96k"] if sound else ["-an"]),
+            "-vf", preview_scale, "-c:v", "libx264", "-pix_fmt", "yuv420p",
             "-preset", "veryfast", "-crf", "26", "-movflags", "+faststart", preview,
         ]
         result = subprocess.run(command, capture_output=True, text=True, timeout=300)
@@ -103,7 +107,7 @@ def _make(job, media: Media, store, destination, thumb_px: int, preview_px: int)
         return f"its output outputs/{encode_id(job.id)}.{job.output_ext} is missing from the run"
     try:
         if media.video:
-            poster, preview = video_previews(data, thumb_px, preview_px)
+            poster, preview = video_previews(data, thumb_px, preview_px, sound=media.sound)
             destination.write(media.video, preview)
             destination.write(media.thumb, poster)
         else:

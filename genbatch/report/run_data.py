@@ -60,10 +60,19 @@ class JobView:
     output_ext: str | None = None
     """The output's extension (png, mp4) of a done job."""
     output_sha256: str | None = None
+    audio_sample_rate: int | None = None
+    """The sample rate of a video's sound track (None: a silent output)."""
+    audio_seconds: float | None = None
+    """How long the sound lasts."""
 
     @property
     def is_video(self) -> bool:
         return self.output_ext == "mp4"
+
+    @property
+    def has_sound(self) -> bool:
+        """True when the video carries a sound track (its results row names the track's sample rate)."""
+        return self.is_video and bool(self.audio_sample_rate)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -151,7 +160,8 @@ def job_views(results: pa.Table, layouts: dict[str, str], run_layout: str | None
             lora=lora_label(_text(column("lora")[i])), cache=_text(column("cache")[i]),
             approximation=_text(column("attention_approximation")[i]), vae_decode=_text(column("vae_decode")[i]),
             stages=stages, error=_text(column("error")[i]), output_ext=ext,
-            output_sha256=_text(column("output_sha256")[i]),
+            output_sha256=_text(column("output_sha256")[i]), audio_sample_rate=column("audio_sample_rate")[i],
+            audio_seconds=column("audio_seconds")[i],
         ))
     return views
 

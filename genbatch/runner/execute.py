@@ -19,6 +19,7 @@ import numpy as np
 import torch
 
 from genbatch.io.media_input import MediaReader
+from genbatch.io.sound import Soundtrack
 from genbatch.jobs.batches import batch_id
 from genbatch.jobs.cache import parse_cache
 from genbatch.models.spec import ModelSpec
@@ -72,6 +73,17 @@ class JobModel:
     """Its family's denoise hooks."""
     pipe: DiffusionPipeline
     """Its pipeline, loaded and parallelised for this rank's group."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DecodedRow:
+    """One row's decoded output on the group leader (None elsewhere): its frames, and its sound when its family
+    makes one (`Family.soundtrack`)."""
+
+    frames: np.ndarray | None
+    """[0, 1] frames, (frames, h, w, c) for a video or (h, w, c) for an image; None off the leader."""
+    sound: Soundtrack | None = None
+    """The row's waveform at its sample rate, written as the video's audio track."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -184,10 +196,10 @@ class JobExecutor:
         self.writer.submit(self.store.save_checkpoint, jobs[0].id, checkpoint.to_bytes())
 
     def generate_batch(self, jobs: list[PreparedJob], timer: JobTimer, model: JobModel | None = None
-                       ) -> list[np.ndarray | None]:
+                       ) -> list[DecodedRow]:
         """Encode, denoise (resuming from a checkpoint), decode a batch of prepared jobs that agree on their batch
-        key (`genbatch.jobs.batches`), run in one forward per step: each row's [0, 1] frames on the leader (None
-        on the other ranks). Raises JobInterrupted when the run is asked to stop (after checkpointing)."""
+        key (`genbatch.jobs.batches`), run in one forward per step: each row's frames and sound on the leader
+        (`DecodedRow`). Raises JobInterrupted when the run is asked to stop (after checkpointing)."""
         model = model or self.model_for(jobs[0])
         return self.decode_batch(jobs, self.denoise_batch(jobs, timer, model), timer, model)
 
@@ -265,12 +277,12 @@ class JobExecutor:
         return result.latents
 
     def decode_batch(self, jobs: list[PreparedJob], latents: torch.Tensor, timer: JobTimer,
-                     model: JobModel | None = None) -> list[np.ndarray | None]:
-        """Final latents -> each row's [0, 1] frames on the leader (decoded patch-parallel over the group), None
-        elsewhere; one row at a time (as that row alone decodes: the same bytes, one row's peak)."""
+                     model: JobModel | None = None) -> list[DecodedRow]:
+        """Final latents -> each row's [0, 1] frames (decoded patch-parallel over the group) and sound, on the
+        leader; one row at a time (as that row alone decodes: the same bytes, one row's peak)."""
         model = model or self.model_for(jobs[0])
         family, pipe = model.family, model.pipe
-        frames = []
+        rows = []
         with torch.no_grad():
             for index, job in enumerate(jobs):
                 row = latents if len(jobs) == 1 else latents[index : index + 1]
@@ -280,8 +292,13 @@ class JobExecutor:
                 stage_memory = self.decoder.last_peak_bytes
                 if stage_memory is not None:
                     timer.intervals[-1].extra["peak_bytes"] = stage_memory
-                frames.append(None if decoded is None else family.postprocess(pipe, decoded))
-        return frames
+                sound = None
+                if decoded is not None and family.wants_sound(job):
+                    with timer.stage("audio_decode", **self._own_columns(job, jobs)):
+                        sound = family.soundtrack(pipe, job, row)
+                rows.append(DecodedRow(frames=None if decoded is None else family.postprocess(pipe, decoded),
+                                       sound=sound))
+        return rows
 
     def run_batch(self, jobs: list[JobSpec]) -> BatchResult:
         """Prepare a batch (jobs that agree on their batch key), generate the rows that prepared and, on the
@@ -295,7 +312,7 @@ class JobExecutor:
             return BatchResult(records=[], timings=timer.rows(**self._timing_columns(prepared.failures[0].job)),
                                failures=prepared.failures)
         try:
-            frames = self.generate_batch(jobs, timer, model)
+            decoded = self.generate_batch(jobs, timer, model)
         except JobInterrupted:
             self.store.append_timings(self._timing_rows(timer, jobs))
             raise
@@ -306,12 +323,14 @@ class JobExecutor:
         if not self.ctx.is_leader:
             return BatchResult(records=records, timings=self._timing_rows(timer, jobs), failures=prepared.failures)
         encoded = []
-        for job, job_frames in zip(jobs, frames, strict=True):
+        for job, output in zip(jobs, decoded, strict=True):
             with timer.stage("encode_media", **self._own_columns(job, jobs)):
-                encoded.append(self._encode_media(to_uint8(job_frames), job, model.spec.is_video))
+                encoded.append(self._encode_media(to_uint8(output.frames), job, model.spec.is_video, output.sound))
         skipped = sum(interval.extra.get(SKIPPED, 0) for interval in timer.intervals)
-        for job, record, (media, ext) in zip(jobs, records, encoded, strict=True):
+        for job, record, (media, ext), output in zip(jobs, records, encoded, decoded, strict=True):
             record["output_uri"] = self.store.output_uri(job.id, ext)
+            if output.sound is not None:
+                record.update(audio_sample_rate=output.sound.sample_rate, audio_seconds=output.sound.seconds)
             seconds = timer.seconds_by_stage(job.id if len(jobs) > 1 else None)
             record.update({f"{stage}_s": value for stage, value in seconds.items()})
             if parse_cache(job.cache).enabled:  # this run's steps only (a resumed job's earlier run had its own)
@@ -349,11 +368,11 @@ class JobExecutor:
         }])
 
     @staticmethod
-    def _encode_media(frames: np.ndarray, job: JobSpec, is_video: bool) -> tuple[bytes, str]:
+    def _encode_media(frames: np.ndarray, job: JobSpec, is_video: bool, sound=None) -> tuple[bytes, str]:
         from genbatch.io import encode_mp4, encode_png
 
         if is_video:
-            return encode_mp4(frames, fps=job.fps), "mp4"
+            return encode_mp4(frames, fps=job.fps, sound=sound), "mp4"
         return encode_png(frames), "png"
 
     def _step_extra(self) -> dict:

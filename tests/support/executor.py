@@ -11,7 +11,7 @@ import torch
 
 from genbatch.jobs.prepared import PreparedJob
 from genbatch.jobs.spec import JobSpec
-from genbatch.runner.execute import BatchResult, JobExecutor, JobModel
+from genbatch.runner.execute import BatchResult, DecodedRow, JobExecutor, JobModel
 from genbatch.runner.timing import JobTimer
 
 
@@ -30,10 +30,16 @@ def prepared(executor: JobExecutor, jobs: list[JobSpec], timer: JobTimer, model:
     return batch.jobs
 
 
-def generate_batch(executor: JobExecutor, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None):
-    """Each row's [0, 1] frames on the leader (None elsewhere)."""
+def generate_rows(executor: JobExecutor, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None
+                  ) -> list[DecodedRow]:
+    """Each row's frames and sound on the leader (`DecodedRow`)."""
     model = model or executor.model_for(jobs[0])
     return executor.generate_batch(prepared(executor, jobs, timer, model), timer, model)
+
+
+def generate_batch(executor: JobExecutor, jobs: list[JobSpec], timer: JobTimer, model: JobModel | None = None):
+    """Each row's [0, 1] frames on the leader (None elsewhere)."""
+    return [row.frames for row in generate_rows(executor, jobs, timer, model)]
 
 
 def generate(executor: JobExecutor, job: JobSpec, timer: JobTimer, model: JobModel | None = None):
@@ -53,18 +59,24 @@ def denoise(executor: JobExecutor, job: JobSpec, timer: JobTimer, model: JobMode
     return denoise_batch(executor, [job], timer, model)
 
 
+def decode_row(executor: JobExecutor, job: JobSpec, latents: torch.Tensor, timer: JobTimer,
+               model: JobModel | None = None) -> DecodedRow:
+    """The job's frames and sound from its final latents, on the leader (`DecodedRow`)."""
+    model = model or executor.model_for(job)
+    return executor.decode_batch(prepared(executor, [job], timer, model), latents, timer, model)[0]
+
+
 def decode(executor: JobExecutor, job: JobSpec, latents: torch.Tensor, timer: JobTimer,
            model: JobModel | None = None):
     """The job's [0, 1] frames from its final latents, on the leader (None elsewhere)."""
-    model = model or executor.model_for(job)
-    return executor.decode_batch(prepared(executor, [job], timer, model), latents, timer, model)[0]
+    return decode_row(executor, job, latents, timer, model).frames
 
 
 def decode_batch(executor: JobExecutor, jobs: list[JobSpec], latents: torch.Tensor, timer: JobTimer,
                  model: JobModel | None = None):
     """Each row's [0, 1] frames from the batch's final latents, on the leader (None elsewhere)."""
     model = model or executor.model_for(jobs[0])
-    return executor.decode_batch(prepared(executor, jobs, timer, model), latents, timer, model)
+    return [row.frames for row in executor.decode_batch(prepared(executor, jobs, timer, model), latents, timer, model)]
 
 
 def run(executor: JobExecutor, job: JobSpec) -> BatchResult:

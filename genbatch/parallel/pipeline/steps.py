@@ -55,7 +55,7 @@ def patch_step(steps: DenoiseSteps, session: PipeSession, latents: torch.Tensor,
         predictions = {name: steps.predict(latents, index, name, patch) for name in local}
         if not last:
             continue
-        latents = schedulers.step(patch, steps.combine(predictions, index), t, latents)
+        latents = schedulers.step(patch, steps.combine(predictions, index, latents), t, latents)
         if not first and not final:
             part = _latent_part(latents, schedulers.masks[patch])
             session.wait_send(patch)  # the step before's part of this patch: stage 0 took it in long ago

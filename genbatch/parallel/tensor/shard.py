@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from genbatch.models.base import HEADS, NORM_ACROSS_HEADS, PACKED_ROWWISE, TensorPlan
+from genbatch.models.base import HEAD_CHANNELS, HEADS, NORM_ACROSS_HEADS, PACKED_ROWWISE, TensorPlan
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.compile import _matches
 from genbatch.parallel.tensor.norm import HeadShardedRMSNorm
@@ -59,6 +59,10 @@ def _check_divides(model: torch.nn.Module, styles: dict[str, str], size: int, fl
         elif style == NORM_ACROSS_HEADS:
             if module.normalized_shape[0] % size:
                 problems.append(f"{name} normalises {module.normalized_shape[0]} channels")
+        elif style == HEAD_CHANNELS:
+            heads = getattr(module, "num_attention_heads", None)
+            if isinstance(heads, int) and heads % size:
+                problems.append(f"{name} spans {heads} heads")
         else:
             for param, shard in split_sizes(style, module).items():
                 if shard is not None and any(block % size for block in shard[1]):
@@ -76,7 +80,9 @@ def tensor_parallel(model: torch.nn.Module, plan: TensorPlan, comm: Comm, mesh, 
     styles = resolved_styles(model, plan)
     _check_divides(model, styles, comm.size, flag or f"--tp {comm.size}")
     for name, style in styles.items():
-        if style not in (HEADS, NORM_ACROSS_HEADS):
+        if style == HEAD_CHANNELS:
+            _keep_head_channels(model.get_submodule(name), comm)
+        elif style not in (HEADS, NORM_ACROSS_HEADS):
             apply_style(model.get_submodule(name), style, mesh, comm)
     for name, style in styles.items():
         if style == NORM_ACROSS_HEADS:
@@ -91,6 +97,23 @@ HEAD_WIDTHS = ("heads", "inner_dim", "kv_inner_dim", "n_heads", "num_heads", "nu
 """The attention module's attributes its forward reshapes by (Wan's processor unflattens by `heads`,
 Qwen-Image's derives the head size as `inner_dim // heads`, T5's views by `n_heads`): each rank's module
 counts only its own heads (a grouped-query module its own key/value heads too, their ratio unchanged)."""
+
+
+def _keep_head_channels(module: torch.nn.Module, comm: Comm) -> None:
+    """A forward hook that keeps this rank's heads' share of each output tensor: the last dim of a 3-dim one
+    (b, s, heads x d), the head dim of a 4-dim one (b, heads, s, d)."""
+
+    def keep(tensor):
+        if not isinstance(tensor, torch.Tensor):
+            return tensor
+        dim = 1 if tensor.ndim == 4 else -1
+        width = tensor.shape[dim] // comm.size
+        return tensor.narrow(dim, comm.rank * width, width)  # (..., c, ...) -> (..., c/p, ...) along `dim`
+
+    def hook(mod, args, output):
+        return type(output)(keep(item) for item in output) if isinstance(output, (tuple, list)) else keep(output)
+
+    module.register_forward_hook(hook)
 
 
 def _divide_heads(attention: torch.nn.Module, size: int) -> None:

@@ -155,3 +155,24 @@ def pad_from_after(group: TileGroup, x: torch.Tensor) -> torch.Tensor:
     rows = torch.cat([x, _from_next(group, x[..., :1, :], up, down, (*lead, 1, w))], dim=-2)  # (..., h + 1, w)
     beside = _from_next(group, rows[..., :, :1], left, right, (*lead, h + 1, 1))
     return torch.cat([rows, beside], dim=-1)  # (..., h + 1, w + 1)
+
+
+def extended_tile(group: TileGroup, x: torch.Tensor, ph: int, pw: int, reflect: bool = False) -> torch.Tensor:
+    """This rank's tile `x` (..., h, w) with its halos, (..., h + 2 ph, w + 2 pw): the neighbours' rows and columns
+    (corners included), and at the image's border zeros, or with `reflect` the image reflected as
+    `padding_mode="reflect"` pads the whole image. A convolution without padding over it gives exactly this
+    tile's part of the whole image's."""
+    up, down, left, right = group.neighbors
+    h, w = x.shape[-2:]
+    tile = _Extended(group, x, ph, pw).window(0, h + 2 * ph, 0, w + 2 * pw).clone()
+    if reflect:
+        # padded[p - k] = x[k] (k = 1..p): rows first, then columns, corners reflected twice as F.pad does
+        if ph and up is None:
+            tile[..., :ph, :] = tile[..., ph + 1 : 2 * ph + 1, :].flip(-2)
+        if ph and down is None:
+            tile[..., h + ph :, :] = tile[..., h - 1 : h + ph - 1, :].flip(-2)
+        if pw and left is None:
+            tile[..., :, :pw] = tile[..., :, pw + 1 : 2 * pw + 1].flip(-1)
+        if pw and right is None:
+            tile[..., :, w + pw :] = tile[..., :, w - 1 : w + pw - 1].flip(-1)
+    return tile

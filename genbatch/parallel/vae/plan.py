@@ -28,7 +28,7 @@ from torch import nn
 from genbatch.models import families, vae_rules
 from genbatch.parallel.vae.attention import image_attention, wan_attention
 from genbatch.parallel.vae.context import TileGroup
-from genbatch.parallel.vae.halo import convolution, halo_conv, pad_from_after
+from genbatch.parallel.vae.halo import convolution, extended_tile, halo_conv, pad_from_after
 from genbatch.parallel.vae.norms import group_norm
 
 Check = Callable[[nn.Module], str | None]
@@ -174,6 +174,50 @@ def _check_wan_resample(resample: wan.WanResample) -> str | None:
     return f"resample mode {resample.mode!r}"
 
 
+def _check_ltx2_conv(conv: nn.Module) -> str | None:
+    inner = conv.conv
+    if tuple(inner.stride) != (1, 1, 1):
+        return f"stride {tuple(inner.stride)} (only stride 1 is tiled)"
+    if inner.padding_mode not in ("zeros", "reflect"):
+        return f"spatial padding mode {inner.padding_mode!r}"
+    return None
+
+
+def _patch_ltx2_conv(group: TileGroup, conv: nn.Module):
+    inner = conv.conv
+    _, ph, pw = inner.padding
+    if ph == 0 and pw == 0:
+        return None
+    reflect = inner.padding_mode == "reflect"
+
+    def forward(hidden_states, causal=True):
+        # time as in LTX2VideoCausalConv3d.forward: the first (and last) frame repeated
+        kernel_t = conv.kernel_size[0]
+        if causal:
+            front = hidden_states[:, :, :1].repeat((1, 1, kernel_t - 1, 1, 1))
+            hidden_states = torch.cat([front, hidden_states], dim=2)
+        else:
+            front = hidden_states[:, :, :1].repeat((1, 1, (kernel_t - 1) // 2, 1, 1))
+            back = hidden_states[:, :, -1:].repeat((1, 1, (kernel_t - 1) // 2, 1, 1))
+            hidden_states = torch.cat([front, hidden_states, back], dim=2)
+        tile = extended_tile(group, hidden_states, ph, pw, reflect=reflect)
+        return F.conv3d(tile, inner.weight, inner.bias, inner.stride, 0, inner.dilation, inner.groups)
+
+    return forward
+
+
+def _check_ltx2_resnet(block: nn.Module) -> str | None:
+    if block.per_channel_scale1 is not None or block.per_channel_scale2 is not None:
+        return "noise injection (its noise is drawn at the whole frame's size)"
+    return None
+
+
+def _check_pointwise(conv: nn.Conv3d) -> str | None:
+    if tuple(conv.kernel_size) != (1, 1, 1) or tuple(conv.stride) != (1, 1, 1):
+        return f"a {tuple(conv.kernel_size)} convolution (only 1x1x1 runs on a tile unchanged)"
+    return None
+
+
 KIND_RULES: dict[str, Rule] = {
     vae_rules.LOCAL: Rule(),
     vae_rules.RESNET: Rule(check=_check_resnet),
@@ -185,6 +229,9 @@ KIND_RULES: dict[str, Rule] = {
     vae_rules.CAUSAL_CONV3D: Rule(check=_check_causal_conv, patch=_patch_causal_conv),
     vae_rules.CAUSAL_CONV2D: Rule(check=_check_causal_conv2d, patch=_patch_causal_conv2d),
     vae_rules.GROUP_NORM: Rule(patch=lambda group, norm: lambda x: group_norm(group, norm, x)),
+    vae_rules.LTX2_CONV3D: Rule(check=_check_ltx2_conv, patch=_patch_ltx2_conv, descend=False),
+    vae_rules.LTX2_RESNET: Rule(check=_check_ltx2_resnet),
+    vae_rules.POINTWISE_CONV3D: Rule(check=_check_pointwise),
     vae_rules.WAN_ATTENTION: Rule(patch=lambda group, block: lambda x: wan_attention(group, block, x), descend=False),
     vae_rules.IMAGE_ATTENTION: Rule(
         check=_check_attention,
