@@ -123,6 +123,10 @@ ROWWISE = "rowwise"
 PACKED_ROWWISE = "packed_rowwise"
 """`ROWWISE` for a Linear whose input concatenates several column-split streams (FLUX's single-stream
 `proj_out`: [attention, MLP]): each stream's columns split apart (blocks from its `_tp_packed_row_blocks`)."""
+PACKED_COLWISE = "packed_colwise"
+"""`COLWISE` for a Linear whose output packs several streams side by side (FLUX.2's fused [q, k, v, MLP gate, MLP
+up] projection of a single-stream block, its gated MLPs' [gate, up]): each packed block's rows split apart, so every
+rank keeps its share of each (blocks from its `_tp_packed_col_blocks`, else two equal halves)."""
 GATHERED_COLWISE = "colwise_gathered"
 """`COLWISE`, then the small output all-gathered back whole (the AdaLN modulation's (B, 6d))."""
 HEADS = "heads"
@@ -130,7 +134,7 @@ HEADS = "heads"
 NORM_ACROSS_HEADS = "rms_norm_across_heads"
 """An RMSNorm over all heads' channels (Wan's QK norm): its weight split over tp and its mean square
 all-reduced, or the output is silently wrong."""
-TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS)
+TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_COLWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
