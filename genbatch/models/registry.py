@@ -29,6 +29,8 @@ FAMILY_MODULES = (
     "genbatch.models.qwen_image_edit",
     "genbatch.models.hunyuan_video",
     "genbatch.models.hunyuan_video_i2v",
+    "genbatch.models.flux2",
+    "genbatch.models.flux2_klein",
 )
 """The modules that each define one `FAMILY` (a `ModelFamily`), in the order they are listed to users."""
 ENTRY_POINT_GROUP = "genbatch.families"
