@@ -209,6 +209,20 @@ class TransformerPlan:
     Wan, `("encoder_hidden_states", "hidden_states")` for the MMDiT blocks. A stage sends these after its last
     block and the next stage puts them in place of its first block's inputs. Empty: no pipeline stages for
     this class (`--pipefusion` above 1 exits 2)."""
+    list_carried: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """PipeFusion: what the blocks of a repeated list hand the next where that is not `carried`, by list (FLUX.2's
+    single-stream blocks hand on one tensor, `("hidden_states",)`: the text and image tokens joined). Where a stage
+    boundary falls between a list carrying several streams and one carrying one, the earlier list's streams are
+    joined along the sequence (dim 1) in their order, as the model joins them between the two lists."""
+    cache_lists: tuple[str, ...] = ()
+    """The repeated lists the step caches (First-Block Cache, TaylorSeer, TeaCache) span, in forward order; empty:
+    all of `blocks.repeated`. A span whose first and last blocks hand on differently shaped outputs (FLUX.2's
+    dual-stream blocks two streams, its single-stream ones one joined tensor) has no one residual, so such a model
+    names the lists whose blocks agree."""
+
+    def carried_by(self, repeated: str) -> tuple[str, ...]:
+        """What a block of the repeated list `repeated` hands the next (`list_carried`, else `carried`)."""
+        return tuple(self.list_carried.get(repeated, self.carried))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
