@@ -23,9 +23,11 @@ The transformer (`Flux2Transformer2DModel`) has 8 dual-stream blocks then 48 sin
 modulations are computed once per forward, outside the blocks. Sequence parallelism uses diffusers' own
 `_cp_plan` (both streams and both position-id tables split at the root, the output gathered after `proj_out`);
 tensor parallelism splits the heads, the gated MLPs' [gate, up] and the single blocks' fused
-[q, k, v, gate, up] projection by their packed blocks (`PACKED_COLWISE`), and the modulations. PipeFusion does not
-cut it: its single-stream blocks hand one joined [text, image] tensor on, and the model joins the two streams
-between the block lists, which a stage boundary (one set of carried streams per class) cannot express.
+[q, k, v, gate, up] projection by their packed blocks (`PACKED_COLWISE`), and the modulations. PipeFusion cuts the
+56 blocks anywhere: a dual-stream block hands on the text and image streams, a single-stream block one tensor of
+both joined (`TransformerPlan.list_carried`), and a stage ending the dual-stream list sends its two streams joined
+as the model joins them. The step caches span the single-stream blocks (`TransformerPlan.cache_lists`), whose
+outputs agree in shape.
 """
 
 from __future__ import annotations
@@ -151,6 +153,17 @@ class Flux2Hooks(Family):
             pipe.scheduler.set_begin_index(0)
         return Trajectory(latents=latents, timesteps=timesteps, shared=shared)
 
+    def batch_trajectory(self, rows: list[Trajectory]) -> Trajectory:
+        """The rows' trajectories joined (`Family.batch_trajectory`); their reference images, whose tokens join
+        the image stream (and whose positions are the first row's), must have one size."""
+        sizes = {None if row.shared.get("image_latents") is None else tuple(row.shared["image_latents"].shape)
+                 for row in rows}
+        if len(sizes) > 1:
+            shapes = ", ".join(sorted(map(str, sizes)))
+            raise ValueError(f"the rows of one batch carry reference images of different sizes (latents {shapes}); "
+                             "give the rows of a batch images of one size, or run them with --batch-size 1")
+        return super().batch_trajectory(rows)
+
     @staticmethod
     def schedule(pipe, job: JobSpec, latents, device):
         """The timesteps for the packed noise `latents` (1, n, c): sigmas shifted by FLUX.2's empirical mu of n
@@ -258,6 +271,12 @@ TRANSFORMER_PLAN = TransformerPlan(
     tensor_plan=TENSOR_PLAN,
     # diffusers' _repeated_blocks: Flux2TransformerBlock, Flux2SingleTransformerBlock
     compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
+    # a dual-stream block returns the two streams; a single-stream block one tensor, [text, image] joined as the
+    # model joins them between the lists (so a stage ending the dual-stream list sends them joined)
+    carried=("encoder_hidden_states", "hidden_states"),
+    list_carried={"single_transformer_blocks": ("hidden_states",)},
+    # First-Block Cache's residual spans blocks that hand on alike: the single-stream ones (48 of [dev]'s 56)
+    cache_lists=("single_transformer_blocks",),
 )
 """`Flux2Transformer2DModel`, [dev]'s and [klein]'s."""
 

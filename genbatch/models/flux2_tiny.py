@@ -13,8 +13,8 @@ templates the pipelines apply.
   27); both 16 wide, so the transformer's text input is 3 x 16 = 48 wide.
 - **Weights that show.** With default initialisation the prompt barely reaches the image: the transformer's
   LayerNorms and QK RMSNorms make the text's scale irrelevant, and its modulation gates are small. So the
-  modulation projections, the timestep (and guidance) embedding's output and the QK norms' gains are scaled up,
-  deterministically (`GAINS`), and two prompts give visibly different images (as do two guidance values).
+  modulation projections and the QK norms' gains are scaled up, deterministically (`GAINS`), and two prompts give
+  visibly different images (as do two guidance values).
 - **The VAE** (`AutoencoderKLFlux2`, 8x spatial, 4 latent channels: 16 per 2x2 token) has random batch-norm
   statistics, so a decode that skipped the pipeline's (un)normalisation would not match it.
 
@@ -31,7 +31,7 @@ TINY_TRANSFORMER: dict[str, Any] = dict(
     patch_size=1,
     in_channels=16,  # 4 latent channels x the 2 x 2 patch the pipeline packs into a token
     num_layers=1,
-    num_single_layers=1,
+    num_single_layers=2,  # PipeFusion 2 cuts inside the single-stream list; a step cache spans 2 blocks
     attention_head_dim=16,
     num_attention_heads=4,
     joint_attention_dim=48,  # 3 stacked hidden states of a 16-wide text encoder
@@ -42,9 +42,9 @@ TINY_TRANSFORMER: dict[str, Any] = dict(
     eps=1e-6,
     guidance_embeds=True,
 )
-"""FLUX.2 [dev]'s transformer: one dual- and one single-stream block, 4 heads x 16, guidance embedding."""
-TINY_KLEIN_TRANSFORMER: dict[str, Any] = dict(TINY_TRANSFORMER, guidance_embeds=False)
-"""FLUX.2 [klein]'s: the same without guidance embedding."""
+"""FLUX.2 [dev]'s transformer: one dual- and two single-stream blocks, 4 heads x 16, guidance embedding."""
+TINY_KLEIN_TRANSFORMER: dict[str, Any] = dict(TINY_TRANSFORMER, num_layers=2, guidance_embeds=False)
+"""FLUX.2 [klein]'s: two dual-stream blocks (PipeFusion 2 cuts between the lists), no guidance embedding."""
 TINY_VAE: dict[str, Any] = dict(
     in_channels=3,
     out_channels=3,
@@ -70,11 +70,12 @@ TINY_QWEN3 = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=27, nu
                   num_key_value_heads=2, head_dim=4, max_position_embeddings=1024, tie_word_embeddings=True,
                   initializer_range=0.5)
 """A 27-layer Qwen3 (the pipeline reads hidden states 9, 18 and 27)."""
-GAINS = {"stream_modulation": 3.0, "norm_out.linear": 3.0, "linear_2": 3.0, "norm_q": 2.0, "norm_k": 2.0,
-         "norm_added_q": 2.0, "norm_added_k": 2.0}
+GAINS = {"stream_modulation": 3.0, "norm_out.linear": 3.0, "norm_q": 3.0, "norm_k": 3.0, "norm_added_q": 3.0,
+         "norm_added_k": 3.0}
 """Transformer parameter name part -> what those parameters are multiplied by: the AdaLN modulations (their gates
-reach the residual streams), the timestep and guidance embedders' output layers, the QK norms' gains (sharper
-attention, so the text's content counts)."""
+reach the residual streams) and the QK norms' gains (sharper attention, so the text's content counts). The
+timestep embedding is left as drawn: scaled up, it would swamp the K/V's change between steps, which the
+stale-K/V methods (PipeFusion, DistriFusion) rely on being small."""
 DEFAULTS = {
     "tiny-flux2": {"width": 64, "height": 64, "num_inference_steps": 4, "guidance_scale": 4.0},
     # distilled: the guidance scale is ignored (1: no warning from the pipeline)
