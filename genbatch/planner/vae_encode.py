@@ -71,8 +71,12 @@ chunks of four beside a full cache), the same at 208x120 and 1280x720; 6.67 MFLO
 QWEN_IMAGE_ENCODER = replace(WAN_ENCODER, vae_class="AutoencoderKLQwenImage")
 """Qwen-Image: Wan's encoder, encoding one frame (counted 968 values and 6.76 MFLOP a pixel at 512^2)."""
 
+FLUX2_ENCODER = replace(IMAGE_ENCODER, vae_class="AutoencoderKLFlux2")
+"""FLUX.2 (`AutoencoderKLFlux2`: diffusers' Encoder at FLUX.1's widths, 128, 256, 512, 512, two resnets a stage; only
+its output convolution is wider, 64 channels for 32 latent ones): the image VAE's encoder."""
+
 ENCODERS: dict[str, EncoderMemory] = {memory.vae_class: memory for memory in (IMAGE_ENCODER, WAN_ENCODER,
-                                                                              QWEN_IMAGE_ENCODER)}
+                                                                              QWEN_IMAGE_ENCODER, FLUX2_ENCODER)}
 """Every VAE class whose encoder the planner models, by class name."""
 
 

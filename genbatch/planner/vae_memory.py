@@ -9,7 +9,8 @@ A decoder never holds the whole video's activations at once:
   blended; its tiling adds 256-pixel spatial tiles.
 - CogVideoX (`AutoencoderKLCogVideoX`) decodes a few latent frames at a time with a convolution cache; its
   tiling cuts 240x360-pixel tiles (half its sample size).
-- The image VAE (`AutoencoderKL`: FLUX, SD3) decodes the whole image; its tiling cuts tiles of its sample size.
+- The image VAE (`AutoencoderKL`: FLUX, SD3; FLUX.2's `AutoencoderKLFlux2` has its decoder) decodes the whole
+  image; its tiling cuts tiles of its sample size.
 
 So the peak is the activations of one chunk (`frames_at_once` output frames over the decoded area, `values_per_pixel`
 live values per output pixel and frame, plus `values_per_area` per pixel that do not grow with the chunk: the
@@ -91,8 +92,15 @@ COGVIDEOX = DecoderMemory(vae_class="AutoencoderKLCogVideoX", channels=128, valu
 """CogVideoX and CogVideoX 1.5 (block_out_channels 128, 256, 256, 512; sample 480x720): the first batch of three
 latent frames (nine output frames) is the largest; tiles overlap by 1/6 of their height and 1/5 of their width."""
 
+FLUX2 = DecoderMemory(vae_class="AutoencoderKLFlux2", channels=128, values_per_pixel=768.0, values_per_area=0.0,
+                      frames_at_once=1, output_copies=1.0, tile=(1024, 1024), tiled_output_copies=3.0,
+                      tiled_work=(1 / 0.75) ** 2)
+"""FLUX.2 (`AutoencoderKLFlux2`, the published `AutoencoderKLFlux2()` config): diffusers' Decoder at FLUX.1's widths
+(128, 256, 512, 512; three resnets a stage), so the image VAE's figures; its latent has 32 channels, which only
+the first convolution sees."""
+
 DECODERS: dict[str, DecoderMemory] = {memory.vae_class: memory for memory in (IMAGE, WAN, QWEN_IMAGE, HUNYUAN_VIDEO,
-                                                                             COGVIDEOX)}
+                                                                             COGVIDEOX, FLUX2)}
 """Every VAE class the planner models, by class name."""
 
 
