@@ -1,6 +1,6 @@
 """Write the shipped example manifest: tiny-wan video rows, a tiny-wan-i2v image-to-video row, a tiny-flux-kontext
-and a tiny-qwen-image-edit edit row and tiny-flux image rows, small enough for a CPU, and the image the
-image-to-video and edit rows start from (examples/images/).
+and a tiny-qwen-image-edit edit row, tiny-flux image rows and a tiny-flux2 and a tiny-flux2-klein row, small enough
+for a CPU, and the image the image-to-video and edit rows start from (examples/images/).
 
     python examples/make_manifest.py [OUT]                   # default: examples/manifest.parquet by this script
     gen validate examples/manifest.parquet --model tiny-wan  # check it
@@ -73,6 +73,10 @@ ROWS = [
     ),
     dict(id="flux-owl", prompt="an owl in a pine tree", model="tiny-flux", num_inference_steps=4, num_outputs=2,
          category="animals"),
+    dict(id="flux2-lantern", prompt="a paper lantern glowing over a night market", model="tiny-flux2",
+         num_inference_steps=4, category="urban"),
+    dict(id="klein-teapot", prompt="a blue ceramic teapot on a windowsill", model="tiny-flux2-klein",
+         num_inference_steps=4, category="still life"),
 ]
 
 
