@@ -93,8 +93,10 @@ PUBLISHED_TEXT_ENCODER_9B = dict(hidden_size=4096, intermediate_size=12288, num_
                                  tie_word_embeddings=False)
 """Qwen/Qwen3-8B: 8.19B parameters, 6.95B of them in its 36 layers, which `auto` splits over a job group."""
 PUBLISHED_CONFIG = {
-    "4b": {"transformer": PUBLISHED_TRANSFORMER_4B, "vae": flux2.PUBLISHED_VAE, "text_encoder": PUBLISHED_TEXT_ENCODER_4B},
-    "9b": {"transformer": PUBLISHED_TRANSFORMER_9B, "vae": flux2.PUBLISHED_VAE, "text_encoder": PUBLISHED_TEXT_ENCODER_9B},
+    "4b": {"transformer": PUBLISHED_TRANSFORMER_4B, "vae": flux2.PUBLISHED_VAE,
+           "text_encoder": PUBLISHED_TEXT_ENCODER_4B},
+    "9b": {"transformer": PUBLISHED_TRANSFORMER_9B, "vae": flux2.PUBLISHED_VAE,
+           "text_encoder": PUBLISHED_TEXT_ENCODER_9B},
 }
 """FLUX.2 [klein]'s published configs by size; the distilled and base models of a size share them."""
 _4B = dict(parameters=3.876e9, text_encoder=4.02e9, text_encoder_split=0.0)

@@ -121,8 +121,8 @@ def layout_flags(layout: ParallelDims) -> str:
 def more_gpus(cluster: Cluster, ranked_on) -> str | None:
     """Nothing fits on a one-node `cluster`: the fewest GPUs of its kind on one node (`MORE_GPUS`) on which some
     layout does, and there the fastest that shards the weights with FSDP and the fastest with TP (what a model too
-    big for one GPU needs; exact layouts before stale-K/V ones); None when more GPUs do not fit it either. `ranked_on(cluster)`: the runnable layouts
-    (`Candidate`s) of a plan on that cluster."""
+    big for one GPU needs; exact layouts before stale-K/V ones); None when more GPUs do not fit it either.
+    `ranked_on(cluster)`: the runnable layouts (`Candidate`s) of a plan on that cluster."""
     if cluster.nodes != 1:
         return None
     for gpus in (count for count in MORE_GPUS if count > cluster.gpus):
