@@ -317,8 +317,9 @@ def published_shape(name: str, transformer: Mapping[str, Any], *, parameters: fl
     )
 
 
-IMAGE_ENCODE = ImageEncode(video=False, area=REFERENCE_AREA, multiple=16, required=False)
-"""A reference image: at most a megapixel (a smaller one keeps its size), sides cut to multiples of 16; optional."""
+IMAGE_ENCODE = ImageEncode(video=False, area=None, multiple=16, required=False)
+"""A reference image, optional: the pipeline keeps one of a megapixel or less at its own size (a larger one is
+resized to a megapixel), so the planner, which does not see it, takes it at the output's size."""
 
 FAMILY = ModelFamily(
     name="flux2",
