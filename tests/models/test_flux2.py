@@ -126,25 +126,25 @@ def test_the_prompt_and_the_guidance_reach_the_image(tmp_path):
 
 def test_sequence_tensor_fsdp_and_cfg_layouts_equal_one_process(tmp_path):
     """On two ranks, in one pool call: [dev] with a reference image (15 noise tokens and 24 of the image's: 39 in
-    the image stream, uneven, after 512 text tokens) under ulysses 2, tp 2 and ulysses 2 with FSDP; the base model's
-    two branches under cfg 2."""
+    the image stream, uneven, after 512 text tokens) under ulysses 2, ring 2, tp 2 and ulysses 2 with FSDP; the base
+    model's two branches under cfg 2."""
     image = random_image(tmp_path / "in.png", (96, 72))
     dev = job(DEV, width=80, height=48, num_inference_steps=2, seed=17, image=image)
     base = job(BASE, width=64, height=48, num_inference_steps=2, seed=18, guidance_scale=4.0)
-    check_two_rank_cases([(dev, 1, 1, 1, 2, False), (dev, 1, 1, 1, 1, False, 2), (dev, 1, 1, 1, 2, True),
-                          (base, 1, 2, 1, 1, False)], tmp_path, timeout_s=120)
+    check_two_rank_cases([(dev, 1, 1, 1, 2, False), (dev, 1, 1, 2, 1, False), (dev, 1, 1, 1, 1, False, 2),
+                          (dev, 1, 1, 1, 2, True), (base, 1, 2, 1, 1, False)], tmp_path, timeout_s=120)
 
 
 @pytest.mark.slow
 def test_the_rest_of_the_layouts_equal_one_process_and_merge_a_lora_into_their_shards(tmp_path):
-    """ring 2 with a reference image; the base model under cfg 2 with FSDP and ulysses 2; the distilled [klein]
-    with a LoRA (every kind of split Linear) merged into tp 2 shards and FSDP shards."""
+    """The base model under cfg 2 with FSDP and ulysses 2, [dev] under tp 2 with FSDP; the distilled [klein] with
+    a LoRA (every kind of split Linear) merged into tp 2 shards and FSDP shards."""
     lora = peft_lora(KLEIN, tmp_path / "lora", LORA_TARGETS)
     image = random_image(tmp_path / "in.png", (96, 72))
     dev = job(DEV, width=80, height=48, num_inference_steps=2, seed=17, image=image)
     base = job(BASE, width=64, height=48, num_inference_steps=2, seed=18, guidance_scale=4.0)
     klein = job(KLEIN, width=64, height=48, num_inference_steps=2, seed=19, lora=(LoraRef(lora, scale=0.8),))
-    check_two_rank_cases([(dev, 1, 1, 2, 1, False), (base, 1, 2, 1, 1, True), (base, 1, 1, 1, 2, False),
+    check_two_rank_cases([(dev, 1, 1, 1, 1, True, 2), (base, 1, 2, 1, 1, True), (base, 1, 1, 1, 2, False),
                           (klein, 1, 1, 1, 1, False, 2), (klein, 1, 1, 1, 2, True)], tmp_path, timeout_s=180)
 
 
