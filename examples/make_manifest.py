@@ -1,7 +1,8 @@
 """Write the shipped example manifest: tiny-wan video rows, a tiny-wan-i2v image-to-video row, a tiny-flux-kontext
 and a tiny-qwen-image-edit edit row, tiny-flux image rows, a tiny-z-image row (Turbo's guidance 0), a
-tiny-qwen-image-21 row conditioned on the image and a tiny-ltx2 video-with-sound row, small enough for a CPU, and the
-image the image-to-video, edit and conditioned rows start from (examples/images/).
+tiny-qwen-image-21 row conditioned on the image, a tiny-ltx2 video-with-sound row and a tiny-flux2 and a
+tiny-flux2-klein row, small enough for a CPU, and the image the image-to-video, edit and conditioned rows start
+from (examples/images/).
 
     python examples/make_manifest.py [OUT]                   # default: examples/manifest.parquet by this script
     gen validate examples/manifest.parquet --model tiny-wan  # check it
@@ -80,6 +81,10 @@ ROWS = [
          category="animals"),
     dict(id="ltx2-waves", prompt="waves on a pebble beach, the sound of the surf", model="tiny-ltx2", width=64,
          height=64, num_frames=9, num_inference_steps=4, category="landscape"),
+    dict(id="flux2-lantern", prompt="a paper lantern glowing over a night market", model="tiny-flux2",
+         num_inference_steps=4, category="urban"),
+    dict(id="klein-teapot", prompt="a blue ceramic teapot on a windowsill", model="tiny-flux2-klein",
+         num_inference_steps=4, category="still life"),
 ]
 
 

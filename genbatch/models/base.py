@@ -127,6 +127,10 @@ ROWWISE = "rowwise"
 PACKED_ROWWISE = "packed_rowwise"
 """`ROWWISE` for a Linear whose input concatenates several column-split streams (FLUX's single-stream
 `proj_out`: [attention, MLP]): each stream's columns split apart (blocks from its `_tp_packed_row_blocks`)."""
+PACKED_COLWISE = "packed_colwise"
+"""`COLWISE` for a Linear whose output packs several streams side by side (FLUX.2's fused [q, k, v, MLP gate, MLP
+up] projection of a single-stream block, its gated MLPs' [gate, up]): each packed block's rows split apart, so every
+rank keeps its share of each (blocks from its `_tp_packed_col_blocks`, else two equal halves)."""
 GATHERED_COLWISE = "colwise_gathered"
 """`COLWISE`, then the small output all-gathered back whole (the AdaLN modulation's (B, 6d))."""
 HEADS = "heads"
@@ -138,7 +142,8 @@ HEAD_CHANNELS = "head_channels"
 """A module without weights whose outputs span every head's channels (LTX-2's rotary tables, (b, s, heads x d) or,
 split-type, (b, heads, s, d/2)): each rank keeps its own heads' share of each output, as the split q and k hold
 their heads (no communication)."""
-TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS, HEAD_CHANNELS)
+TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_COLWISE, PACKED_ROWWISE, GATHERED_COLWISE, HEADS, NORM_ACROSS_HEADS,
+                 HEAD_CHANNELS)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -213,6 +218,20 @@ class TransformerPlan:
     Wan, `("encoder_hidden_states", "hidden_states")` for the MMDiT blocks. A stage sends these after its last
     block and the next stage puts them in place of its first block's inputs. Empty: no pipeline stages for
     this class (`--pipefusion` above 1 exits 2)."""
+    list_carried: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """PipeFusion: what the blocks of a repeated list hand the next where that is not `carried`, by list (FLUX.2's
+    single-stream blocks hand on one tensor, `("hidden_states",)`: the text and image tokens joined). Where a stage
+    boundary falls between a list carrying several streams and one carrying one, the earlier list's streams are
+    joined along the sequence (dim 1) in their order, as the model joins them between the two lists."""
+    cache_lists: tuple[str, ...] = ()
+    """The repeated lists the step caches (First-Block Cache, TaylorSeer, TeaCache) span, in forward order; empty:
+    all of `blocks.repeated`. A span whose first and last blocks hand on differently shaped outputs (FLUX.2's
+    dual-stream blocks two streams, its single-stream ones one joined tensor) has no one residual, so such a model
+    names the lists whose blocks agree."""
+
+    def carried_by(self, repeated: str) -> tuple[str, ...]:
+        """What a block of the repeated list `repeated` hands the next (`list_carried`, else `carried`)."""
+        return tuple(self.list_carried.get(repeated, self.carried))
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -33,6 +33,8 @@ FAMILY_MODULES = (
     "genbatch.models.qwen_image_21",
     "genbatch.models.ltx2",
     "genbatch.models.ltx2_i2v",
+    "genbatch.models.flux2",
+    "genbatch.models.flux2_klein",
 )
 """The modules that each define one `FAMILY` (a `ModelFamily`), in the order they are listed to users."""
 ENTRY_POINT_GROUP = "genbatch.families"

@@ -66,6 +66,9 @@ class ModelShape:
     """Transformer parameters."""
     text_encoder_parameters: float
     """Parameters of all text encoders together (kept on every rank)."""
+    text_encoder_split_parameters: float = 0.0
+    """Of those, the ones `--text-encoder-parallel auto` splits tensor-parallel over a job group (the layers of an
+    encoder at least 4096 wide: `genbatch.parallel.tensor.encoders`); 0: none, or not known (a directory's shape)."""
     vae_parameters: float
     """VAE parameters."""
     joint_text: bool

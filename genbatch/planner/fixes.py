@@ -46,14 +46,15 @@ class Overage:
     decode_mode: str
     """The decode mode the peak was priced with."""
 
-    def describe(self, fix: Fix | None) -> str:
+    def describe(self, fix: Fix | None, wider: str | None = None) -> str:
+        """The overage, and `fix`; without one, the way out, and `wider` (where more GPUs fit: `rank.more_gpus`)."""
         detail = ", ".join(f"{name} {self.parts[name]:.1f}" for name in _PARTS
                            if name != "vae_encode" or self.parts.get(name))  # an encode only where a job has one
         text = (f"needs {self.needs_gib:.2f} GiB per rank > {self.limit_gib:.2f} GiB ({detail}, with a "
                 f"{self.decode_mode} decode; {self.part} sets the peak)")
         if fix is None:
             return text + "; no change of decode, FSDP, TP or ranks per job fits on these GPUs: use more GPUs, a " \
-                          "larger --gpu-mem or a smaller size"
+                          "larger --gpu-mem or a smaller size" + (f"; {wider}" if wider else "")
         return text + f"; fits with {fix.describe()}"
 
     def to_dict(self) -> dict:

@@ -98,6 +98,18 @@ def choose_decode(layout: ParallelDims, work: Workload, limit_gib: float, wanted
     return first_fitting(modes, lambda mode: memory_per_rank(layout, work, mode)["total"], limit_gib)
 
 
+def text_encoder_gib(layout: ParallelDims, work: Workload) -> float:
+    """The text encoders' weights per rank, GiB, as the runner's `--text-encoder-parallel auto` holds them: the
+    layers of an encoder at least 4096 wide split over the job group, its other weights (embeddings, output head,
+    a vision tower) whole on every rank; a narrower encoder sharded by FSDP over the job group, else whole."""
+    shape = work.shape
+    split = shape.text_encoder_split_parameters
+    if split:
+        whole = shape.text_encoder_parameters - split
+        return (split / layout.group_size + whole) * BYTES_PER_VALUE / GIB
+    return shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp_size / GIB
+
+
 def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") -> dict[str, float]:
     """GiB per rank by part with the VAE decoded in mode `decode`, and `total` (the peak): on the group's
     leader, the fullest rank (it gathers the decoded output)."""
@@ -122,9 +134,7 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
         stale_kv = work.batch * 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / split * branches
     parts = {
         "weights": weights / GIB,
-        # the runner's FSDP shards the text encoders over the job group too
-        "text_encoder": 0.0 if work.offload_text_encoder
-        else shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp_size / GIB,
+        "text_encoder": 0.0 if work.offload_text_encoder else text_encoder_gib(layout, work),
         "vae_weights": shape.vae_parameters * work.vae_bytes_per_value / GIB,  # fp32 for a video model
         "activations": (activations + stale_kv) / GIB,
         "stale_kv": stale_kv / GIB,  # of the activations: the previous step's K/V kept for the other patches

@@ -108,14 +108,52 @@ def rank_key(candidate: Candidate, objective: str) -> tuple:
     return (cost.seconds_per_job * stale, -candidate.jobs_per_hour, simplicity)
 
 
+MORE_GPUS = (2, 4, 8)
+"""GPU counts (on one node) `more_gpus` tries when nothing fits on the GPUs given."""
+
+
+def layout_flags(layout: ParallelDims) -> str:
+    """The `gen run` flags of a job group's layout: `--ulysses 2 --fsdp`, `--tp 2`."""
+    flags = [f"--{axis} {value}" for axis, value in layout.degrees().items() if axis != "dp" and value > 1]
+    return " ".join(flags + (["--fsdp"] if layout.fsdp else [])) or "one GPU a job"
+
+
+def more_gpus(cluster: Cluster, ranked_on) -> str | None:
+    """Nothing fits on a one-node `cluster`: the fewest GPUs of its kind on one node (`MORE_GPUS`) on which some
+    layout does, and there the fastest that shards the weights with FSDP and the fastest with TP (what a model too
+    big for one GPU needs; exact layouts before stale-K/V ones); None when more GPUs do not fit it either.
+    `ranked_on(cluster)`: the runnable layouts (`Candidate`s) of a plan on that cluster."""
+    if cluster.nodes != 1:
+        return None
+    for gpus in (count for count in MORE_GPUS if count > cluster.gpus):
+        candidates = ranked_on(replace(cluster, gpus=gpus))
+        if not candidates:
+            continue
+        ways = []
+        exact = [candidate for candidate in candidates if not is_stale(candidate.layout)] or candidates
+        for sharded in (lambda layout: layout.fsdp_size > 1 and layout.tp == 1, lambda layout: layout.tp > 1):
+            fitting = [candidate for candidate in exact if sharded(candidate.layout)]
+            if fitting:
+                best = min(fitting, key=lambda candidate: candidate.estimate.seconds_per_job)
+                ways.append(f"{layout_flags(best.layout)} ({best.layout.name}: "
+                            f"{best.estimate.memory['total']:.1f} GiB per rank, "
+                            f"{best.estimate.seconds_per_job:.1f} s per job)")
+        if not ways:
+            best = candidates[0]
+            ways.append(f"{layout_flags(best.layout)} ({best.layout.name})")
+        return f"on {gpus} x {cluster.gpu.name} it fits with {' or '.join(ways)}"
+    return None
+
+
 def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max_latency: float | None = None,
          constraints: LayoutConstraints | None = None, profile: Profile | None = None, decode: str = "auto",
-         cache: bool = False) -> Plan:
+         cache: bool = False, wider: bool = True) -> Plan:
     """Enumerate, validate, price and order every layout of `cluster.gpus` for `work`, each decoding its VAE in
     mode `decode` (`auto`: an exact mode that fits, else tiled), `cache`: for a run with a step cache on (which
     no stale-K/V layout runs with); with `constraints`, only the layouts that satisfy
     them (ValueError naming them and the nearest fixes when none of those fits). A layout too big for memory
-    names the number that broke the limit and the change that fits with the fewest seconds per job."""
+    names the number that broke the limit and the change that fits with the fewest seconds per job; when nothing
+    fits and no change does, where more GPUs would (`more_gpus`, with `wider`)."""
     if objective not in OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose throughput or latency")
     if max_latency is not None and max_latency <= 0:
@@ -146,12 +184,20 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
             too_big.append((layout, cost, over, problems))
             continue
         ranked.append(Candidate(layout=layout, estimate=cost, jobs_per_hour=layout.dp * 3600 / cost.seconds_per_job))
-    for layout, cost, over, problems in too_big:
-        fix = None
+    fixes = {}
+    for layout, cost, over, _ in too_big:
         if over is not None:
-            fix = memory_fix(layout, cost, decode_modes(layout, work), legal, cluster, max_latency,
-                             lambda other, mode: estimate(other, work, cluster, profile, mode), decode)
-            problems.insert(0, over.describe(fix))
+            fixes[layout] = memory_fix(layout, cost, decode_modes(layout, work), legal, cluster, max_latency,
+                                       lambda other, mode: estimate(other, work, cluster, profile, mode), decode)
+    more = None
+    if wider and not ranked and fixes and not any(fixes.values()):
+        more = more_gpus(cluster, lambda bigger: rank(work, bigger, objective=objective, max_latency=max_latency,
+                                                      profile=profile, decode=decode, cache=cache,
+                                                      wider=False).ranked)
+    for layout, cost, over, problems in too_big:
+        fix = fixes.get(layout)
+        if over is not None:
+            problems.insert(0, over.describe(fix, more))
         rejected.append(Rejection(layout=layout, reasons=tuple(problems), over=over, fix=fix))
     ranked.sort(key=lambda candidate: rank_key(candidate, objective))
     rejected += illegal

@@ -77,10 +77,12 @@ QWEN_IMAGE_21_ENCODER = EncoderMemory(vae_class="AutoencoderKLQwenImage21", chan
 """Qwen-Image 2.1 (base_dim 96, dim_mult 1-2-4-8-8, RGBA in): its condition image in one pass, no feature cache;
 counted 968 values (its 4 input channels included) and 2.98 to 3.01 MFLOP a pixel at 512^2 and 1024^2 on the meta
 device."""
+FLUX2_ENCODER = replace(IMAGE_ENCODER, vae_class="AutoencoderKLFlux2")
+"""FLUX.2 (`AutoencoderKLFlux2`: diffusers' Encoder at FLUX.1's widths, 128, 256, 512, 512, two resnets a stage; only
+its output convolution is wider, 64 channels for 32 latent ones): the image VAE's encoder."""
 
-ENCODERS: dict[str, EncoderMemory] = {memory.vae_class: memory for memory in (IMAGE_ENCODER, WAN_ENCODER,
-                                                                              QWEN_IMAGE_ENCODER,
-                                                                              QWEN_IMAGE_21_ENCODER)}
+ENCODERS: dict[str, EncoderMemory] = {memory.vae_class: memory for memory in (
+    IMAGE_ENCODER, WAN_ENCODER, QWEN_IMAGE_ENCODER, QWEN_IMAGE_21_ENCODER, FLUX2_ENCODER)}
 """Every VAE class whose encoder the planner models, by class name."""
 
 

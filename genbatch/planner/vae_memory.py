@@ -9,8 +9,9 @@ A decoder never holds the whole video's activations at once:
   blended; its tiling adds 256-pixel spatial tiles.
 - CogVideoX (`AutoencoderKLCogVideoX`) decodes a few latent frames at a time with a convolution cache; its
   tiling cuts 240x360-pixel tiles (half its sample size).
-- The image VAE (`AutoencoderKL`: FLUX, SD3, Z-Image) decodes the whole image; its tiling cuts tiles of its sample
-  size. Qwen-Image 2.1's (`AutoencoderKLQwenImage21`) decodes its one frame whole; its tiling cuts 256-pixel tiles.
+- The image VAE (`AutoencoderKL`: FLUX, SD3, Z-Image; FLUX.2's `AutoencoderKLFlux2` has its decoder) decodes the
+  whole image; its tiling cuts tiles of its sample size. Qwen-Image 2.1's (`AutoencoderKLQwenImage21`) decodes its one
+  frame whole; its tiling cuts 256-pixel tiles.
 
 So the peak is the activations of one chunk (`frames_at_once` output frames over the decoded area, `values_per_pixel`
 live values per output pixel and frame, plus `values_per_area` per pixel that do not grow with the chunk: the
@@ -106,8 +107,15 @@ frame at once (diffusers' default, no framewise decode); its last stage runs 128
 height and width, 8 values an output pixel and frame a tensor, about six alive in a resnet (48). Estimated from
 the layout, not counted by bench/vae_memory.py; tiles of 512 pixels every 448."""
 
+FLUX2 = DecoderMemory(vae_class="AutoencoderKLFlux2", channels=128, values_per_pixel=768.0, values_per_area=0.0,
+                      frames_at_once=1, output_copies=1.0, tile=(1024, 1024), tiled_output_copies=3.0,
+                      tiled_work=(1 / 0.75) ** 2)
+"""FLUX.2 (`AutoencoderKLFlux2`, the published `AutoencoderKLFlux2()` config): diffusers' Decoder at FLUX.1's widths
+(128, 256, 512, 512; three resnets a stage), so the image VAE's figures; its latent has 32 channels, which only
+the first convolution sees."""
+
 DECODERS: dict[str, DecoderMemory] = {memory.vae_class: memory for memory in (
-    IMAGE, WAN, QWEN_IMAGE, QWEN_IMAGE_21, HUNYUAN_VIDEO, COGVIDEOX, LTX2_VIDEO)}
+    IMAGE, WAN, QWEN_IMAGE, QWEN_IMAGE_21, HUNYUAN_VIDEO, COGVIDEOX, LTX2_VIDEO, FLUX2)}
 """Every VAE class the planner models, by class name."""
 
 

@@ -44,9 +44,10 @@ def pipeline_frames(model: str, spec_job, **call) -> np.ndarray:
     return output.frames[0] if spec_job.num_frames is not None else output.images[0]
 
 
-def _stale_latents(rank, world_size, spec_job, cases, out):
+def _stale_latents(rank, world_size, cases, out):
+    """The final latents of each (job, layout, stale config) of `cases` on this rank."""
     results = []
-    for index, (layout, stale) in enumerate(cases):
+    for index, (spec_job, layout, stale) in enumerate(cases):
         with job_executor(f"{out}/{index}/rank{rank}", **layout) as (world, executor):
             drive.use_stale(executor, stale)
             results.append(drive.denoise(executor, spec_job, JobTimer(world.ctx.device)))
@@ -60,24 +61,33 @@ def assert_stale_methods_run_it(spec_job, tmp_path) -> None:
     both ranks hold one latent, and it errs (MSE against exact) more than 0 and at most half as much as naive
     patches on the same layout, each patch attending only to itself (its share of the noise's rows and of the
     input's)."""
+    assert_stale_methods_run_them([spec_job], tmp_path)
+
+
+def assert_stale_methods_run_them(jobs, tmp_path) -> None:
+    """`assert_stale_methods_run_it` for each of `jobs` (of different models), in one pool call."""
     from genbatch.parallel.stale import DISTRIFUSION, NAIVE_PATCH, PIPEFUSION, StaleConfig
     from tests.support.distributed import run_on_ranks
 
-    steps = spec_job.num_inference_steps
     cases = []
-    for layout, method in (({"pp": 2}, PIPEFUSION), ({"distrifusion": 2}, DISTRIFUSION)):
-        cases += [(layout, StaleConfig(method=method, patches=2, warmup_steps=steps)),
-                  (layout, StaleConfig(method=method, patches=2, warmup_steps=1)),
-                  (layout, StaleConfig(method=NAIVE_PATCH, patches=2, warmup_steps=1))]
-    per_rank = run_on_ranks(_stale_latents, 2, args=(spec_job, cases, str(tmp_path / "ranks")), timeout_s=90)
-    exact = _stale_latents(0, 1, spec_job, [({}, None)], str(tmp_path / "one"))[0]
+    for spec_job in jobs:
+        steps = spec_job.num_inference_steps
+        for layout, method in (({"pp": 2}, PIPEFUSION), ({"distrifusion": 2}, DISTRIFUSION)):
+            cases += [(spec_job, layout, StaleConfig(method=method, patches=2, warmup_steps=steps)),
+                      (spec_job, layout, StaleConfig(method=method, patches=2, warmup_steps=1)),
+                      (spec_job, layout, StaleConfig(method=NAIVE_PATCH, patches=2, warmup_steps=1))]
+    per_rank = run_on_ranks(_stale_latents, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=60 + 30 * len(jobs))
+    exact = {spec_job.model: _stale_latents(0, 1, [(spec_job, {}, None)], str(tmp_path / f"one-{index}"))[0]
+             for index, spec_job in enumerate(jobs)}
     for first in range(0, len(cases), 3):
-        name = cases[first][1].method
+        spec_job, _, config = cases[first]
+        name = f"{spec_job.model} {config.method}"
         for latents in per_rank:
-            diff = (latents[first] - exact).abs().max().item()
+            diff = (latents[first] - exact[spec_job.model]).abs().max().item()
             assert diff <= 1e-5, f"{name} warmed up over every step: latents differ by {diff}"
         assert all(torch.equal(latents[first + 1], per_rank[0][first + 1]) for latents in per_rank), name
-        stale, naive = (float((per_rank[0][index] - exact).pow(2).mean()) for index in (first + 1, first + 2))
+        stale, naive = (float((per_rank[0][index] - exact[spec_job.model]).pow(2).mean())
+                        for index in (first + 1, first + 2))
         print(name, {"stale": stale, "naive": naive})
         assert 0 < stale <= 0.5 * naive, (name, stale, naive)
 
@@ -104,12 +114,20 @@ def assert_stale_methods_run_it_end_to_end(preset: str, image: str, tmp_path) ->
 def check_two_rank_layouts(spec_job, layouts, tmp_path, timeout_s: float = 90) -> None:
     """`spec_job` under each of `layouts` ((dp, cfg, ring, ulysses, fsdp[, tp]) on two gloo ranks) equals one
     process's run of it, by `tests/parallel/test_layouts.py`'s criteria."""
+    check_two_rank_cases([(spec_job, *layout) for layout in layouts], tmp_path, timeout_s)
+
+
+def check_two_rank_cases(cases, tmp_path, timeout_s: float = 90) -> None:
+    """Each of `cases` ((job, dp, cfg, ring, ulysses, fsdp[, tp]), jobs of different models) on two gloo ranks, all
+    in one pool call, equals one process's run of its job, by `tests/parallel/test_layouts.py`'s criteria."""
     from tests.parallel.test_layouts import _all_layouts, _check, _run_job
     from tests.support.distributed import run_on_ranks
 
-    cases = [(spec_job, *layout) for layout in layouts]
     per_rank = run_on_ranks(_all_layouts, 2, args=(cases, str(tmp_path / "ranks")), timeout_s=timeout_s)
-    _check(cases, per_rank, {spec_job.model: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))})
+    jobs = {case[0].model: case[0] for case in cases}
+    assert len({id(case[0]) for case in cases}) == len(jobs), "one job per model: the references are by model"
+    _check(cases, per_rank, {model: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / f"one-{index}"))
+                             for index, (model, spec_job) in enumerate(jobs.items())})
 
 
 def assert_a_row_without_an_image_is_rejected(preset: str, tmp_path, prompt: str = "a red boat") -> None:

@@ -95,7 +95,7 @@ class StepCache(JobHook):
         try:
             for model in models:
                 plan = _transformer_plan(spec, model)
-                lists = plan.blocks.repeated
+                lists = plan.cache_lists or plan.blocks.repeated
                 if mode.kind == FBC:
                     cache.hooked += fbc.install(model, lists, mode.threshold, comm, cache._report_decision)
                 elif mode.kind == TAYLORSEER:

@@ -14,6 +14,10 @@ model's own forward on the same inputs: its embeddings and per-forward inputs (t
 embedding, text projection) are its own, so only the carried streams (`TransformerPlan.carried`) travel; the
 receiving stage already knows their shapes (its own inputs to that block have them), so nothing else does.
 The modules after the blocks run on every stage; only the last stage's output is the prediction.
+
+A list may carry otherwise than the class (`TransformerPlan.list_carried`: FLUX.2's single-stream blocks hand on
+one joined [text, image] tensor); a stage that ends a list carrying several streams before a stage that starts one
+carrying one sends them joined along the sequence, as the model joins them between the lists.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from genbatch.parallel.marks import ModuleMark
 
 PIPELINE: ModuleMark[StageLink] = ModuleMark("pipeline stage link")
 """A cut model's `StageLink`."""
+STAGE_LISTS: ModuleMark[tuple[str, str, str | None]] = ModuleMark("stage lists")
+"""A cut model's repeated lists at its ends: (its first block's, its last block's, the next stage's first block's
+or None on the last stage)."""
 STAGE_BLOCKS: ModuleMark[dict[str, tuple[int, int]]] = ModuleMark("stage blocks")
 """A cut model's (start, stop) of its blocks in the whole model, per repeated list (its block `i` is the whole
 model's `start + i`: what a checkpoint calls it)."""
@@ -59,11 +66,18 @@ def _lists(model: torch.nn.Module, plan: TransformerPlan) -> dict[str, torch.nn.
 
 def cut_stages(model: torch.nn.Module, plan: TransformerPlan, stage: int, stages: int) -> list[torch.nn.Module]:
     """Keep only this stage's blocks in each repeated list; returns them in forward order."""
-    if not plan.carried:
+    if not plan.carried and not plan.list_carried:
         raise ValueError(f"{type(model).__name__} has no pipeline plan; run it with --pipefusion 1")
     lists = _lists(model, plan)
-    ranges = stage_ranges({name: len(blocks) for name, blocks in lists.items()}, stage, stages)
+    lengths = {name: len(blocks) for name, blocks in lists.items()}
+    ranges = stage_ranges(lengths, stage, stages)
     STAGE_BLOCKS.put(model, ranges)
+    held = [name for name, (start, stop) in ranges.items() if start < stop]
+    following = None
+    if stage + 1 < stages:
+        following = next(name for name, (start, stop) in stage_ranges(lengths, stage + 1, stages).items()
+                         if start < stop)
+    STAGE_LISTS.put(model, (held[0], held[-1], following))
     kept = []
     for name, blocks in lists.items():
         start, stop = ranges[name]
@@ -101,7 +115,17 @@ class StageLink:
     """The point-to-point joins of one cut model; `remove()` takes the hooks off."""
 
     def __init__(self, model: torch.nn.Module, plan: TransformerPlan, blocks: list[torch.nn.Module], comm: Comm):
-        self.comm, self.carried = comm, plan.carried
+        first_list, last_list, next_list = STAGE_LISTS.get(model)
+        self.comm, self.carried = comm, plan.carried_by(first_list)
+        """What this stage's first block takes from the previous stage."""
+        self.sent = plan.carried_by(last_list)
+        """What this stage's last block hands on."""
+        following = plan.carried_by(next_list) if next_list is not None else self.sent
+        self.joined = following[0] if len(following) == 1 and len(self.sent) > 1 else None
+        """The one stream the next stage takes where this stage's several are joined for it (or None)."""
+        if self.joined is None and following != self.sent:
+            raise ValueError(f"{type(model).__name__}: a stage boundary between {last_list} (carrying {self.sent}) "
+                             f"and {next_list} (carrying {following}) cannot be joined; fix its TransformerPlan")
         self.stage, self.stages = comm.rank, comm.size
         self.pending: list = []
         self.handles = []
@@ -151,7 +175,11 @@ class StageLink:
         self.flush()
         items = output if isinstance(output, tuple) else (output,)
         patch = None if self.state is None else self.state.patch
-        for name, value in zip(self.carried, items, strict=True):
+        names = self.sent
+        if self.joined is not None:
+            # e.g. (b, n_text, d) + (b, n_image, d) -> (b, n_text + n_image, d), as the model joins them
+            items, names = (torch.cat(items, dim=1),), (self.joined,)
+        for name, value in zip(names, items, strict=True):
             if name == TEXT and patch:
                 continue  # sent once a step, with the first patch
             value = value.contiguous()

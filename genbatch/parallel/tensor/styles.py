@@ -3,6 +3,7 @@
 | style              | weight        | output of the module                                        |
 |--------------------|---------------|-------------------------------------------------------------|
 | colwise            | Shard(0)      | this rank's output features (..., out/p), left split        |
+| packed_colwise     | Shard(0) by block | as colwise; the output rows split block by block        |
 | rowwise            | Shard(1)      | the partial sums, all-reduced through `Comm` ("tp_all_reduce") |
 | packed_rowwise     | Shard(1) by block | as rowwise; the input columns split block by block     |
 | colwise_gathered   | Shard(0)      | (..., out/p) all-gathered back to (..., out) ("tp_all_gather") |
@@ -19,7 +20,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard, distribute_tensor
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-from genbatch.models.base import COLWISE, GATHERED_COLWISE, PACKED_ROWWISE, ROWWISE
+from genbatch.models.base import COLWISE, GATHERED_COLWISE, PACKED_COLWISE, PACKED_ROWWISE, ROWWISE
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.marks import ModuleMark
 
@@ -51,6 +52,19 @@ def packed_blocks(linear: torch.nn.Linear) -> list[int]:
     return list(blocks) if blocks else [linear.out_features, linear.in_features - linear.out_features]
 
 
+def packed_col_blocks(linear: torch.nn.Linear) -> list[int]:
+    """The output-row blocks of a packed column-wise Linear: its `_tp_packed_col_blocks` (diffusers sets them on
+    FLUX.2's single-stream `to_qkv_mlp_proj`: q, k, v, the MLP's gate and up), else two equal halves (a gated
+    MLP's fused [gate, up] input projection, as diffusers' `PackedColwiseParallel([1, 1])` splits it)."""
+    blocks = getattr(linear, "_tp_packed_col_blocks", None)
+    if blocks:
+        return list(blocks)
+    if linear.out_features % 2:
+        raise ValueError(f"a packed column-wise Linear of {linear.out_features} output features has no "
+                         "_tp_packed_col_blocks and does not halve; list its blocks")
+    return [linear.out_features // 2] * 2
+
+
 def split_sizes(style: str, linear: torch.nn.Module) -> dict[str, tuple[int, list[int]] | None]:
     """Parameter name -> (dim, blocks) of its split under `style` (None: kept whole). A column-wise Embedding
     (T5's relative position bias, one column per head) splits its columns."""
@@ -59,13 +73,16 @@ def split_sizes(style: str, linear: torch.nn.Module) -> dict[str, tuple[int, lis
     out, width = linear.out_features, linear.in_features
     if style in (COLWISE, GATHERED_COLWISE):
         shards = {"weight": (0, [out]), "bias": (0, [out])}
+    elif style == PACKED_COLWISE:
+        blocks = packed_col_blocks(linear)
+        shards = {"weight": (0, blocks), "bias": (0, blocks)}
     elif style == ROWWISE:
         shards = {"weight": (1, [width]), "bias": None}
     elif style == PACKED_ROWWISE:
         shards = {"weight": (1, packed_blocks(linear)), "bias": None}
     else:
         raise ValueError(f"{style!r} is not a Linear's tensor-parallel style ({COLWISE}, {ROWWISE}, "
-                         f"{PACKED_ROWWISE}, {GATHERED_COLWISE})")
+                         f"{PACKED_COLWISE}, {PACKED_ROWWISE}, {GATHERED_COLWISE})")
     return {name: shard for name, shard in shards.items() if getattr(linear, name, None) is not None}
 
 
@@ -83,9 +100,26 @@ class _PackedRowwise(RowwiseParallel):
             module.register_parameter("bias", torch.nn.Parameter(whole, requires_grad=False))
 
 
+class _PackedColwise(ColwiseParallel):
+    """ColwiseParallel whose weight (and bias) rows are split block by block (the output packs several streams);
+    the local rows are labelled Shard(0), which is what the local matmul needs."""
+
+    def _partition_linear_fn(self, name, module, device_mesh):
+        rank, size = device_mesh.get_local_rank(), device_mesh.size()
+        blocks = packed_col_blocks(module)
+        for param_name in ("weight", "bias"):
+            param = getattr(module, param_name, None)
+            if param is not None:
+                local = block_slice(param.detach(), 0, blocks, rank, size)
+                module.register_parameter(param_name, torch.nn.Parameter(
+                    DTensor.from_local(local, device_mesh, [Shard(0)], run_check=False), requires_grad=False))
+
+
 def _torch_style(style: str):
     if style in (COLWISE, GATHERED_COLWISE):
         chosen = ColwiseParallel()
+    elif style == PACKED_COLWISE:
+        chosen = _PackedColwise()
     elif style == ROWWISE:
         chosen = RowwiseParallel(output_layouts=Partial())
     else:
