@@ -125,12 +125,16 @@ def bucket_size(height: float, width: float, target_size: int, multiple: int) ->
     return sizes[min(side, key=lambda pair: abs(pair[1]))[0]]
 
 
+GUIDER_CONFIG = os.path.join("guider", "guider_config.json")
+"""Where a saved pipeline keeps its guider's config (diffusers' `BaseGuidance.config_name`)."""
+
+
 def _guider_config(path: str | None) -> dict:
     """The pipeline directory's guider config ({} without one)."""
     if path is None:
         return {}
     try:
-        with open(os.path.join(path, "guider", "config.json"), encoding="utf-8") as handle:
+        with open(os.path.join(path, GUIDER_CONFIG), encoding="utf-8") as handle:
             return json.load(handle)
     except (OSError, ValueError):
         return {}
@@ -180,8 +184,7 @@ def runs_cfg(pipe, job: JobSpec) -> bool:
                                                ("start", 0.0), ("stop", 1.0)) if config[key] != plain}
     if odd:
         raise ValueError(f"model {job.model}: its guider sets {odd}; genbatch runs the guider as plain CFG "
-                         "(guidance_rescale 0, diffusers' formulation, every step): set those back in "
-                         "guider/config.json")
+                         f"(guidance_rescale 0, diffusers' formulation, every step): set those back in {GUIDER_CONFIG}")
     return bool(guider._enabled) and not math.isclose(job.guidance_scale, 1.0)
 
 

@@ -13,8 +13,8 @@ transformers classes with small configs and seeded random weights, built in memo
 - I2V: `SiglipVisionModel` (16 patch tokens) with its PIL image processor (the default one needs torchvision).
 
 With default initialisation the prompt barely reaches the video (a few levels apart between two prompts), so
-`scale_for_tests` scales a few weights deterministically (the timestep embedding's output, the text refiner's
-input projection and the glyph projection) before the pipeline is returned: the prompt, its quoted text, the
+`scale_for_tests` scales a few weights deterministically (the text refiner's input projection, the glyph and
+image projections, the blocks' query and text-key norm gains and text values) before the pipeline is returned: the prompt, its quoted text, the
 image and the guidance scale each move the frames visibly.
 """
 
@@ -77,6 +77,9 @@ def scale_for_tests(transformer) -> None:
         transformer.context_embedder_2.linear_3.weight.mul_(8.0)  # the glyph (ByT5) text projection
         transformer.image_embedder.linear_2.weight.mul_(8.0)  # the SigLIP image projection
         for block in transformer.transformer_blocks:
+            # the video's queries and the text's keys (their QK-norm gains): the video attends to the text
+            block.attn.norm_q.weight.mul_(3.0)
+            block.attn.norm_added_k.weight.mul_(4.0)
             block.attn.add_v_proj.weight.mul_(4.0)  # what the video reads from the text tokens
 
 

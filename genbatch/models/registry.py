@@ -30,6 +30,7 @@ FAMILY_MODULES = (
     "genbatch.models.hunyuan_video",
     "genbatch.models.hunyuan_video_i2v",
     "genbatch.models.hunyuan_video15",
+    "genbatch.models.hunyuan_video15_i2v",
 )
 """The modules that each define one `FAMILY` (a `ModelFamily`), in the order they are listed to users."""
 ENTRY_POINT_GROUP = "genbatch.families"
