@@ -314,3 +314,17 @@ def test_a_batch_the_step_cache_and_compile_equal_one_row_uncached_and_eager(tmp
                                                                                                         executor):
         compiled = executor.denoise(rows[0], JobTimer(world.ctx.device))
     assert (compiled - exact).abs().max().item() <= 1e-4
+
+
+def test_the_planner_prices_the_vae_as_it_decodes_and_encodes():
+    from genbatch.planner.vae_encode import encode_peak_bytes, encoder_memory
+    from genbatch.planner.vae_memory import decode_peak_bytes, decoder_memory
+
+    memory = decoder_memory("AutoencoderKLHunyuanVideo15", is_video=True)
+    gib = lambda mode, ranks=1: decode_peak_bytes(memory, mode, width=1280, height=720, frames=121,  # noqa: E731
+                                                  ranks=ranks, bytes_per_value=2) / 2**30
+    # every frame at once, and the mid-block mask over 31 x 45 x 80 latent tokens squared (23 GiB of it)
+    assert gib("full") > 141 > 2 * gib("parallel", 8) and gib("tiled") < 0.5 * gib("full")
+    encoder = encoder_memory("AutoencoderKLHunyuanVideo15", is_video=True)
+    one = encode_peak_bytes(encoder, width=1280, height=720, frames=1, bytes_per_value=2)
+    assert 0.45 * one < encode_peak_bytes(encoder, width=1280, height=720, frames=1, ranks=2, bytes_per_value=2) < one

@@ -172,7 +172,7 @@ def _patch_replicate_causal_conv(group: TileGroup, module: nn.Module):
         if front:
             x = F.pad(x, (0, 0, 0, 0, front, 0), mode="replicate")
         x = replicate_extended(group, x, ph, pw)
-        return convolution(x, conv.weight, conv.bias, conv.stride, (0, 0, 0), conv.dilation, conv.groups)
+        return conv(x)  # the layer's own Conv3d (unpadded) on the extended tile
 
     return forward
 
