@@ -1,6 +1,6 @@
 """Write the shipped example manifest: tiny-wan video rows, a tiny-wan-i2v image-to-video row, a tiny-flux-kontext
-and a tiny-qwen-image-edit edit row and tiny-flux image rows, small enough for a CPU, and the image the
-image-to-video and edit rows start from (examples/images/).
+and a tiny-qwen-image-edit edit row, a HunyuanVideo 1.5 text-to-video and image-to-video row and tiny-flux image
+rows, small enough for a CPU, and the image the image-to-video and edit rows start from (examples/images/).
 
     python examples/make_manifest.py [OUT]                   # default: examples/manifest.parquet by this script
     gen validate examples/manifest.parquet --model tiny-wan  # check it
@@ -60,6 +60,10 @@ ROWS = [
          image="images/lighthouse.png", num_inference_steps=4, category="landscape"),
     dict(id="qwen-edit-lighthouse", prompt="the lighthouse in winter", negative_prompt="blurry",
          model="tiny-qwen-image-edit", image="images/lighthouse.png", num_inference_steps=4, category="landscape"),
+    dict(id="hunyuan15-sign", prompt='a fox holding a sign that says "HELLO"', negative_prompt="blurry",
+         model="tiny-hunyuan-video-15", width=48, height=32, num_frames=5, num_inference_steps=2, category="animals"),
+    dict(id="hunyuan15-i2v-lighthouse", prompt="waves breaking below a lighthouse", model="tiny-hunyuan-video-15-i2v",
+         image="images/lighthouse.png", num_frames=5, num_inference_steps=2, category="landscape"),
     dict(id="flux-apple", prompt="a green apple on a wooden table", model="tiny-flux", seed=7, category="still life"),
     dict(
         id="flux-house",

@@ -30,22 +30,24 @@ def test_shipped_manifest_matches_the_script(tmp_path):
 
 def test_shipped_manifest_mixes_video_and_image_rows_and_is_valid():
     result = read_jobs(str(EXAMPLES / "manifest.parquet"), overrides=JobOverrides(model="tiny-wan"))
-    assert not result.rejected and len(result.jobs) == 10 and result.rows == 9  # the owl row makes two
+    assert not result.rejected and len(result.jobs) == 12 and result.rows == 11  # the owl row makes two
     models = [job.model for job in result.jobs]
     assert models.count("tiny-wan") == 3 and models.count("tiny-flux") == 4
     owls = [job for job in result.jobs if job.source_id == "flux-owl"]
     assert [job.id for job in owls] == ["flux-owl-0", "flux-owl-1"] and owls[0].seed != owls[1].seed
     assert models.count("tiny-wan-i2v") == 1 and models.count("tiny-flux-kontext") == 1
     assert models.count("tiny-qwen-image-edit") == 1
+    assert models.count("tiny-hunyuan-video-15") == 1 and models.count("tiny-hunyuan-video-15-i2v") == 1
     started = [job for job in result.jobs if job.image is not None]
-    assert [job.model for job in started] == ["tiny-wan-i2v", "tiny-flux-kontext", "tiny-qwen-image-edit"]
+    assert [job.model for job in started] == ["tiny-wan-i2v", "tiny-flux-kontext", "tiny-qwen-image-edit",
+                                              "tiny-hunyuan-video-15-i2v"]
     assert {job.image for job in started} == {str(EXAMPLES / "images" / "lighthouse.png")}  # relative to the manifest
     assert result.extra_columns == ["category", "priority"]
     assert all(job.width * job.height <= 64 * 64 for job in result.jobs)  # small enough for a CPU
     validate = ["validate", str(EXAMPLES / "manifest.parquet")]
     assert CliRunner().invoke(main, [*validate, "--model", "tiny-wan"]).exit_code == 0  # as `make demo` runs it
     without = CliRunner().invoke(main, validate)  # its video rows name no model: the run must
-    assert without.exit_code == 2 and "3 of 9 rows have no `model` value" in without.output
+    assert without.exit_code == 2 and "3 of 11 rows have no `model` value" in without.output
 
 
 def test_the_few_step_example_is_what_its_script_writes_and_runs_its_lora_at_4_steps_without_cfg(tmp_path):
