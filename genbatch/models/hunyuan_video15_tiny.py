@@ -14,13 +14,13 @@ transformers classes with small configs and seeded random weights, built in memo
 
 With default initialisation the prompt barely reaches the video (a few levels apart between two prompts), so
 `scale_for_tests` scales a few weights deterministically (the text refiner's input projection, the glyph and
-image projections, the blocks' query and text-key norm gains and text values) before the pipeline is returned: the prompt, its quoted text, the
-image and the guidance scale each move the frames visibly.
+image projections, the blocks' query and text-key norm gains and text values) before the pipeline is returned:
+the prompt, its quoted text, the image and the guidance scale each move the frames by tens of levels.
 """
 
 from __future__ import annotations
 
-from genbatch.models.tiny import placed, seeded, t5_config
+from genbatch.models.tiny import seeded, t5_config
 
 LATENT_CHANNELS = 4
 TINY_TRANSFORMER = dict(in_channels=2 * LATENT_CHANNELS + 1, out_channels=LATENT_CHANNELS, num_attention_heads=2,
@@ -50,10 +50,9 @@ def chat_tokenizer():
     """A tokenizer of the pipeline's chat template: the system prompt and its markers exactly the 108 tokens the
     pipeline crops (`prompt_template_encode_start_idx`), the prompt after them, padded to 1000 + 108."""
     from diffusers import HunyuanVideo15Pipeline
+    from jinja2 import Template
 
     from genbatch.models.prompt_tokenizer import template_tokenizer
-
-    from jinja2 import Template
 
     # the system prompt, the crop and the prompt's length as `_get_mllm_prompt_embeds`'s defaults give them (the
     # values `__init__` sets too)
@@ -130,5 +129,4 @@ def build_tiny_i2v(meta: frozenset[str] = frozenset()):
                                               feature_extractor=processor)
 
 
-__all__ = ["TINY_DEFAULTS", "TINY_I2V_TRANSFORMER", "TINY_TRANSFORMER", "TINY_VAE", "build_tiny", "build_tiny_i2v",
-           "placed"]
+__all__ = ["TINY_DEFAULTS", "TINY_I2V_TRANSFORMER", "TINY_TRANSFORMER", "TINY_VAE", "build_tiny", "build_tiny_i2v"]

@@ -87,7 +87,8 @@ def test_the_text_streams_and_the_guiders_branches(tmp_path):
     # the Qwen text after the template's 108 tokens, padded to 1000; ByT5's of `Text "OPEN". `, padded to 256
     assert cond["encoder_hidden_states"].shape[:2] == cond["encoder_attention_mask"].shape == (1, 1000)
     assert 0 < int(cond["encoder_attention_mask"].sum()) < 1000
-    assert cond["encoder_attention_mask_2"].shape == (1, 256) and int(cond["encoder_attention_mask_2"].sum()) == len('Text "OPEN". ') + 1
+    glyph = cond["encoder_attention_mask_2"]
+    assert glyph.shape == (1, 256) and int(glyph.sum()) == len('Text "OPEN". ') + 1  # its bytes and </s>
     assert not plain.branches["cond"]["encoder_attention_mask_2"].any()  # nothing quoted: masked zeros
     assert not cond["image_embeds"].any() and cond["image_embeds"].shape[1] == 729  # text-to-video: zero images
     # I2V: SigLIP's tokens of the image, in both branches
@@ -350,3 +351,53 @@ def test_gen_run_writes_both_families_videos_the_i2v_one_at_its_images_bucket(tm
     assert shapes == {"sign": (5, 32, 48, 3), "fox": (5, 56, 72, 3)}  # a 64 x 48 image's bucket is 72 x 56
     results = pq.read_table(tmp_path / "out" / "results" / "results.parquet").to_pylist()
     assert {row["status"] for row in results} == {"done"}
+
+
+def test_the_plans_name_real_modules():
+    import fnmatch
+
+    from genbatch.models.registry import module_blocks
+    from genbatch.parallel.plans import sequence_plan
+    from genbatch.runner.presets import build_preset
+
+    pipe = build_preset(I2V, meta=("transformer", "text_encoder", "text_encoder_2"))
+    plan = family("hunyuan-video-15-i2v").transformer_plan(type(pipe.transformer).__name__)
+    assert plan is family("hunyuan-video-15").transformer_plan(type(pipe.transformer).__name__)
+    children = dict(pipe.transformer.named_children())
+    assert set(plan.blocks.before + plan.blocks.after + plan.blocks.repeated) <= set(children)
+    named = [name for name, _ in pipe.transformer.named_modules()]
+    _, cp_plan = sequence_plan(pipe.transformer)
+    for key in cp_plan:
+        assert any(fnmatch.fnmatchcase(name, key) for name in named), key
+    # the mask is split at the blocks' attention modules alone (not their projections or norms)
+    assert [name for name in named if fnmatch.fnmatchcase(name, "transformer_blocks.*.attn")] == [
+        "transformer_blocks.0.attn", "transformer_blocks.1.attn"]
+    for styles, model in ((plan.tensor_plan.styles, pipe.transformer),
+                          *((family("hunyuan-video-15").text_encoder_plans[type(encoder).__name__].styles, encoder)
+                            for encoder in (pipe.text_encoder, pipe.text_encoder_2))):
+        modules = [name for name, _ in model.named_modules()]
+        for pattern in styles:
+            optional = pattern.endswith(("wi", "wi_0", "wi_1"))  # T5's plain or gated MLP: one of them
+            assert optional or any(fnmatch.fnmatchcase(name, pattern) for name in modules), pattern
+    for encoder in (pipe.text_encoder, pipe.text_encoder_2):
+        blocks = module_blocks(type(encoder).__name__)
+        assert all(isinstance(encoder.get_submodule(path), torch.nn.ModuleList) for path in blocks.repeated)
+
+
+@pytest.mark.slow
+def test_a_meanflow_image_to_video_model_equals_the_pipeline(tmp_path):
+    """A step-distilled I2V transformer (`use_meanflow`) takes the next step's timestep too (0 at the last)."""
+    from diffusers import HunyuanVideo15Transformer3DModel
+
+    from genbatch.models.hunyuan_video15_tiny import TINY_I2V_TRANSFORMER, scale_for_tests
+    from genbatch.models.tiny import seeded
+
+    pipe = load_pipeline(resolve_model(I2V), torch.device("cpu"), torch.float32)
+    pipe.transformer = seeded(5, lambda: HunyuanVideo15Transformer3DModel(**TINY_I2V_TRANSFORMER, use_meanflow=True))
+    scale_for_tests(pipe.transformer)
+    model = str(tmp_path / "meanflow")
+    pipe.save_pretrained(model)
+    image = random_image(tmp_path / "in.png", (64, 48))
+    spec_job = job(I2V, model=model, prompt=PROMPT, seed=5, num_inference_steps=3, image=image)
+    ours = genbatch_frames(model, spec_job, str(tmp_path / "out"))
+    np.testing.assert_array_equal(ours, pipeline_frames(model, spec_job, image))
