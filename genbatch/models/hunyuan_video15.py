@@ -76,7 +76,9 @@ CALL_DEFAULTS = {"width": None, "height": None, "num_frames": 121, "num_inferenc
 
 # The published models' configs (huggingface/diffusers scripts/convert_hunyuan_video1_5_to_diffusers.py,
 # TRANSFORMER_CONFIGS, SCHEDULER_CONFIGS and GUIDANCE_CONFIGS; the VAE: AutoencoderKLHunyuanVideo15's defaults,
-# which the script builds it with), as hunyuanvideo-community/HunyuanVideo-1.5-{480p,720p}_{t2v,i2v} ship them.
+# which the script builds it with), as hunyuanvideo-community/HunyuanVideo-1.5-{480p,720p}_{t2v,i2v} ship them. The
+# script leaves 720p_i2v's transformer config empty: here the 720p one with task_type "i2v" (the 480p pair differs
+# only by task_type).
 PUBLISHED_TRANSFORMER = dict(in_channels=65, out_channels=32, num_attention_heads=16, attention_head_dim=128,
                              num_layers=54, num_refiner_layers=2, mlp_ratio=4.0, patch_size=1, patch_size_t=1,
                              qk_norm="rms_norm", text_embed_dim=3584, text_embed_2_dim=1472, image_embed_dim=1152,
