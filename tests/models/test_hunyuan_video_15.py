@@ -198,8 +198,9 @@ def _check_layouts(jobs, tmp_path) -> None:
 
 
 def test_text_to_video_layouts_equal_one_process(tmp_path):
-    # 3 latent frames of 5 x 9 (135 video tokens) and 1985 text tokens: uneven over 2 ranks
-    _check_layouts([job(T2V, prompt=PROMPT, negative_prompt="blurry", width=72, height=40, num_inference_steps=2,
+    # 3 latent frames of 5 x 9 (135 video tokens) and 1985 text tokens: uneven over 2 ranks; one step (both
+    # branches) keeps it within the family's share of `make test`, the I2V check below runs two
+    _check_layouts([job(T2V, prompt=PROMPT, negative_prompt="blurry", width=72, height=40, num_inference_steps=1,
                         seed=17)], tmp_path)
 
 
