@@ -1,8 +1,8 @@
 """Write the shipped example manifest: tiny-wan video rows, a tiny-wan-i2v image-to-video row, a tiny-flux-kontext
 and a tiny-qwen-image-edit edit row, tiny-flux image rows, a tiny-z-image row (Turbo's guidance 0), a
-tiny-qwen-image-21 row conditioned on the image, a tiny-ltx2 video-with-sound row and a tiny-flux2 and a
-tiny-flux2-klein row, small enough for a CPU, and the image the image-to-video, edit and conditioned rows start
-from (examples/images/).
+tiny-qwen-image-21 row conditioned on the image, a tiny-ltx2 video-with-sound row, a tiny-flux2 and a
+tiny-flux2-klein row and a HunyuanVideo 1.5 text-to-video and image-to-video row, small enough for a CPU, and the
+image the image-to-video, edit and conditioned rows start from (examples/images/).
 
     python examples/make_manifest.py [OUT]                   # default: examples/manifest.parquet by this script
     gen validate examples/manifest.parquet --model tiny-wan  # check it
@@ -66,6 +66,10 @@ ROWS = [
          guidance_scale=0.0, num_inference_steps=4, category="landscape"),
     dict(id="qwen21-lighthouse", prompt="the lighthouse under the northern lights", model="tiny-qwen-image-21",
          image="images/lighthouse.png", num_inference_steps=4, category="landscape"),
+    dict(id="hunyuan15-sign", prompt='a fox holding a sign that says "HELLO"', negative_prompt="blurry",
+         model="tiny-hunyuan-video-15", width=48, height=32, num_frames=5, num_inference_steps=2, category="animals"),
+    dict(id="hunyuan15-i2v-lighthouse", prompt="waves breaking below a lighthouse", model="tiny-hunyuan-video-15-i2v",
+         image="images/lighthouse.png", num_frames=5, num_inference_steps=2, category="landscape"),
     dict(id="flux-apple", prompt="a green apple on a wooden table", model="tiny-flux", seed=7, category="still life"),
     dict(
         id="flux-house",

@@ -35,6 +35,8 @@ FAMILY_MODULES = (
     "genbatch.models.ltx2_i2v",
     "genbatch.models.flux2",
     "genbatch.models.flux2_klein",
+    "genbatch.models.hunyuan_video15",
+    "genbatch.models.hunyuan_video15_i2v",
 )
 """The modules that each define one `FAMILY` (a `ModelFamily`), in the order they are listed to users."""
 ENTRY_POINT_GROUP = "genbatch.families"

@@ -37,17 +37,24 @@ WAN_ATTENTION = "wan_attention"
 """Wan's mid-block attention: keys and values gathered from every tile."""
 IMAGE_ATTENTION = "image_attention"
 """diffusers' mid-block self-attention over pixels: keys and values gathered from every tile."""
+REPLICATE_CAUSAL_CONV3D = "replicate_causal_conv3d"
+"""HunyuanVideo 1.5's causal 3-D convolution, which pads by replication: halos in height and width from the
+neighbouring tiles, copies of the edge only at the image's true border, and its own causal replication in time."""
+POINTWISE_CONV = "pointwise_conv"
+"""A convolution with a kernel of 1 and stride 1 (a residual's channel projection): per pixel."""
+FRAME_CAUSAL_ATTENTION = "frame_causal_attention"
+"""HunyuanVideo 1.5's mid-block attention over every frame's pixels, each frame attending to itself and the frames
+before it: keys and values gathered from every tile."""
 
 LTX2_CONV3D = "ltx2_conv3d"
 """LTX-2's causal 3-D convolution: halos in height and width, the image's border padded as the layer pads it (zeros,
 or the decoder's reflection), its own repeated first (and last) frames in time."""
 LTX2_RESNET = "ltx2_resnet"
 """LTX-2's video resnet block: local unless it injects noise (drawn at the whole frame's size)."""
-POINTWISE_CONV3D = "pointwise_conv3d"
-"""A 1x1x1 Conv3d (a resnet's channel shortcut): local."""
 
 KINDS = (LOCAL, RESNET, UPSAMPLE, DOWNSAMPLE, WAN_RESAMPLE, CONV2D, HALO_PAD, CAUSAL_CONV3D, CAUSAL_CONV2D, GROUP_NORM,
-         WAN_ATTENTION, IMAGE_ATTENTION, LTX2_CONV3D, LTX2_RESNET, POINTWISE_CONV3D)
+         WAN_ATTENTION, IMAGE_ATTENTION, LTX2_CONV3D, LTX2_RESNET, REPLICATE_CAUSAL_CONV3D, POINTWISE_CONV,
+         FRAME_CAUSAL_ATTENTION)
 
 TORCH_LAYERS: dict[str, str] = {
     **{f"torch.nn:{name}": LOCAL for name in ("Sequential", "ModuleList", "Identity", "Dropout", "SiLU", "GELU",
@@ -130,7 +137,24 @@ AUTOENCODER_KL_LTX2_VIDEO: dict[str, str] = {
     f"{_LTX2}:LTX2VideoResnetBlock3d": LTX2_RESNET,
     f"{_LTX2}:LTX2VideoCausalConv3d": LTX2_CONV3D,
     "torch.nn:LayerNorm": LOCAL,  # a resnet's channel norm before its shortcut
-    "torch.nn:Conv3d": POINTWISE_CONV3D,
+    "torch.nn:Conv3d": POINTWISE_CONV,  # a resnet's channel shortcut (1x1x1)
 }
 """The decoder of diffusers' `AutoencoderKLLTX2Video` (LTX-2): its last step turns each latent pixel's channels into
 its 4x4 patch of pixels, local too."""
+_HUNYUAN15 = "diffusers.models.autoencoders.autoencoder_kl_hunyuanvideo15"
+AUTOENCODER_KL_HUNYUAN_VIDEO15: dict[str, str] = {
+    **TORCH_LAYERS,
+    **{f"{_HUNYUAN15}:{name}": LOCAL for name in ("HunyuanVideo15Decoder3D", "HunyuanVideo15Encoder3D",
+                                                  "HunyuanVideo15MidBlock", "HunyuanVideo15UpBlock3D",
+                                                  "HunyuanVideo15DownBlock3D", "HunyuanVideo15ResnetBlock")},
+    f"{_HUNYUAN15}:HunyuanVideo15RMS_norm": LOCAL,  # normalises over channels, per pixel
+    # a convolution, then depth-to-space (x2 in height and width): output row i reads input row i // 2
+    f"{_HUNYUAN15}:HunyuanVideo15Upsample": LOCAL,
+    # a convolution, then space-to-depth over 2x2 blocks: local on tiles whose edges are even (an encode's are)
+    f"{_HUNYUAN15}:HunyuanVideo15Downsample": LOCAL,
+    f"{_HUNYUAN15}:HunyuanVideo15CausalConv3d": REPLICATE_CAUSAL_CONV3D,
+    f"{_HUNYUAN15}:HunyuanVideo15AttnBlock": FRAME_CAUSAL_ATTENTION,
+    "torch.nn:Conv3d": POINTWISE_CONV,  # a resnet's shortcut projection
+}
+"""The decoder and encoder of diffusers' `AutoencoderKLHunyuanVideo15` (HunyuanVideo 1.5): every frame at once (no
+temporal chunks or caches), convolutions padded by replication."""

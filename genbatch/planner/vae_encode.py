@@ -42,8 +42,8 @@ class EncoderMemory:
     """Live values per input pixel and per input frame of the chunk encoded at once, at the peak."""
     values_per_area: float
     """Live values per input pixel that do not grow with the chunk (the causal convolutions' feature caches)."""
-    frames_at_once: int
-    """Input frames encoded at once after the first (1 for an image VAE)."""
+    frames_at_once: int | None
+    """Input frames encoded at once after the first (1 for an image VAE); None: every frame at once."""
     input_copies: float
     """Whole inputs (3 values per pixel and frame) alive during the encode: the tensor the pipeline built."""
     mflop_per_pixel: float
@@ -81,8 +81,16 @@ FLUX2_ENCODER = replace(IMAGE_ENCODER, vae_class="AutoencoderKLFlux2")
 """FLUX.2 (`AutoencoderKLFlux2`: diffusers' Encoder at FLUX.1's widths, 128, 256, 512, 512, two resnets a stage; only
 its output convolution is wider, 64 channels for 32 latent ones): the image VAE's encoder."""
 
+HUNYUAN_VIDEO15_ENCODER = EncoderMemory(vae_class="AutoencoderKLHunyuanVideo15", channels=128, values_per_pixel=768.0,
+                                        values_per_area=137.0, frames_at_once=None, input_copies=1.0,
+                                        mflop_per_pixel=14.0, first_frame_mflop_per_pixel=17.2)
+"""HunyuanVideo 1.5 (block_out_channels 128, 256, 512, 1024, 1024): every frame at once, counted on the meta device
+at 905 values a pixel for one frame (its I2V image, 128^2 to 256^2) and 768 a pixel and frame for nine; 17.2 MFLOP
+a pixel for one frame, 14.4 a pixel and frame over nine. Its mid-block mask over one frame's latent tokens
+(3,600 at 720p) is negligible beside the activations."""
+
 ENCODERS: dict[str, EncoderMemory] = {memory.vae_class: memory for memory in (
-    IMAGE_ENCODER, WAN_ENCODER, QWEN_IMAGE_ENCODER, QWEN_IMAGE_21_ENCODER, FLUX2_ENCODER)}
+    IMAGE_ENCODER, WAN_ENCODER, QWEN_IMAGE_ENCODER, QWEN_IMAGE_21_ENCODER, FLUX2_ENCODER, HUNYUAN_VIDEO15_ENCODER)}
 """Every VAE class whose encoder the planner models, by class name."""
 
 
@@ -98,7 +106,7 @@ def encode_peak_bytes(memory: EncoderMemory, *, width: int, height: int, frames:
     constants were counted on."""
     frames = max(frames or 1, 1)
     area = height * width
-    chunk = min(frames, memory.frames_at_once)
+    chunk = frames if memory.frames_at_once is None else min(frames, memory.frames_at_once)
     activations = memory.scale(channels) * area * (memory.values_per_pixel * chunk + memory.values_per_area)
     whole_input = 3 * frames * area
     ranks = max(ranks, 1)

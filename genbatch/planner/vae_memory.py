@@ -9,6 +9,8 @@ A decoder never holds the whole video's activations at once:
   blended; its tiling adds 256-pixel spatial tiles.
 - CogVideoX (`AutoencoderKLCogVideoX`) decodes a few latent frames at a time with a convolution cache; its
   tiling cuts 240x360-pixel tiles (half its sample size).
+- HunyuanVideo 1.5 (`AutoencoderKLHunyuanVideo15`) decodes every frame at once, and its mid-block attention builds
+  a mask over every pair of latent tokens (`mask_compression`); its tiling cuts 256-pixel tiles over every frame.
 - The image VAE (`AutoencoderKL`: FLUX, SD3, Z-Image; FLUX.2's `AutoencoderKLFlux2` has its decoder) decodes the
   whole image; its tiling cuts tiles of its sample size. Qwen-Image 2.1's (`AutoencoderKLQwenImage21`) decodes its one
   frame whole; its tiling cuts 256-pixel tiles.
@@ -59,6 +61,10 @@ class DecoderMemory:
     """Decoder work of a full decode over one plain pass (overlapping temporal tiles decode frames twice)."""
     tiled_work: float = 1.0
     """Decoder work of a tiled decode over one plain pass: the tiles' overlaps are decoded twice."""
+    mask_compression: tuple[int, int] | None = None
+    """(spatial, temporal) compression of a decoder whose mid-block attention builds one mask over every pair of
+    latent tokens it decodes at once (HunyuanVideo 1.5's: (frames x h x w)^2 values beside the activations, in full
+    and tiled decodes; genbatch's patch-parallel attention builds none); None: no such mask."""
 
     def work(self, mode: str) -> float:
         """Decoder work in `mode` over one plain pass of the whole output."""
@@ -114,8 +120,16 @@ FLUX2 = DecoderMemory(vae_class="AutoencoderKLFlux2", channels=128, values_per_p
 (128, 256, 512, 512; three resnets a stage), so the image VAE's figures; its latent has 32 channels, which only
 the first convolution sees."""
 
+HUNYUAN_VIDEO15 = DecoderMemory(vae_class="AutoencoderKLHunyuanVideo15", channels=128, values_per_pixel=768.0,
+                                values_per_area=0.0, frames_at_once=None, output_copies=1.0, tile=(256, 256),
+                                tiled_output_copies=1.3, tiled_work=(256 / 192) ** 2, mask_compression=(16, 4))
+"""HunyuanVideo 1.5 (block_out_channels 128, 256, 512, 1024, 1024; 16x spatial): every frame at once, 6 x 128 values a
+pixel and frame at the last stage (counted 768.0 on the meta device from 128x128 x 9 to 256x256 x 5), beside its
+mid-block mask over every pair of latent tokens; tiled, 256-pixel tiles every 192 pixels over every frame (counted
+785 and 812 values a tile pixel with about 1.0 and 1.2 outputs at 768x512 and 1024x768 x 5)."""
+
 DECODERS: dict[str, DecoderMemory] = {memory.vae_class: memory for memory in (
-    IMAGE, WAN, QWEN_IMAGE, QWEN_IMAGE_21, HUNYUAN_VIDEO, COGVIDEOX, LTX2_VIDEO, FLUX2)}
+    IMAGE, WAN, QWEN_IMAGE, QWEN_IMAGE_21, HUNYUAN_VIDEO, COGVIDEOX, LTX2_VIDEO, FLUX2, HUNYUAN_VIDEO15)}
 """Every VAE class the planner models, by class name."""
 
 
@@ -140,6 +154,16 @@ def _chunk_values(memory: DecoderMemory, frames: int, height: int, width: int) -
     return height * width * (memory.values_per_pixel * chunk + memory.values_per_area)
 
 
+def _mask_values(memory: DecoderMemory, frames: int, height: int, width: int) -> float:
+    """The values of a decoder's mid-block mask over every pair of latent tokens of a `height` x `width` x `frames`
+    output decoded at once (0 for a decoder without one)."""
+    if memory.mask_compression is None:
+        return 0.0
+    spatial, temporal = memory.mask_compression
+    tokens = ((frames - 1) // temporal + 1) * -(-height // spatial) * -(-width // spatial)
+    return float(tokens) ** 2
+
+
 def decode_peak_bytes(memory: DecoderMemory, mode: str, *, width: int, height: int, frames: int | None,
                       ranks: int = 1, bytes_per_value: int = 2, channels: int | None = None,
                       tile: tuple[int, int] | None = None, leader: bool = True) -> float:
@@ -160,10 +184,11 @@ def decode_peak_bytes(memory: DecoderMemory, mode: str, *, width: int, height: i
         if (tile_h, tile_w) == (height, width):  # one tile: the VAE decodes it whole
             return decode_peak_bytes(memory, "full", width=width, height=height, frames=frames,
                                      bytes_per_value=bytes_per_value, channels=channels)
-        values = scale * _chunk_values(memory, frames, tile_h, tile_w)
+        values = scale * _chunk_values(memory, frames, tile_h, tile_w) + _mask_values(memory, frames, tile_h, tile_w)
         values += memory.tiled_output_copies * output
     else:  # full, a one-rank "parallel", or a VAE that cannot tile
         values = scale * _chunk_values(memory, frames, height, width) + memory.output_copies * output
+        values += _mask_values(memory, frames, height, width)
     return values * bytes_per_value
 
 

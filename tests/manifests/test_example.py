@@ -30,7 +30,7 @@ def test_shipped_manifest_matches_the_script(tmp_path):
 
 def test_shipped_manifest_mixes_video_and_image_rows_and_is_valid():
     result = read_jobs(str(EXAMPLES / "manifest.parquet"), overrides=JobOverrides(model="tiny-wan"))
-    assert not result.rejected and len(result.jobs) == 15 and result.rows == 14  # the owl row makes two
+    assert not result.rejected and len(result.jobs) == 17 and result.rows == 16  # the owl row makes two
     models = [job.model for job in result.jobs]
     assert models.count("tiny-wan") == 3 and models.count("tiny-flux") == 4
     owls = [job for job in result.jobs if job.source_id == "flux-owl"]
@@ -39,16 +39,17 @@ def test_shipped_manifest_mixes_video_and_image_rows_and_is_valid():
     assert models.count("tiny-qwen-image-edit") == 1 and models.count("tiny-ltx2") == 1
     assert models.count("tiny-z-image") == 1 and models.count("tiny-qwen-image-21") == 1
     assert models.count("tiny-flux2") == 1 and models.count("tiny-flux2-klein") == 1
+    assert models.count("tiny-hunyuan-video-15") == 1 and models.count("tiny-hunyuan-video-15-i2v") == 1
     started = [job for job in result.jobs if job.image is not None]
     assert [job.model for job in started] == ["tiny-wan-i2v", "tiny-flux-kontext", "tiny-qwen-image-edit",
-                                              "tiny-qwen-image-21"]
+                                              "tiny-qwen-image-21", "tiny-hunyuan-video-15-i2v"]
     assert {job.image for job in started} == {str(EXAMPLES / "images" / "lighthouse.png")}  # relative to the manifest
     assert result.extra_columns == ["category", "priority"]
     assert all(job.width * job.height <= 64 * 64 for job in result.jobs)  # small enough for a CPU
     validate = ["validate", str(EXAMPLES / "manifest.parquet")]
     assert CliRunner().invoke(main, [*validate, "--model", "tiny-wan"]).exit_code == 0  # as `make demo` runs it
     without = CliRunner().invoke(main, validate)  # its video rows name no model: the run must
-    assert without.exit_code == 2 and "3 of 14 rows have no `model` value" in without.output
+    assert without.exit_code == 2 and "3 of 16 rows have no `model` value" in without.output
 
 
 def test_the_few_step_example_is_what_its_script_writes_and_runs_its_lora_at_4_steps_without_cfg(tmp_path):

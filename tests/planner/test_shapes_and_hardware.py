@@ -31,7 +31,8 @@ def test_every_issue_model_is_published_with_consistent_facts():
     names = {"flux.1-dev", "sd3-medium", "wan2.1-1.3b", "wan2.1-14b", "hunyuanvideo", "cogvideox-5b",
              "cogvideox1.5-5b", "qwen-image", "flux.1-kontext-dev", "qwen-image-edit", "wan2.1-i2v-14b", "z-image-turbo",
              "qwen-image-2.1", "flux.2-dev", "flux.2-klein", "flux.2-klein-9b", "flux.2-klein-base",
-             "flux.2-klein-base-9b", "ltx-2"}
+             "flux.2-klein-base-9b", "ltx-2", "hunyuanvideo-1.5-480p", "hunyuanvideo-1.5-720p",
+             "hunyuanvideo-1.5-i2v-480p", "hunyuanvideo-1.5-i2v-720p"}
     assert names == set(PUBLISHED)
     for shape in PUBLISHED.values():
         # one stream's attention + MLP weights per layer; dual-stream MMDiT blocks and adaLN add up to ~3x

@@ -25,10 +25,21 @@ from genbatch.parallel.comm import Comm
 
 
 def key_padding(attn_mask: torch.Tensor, batch: int, site: str) -> torch.Tensor:
-    """A processor's `attn_mask` -> (b, keys) bool; ValueError naming the fix for any other kind of mask."""
+    """A processor's `attn_mask` -> (b, keys) bool; ValueError naming the fix for any other kind of mask.
+
+    Besides (b, keys) and (b, 1, 1, keys), a square (b, 1, s, s) bool mask that is the outer product of one
+    per-token mask m (`m[i] & m[j]`: HunyuanVideo 1.5's processor builds its mask so, a padded token neither
+    attending nor attended to) is taken as the key-padding mask m, its diagonal: a valid query's row is m, and a
+    padded query's output is never read (no valid token attends to it)."""
     mask = attn_mask
     if mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[2] == 1:
         mask = mask[:, 0, 0]  # (b, 1, 1, keys) -> (b, keys)
+    elif mask.ndim == 4 and mask.shape[1] == 1 and mask.shape[2] == mask.shape[3] and mask.dtype == torch.bool:
+        tokens = mask[:, 0].diagonal(dim1=-2, dim2=-1)  # (b, 1, s, s) -> (b, s)
+        if not torch.compiler.is_compiling() and not torch.equal(mask[:, 0], tokens[:, :, None] & tokens[:, None, :]):
+            raise ValueError(f"{site}: sequence-parallel attention takes a square (batch, 1, s, s) mask only as the "
+                             "outer product of one per-token mask; run this model with --ulysses 1 --ring 1")
+        mask = tokens
     elif mask.ndim == 3 and mask.shape[1] == 1:
         mask = mask[:, 0]  # (b, 1, keys) -> (b, keys)
     if mask.dtype != torch.bool or mask.ndim != 2 or mask.shape[0] not in (1, batch):

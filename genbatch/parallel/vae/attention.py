@@ -80,3 +80,27 @@ def image_attention(group: TileGroup, attn: nn.Module, x: torch.Tensor, **kwargs
     if attn.residual_connection:
         out = out + residual
     return out / attn.rescale_output_factor
+
+
+def frame_causal_attention(group: TileGroup, block: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """`HunyuanVideo15AttnBlock.forward` (one head over every frame's pixels, each frame attending to its own and
+    the earlier frames' pixels) on this rank's tile x (b, c, t, h, w): keys and values over the gathered frames,
+    queries of the tile, one frame at a time (the frames the block's causal mask lets it see, no mask built)."""
+    identity = x
+    b, c, t, h, w = x.shape
+    full = group.gather_full(x)
+    height, width = full.shape[-2:]
+    normed = block.norm(full)  # per pixel over the channels: the tile's rows of the whole frame's
+    q = block.to_q(_own_tile(group, normed, x))
+    k, v = block.to_k(normed), block.to_v(normed)
+    # (b, c, t, h, w) -> (b, 1, t * h * w, c)
+    q = q.reshape(b, c, t * h * w).permute(0, 2, 1).unsqueeze(1)
+    # (b, c, t, H, W) -> (b, 1, t * H * W, c)
+    k = k.reshape(b, c, t * height * width).permute(0, 2, 1).unsqueeze(1)
+    v = v.reshape(b, c, t * height * width).permute(0, 2, 1).unsqueeze(1)
+    own, seen = h * w, height * width
+    frames = [F.scaled_dot_product_attention(q[:, :, f * own:(f + 1) * own], k[:, :, :(f + 1) * seen],
+                                             v[:, :, :(f + 1) * seen]) for f in range(t)]
+    # t x (b, 1, h * w, c) -> (b, t * h * w, c) -> (b, c, t, h, w)
+    out = torch.cat(frames, dim=2).squeeze(1).reshape(b, t, h, w, c).permute(0, 4, 1, 2, 3)
+    return block.proj_out(out) + identity

@@ -176,3 +176,24 @@ def extended_tile(group: TileGroup, x: torch.Tensor, ph: int, pw: int, reflect: 
         if pw and right is None:
             tile[..., :, w + pw :] = tile[..., :, w - 1 : w + pw - 1].flip(-1)
     return tile
+def replicate_extended(group: TileGroup, x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
+    """This rank's tile `x` (..., h, w) extended by `ph` rows and `pw` columns on each side exactly as the whole
+    image is by replicate padding: the neighbouring tiles' rows and columns inside the image, copies of the edge
+    row or column only at its true border (corners included: rows first, then columns of the row-extended tile)."""
+    up, down, left, right = group.neighbors
+    lead, (h, w) = x.shape[:-2], x.shape[-2:]
+    if h < ph or w < pw:
+        raise ValueError(f"a {h}x{w} tile is thinner than the {ph}x{pw} halo of a convolution; decode with fewer "
+                         "ranks (or a larger latent) so every tile is at least as wide as the halo")
+    if ph:
+        top, bottom = _swap(group, x[..., :ph, :], x[..., h - ph :, :], up, down, (*lead, ph, w))
+        top = top if up is not None else x[..., :1, :].expand(*lead, ph, w)
+        bottom = bottom if down is not None else x[..., h - 1 :, :].expand(*lead, ph, w)
+        x = torch.cat([top, x, bottom], dim=-2)  # (..., h + 2 ph, w)
+    if pw:
+        rows = x.shape[-2]
+        first, last = _swap(group, x[..., :pw], x[..., w - pw :], left, right, (*lead, rows, pw))
+        first = first if left is not None else x[..., :1].expand(*lead, rows, pw)
+        last = last if right is not None else x[..., w - 1 :].expand(*lead, rows, pw)
+        x = torch.cat([first, x, last], dim=-1)  # (..., h + 2 ph, w + 2 pw)
+    return x

@@ -26,9 +26,9 @@ from diffusers.models.upsampling import Upsample2D
 from torch import nn
 
 from genbatch.models import families, vae_rules
-from genbatch.parallel.vae.attention import image_attention, wan_attention
+from genbatch.parallel.vae.attention import frame_causal_attention, image_attention, wan_attention
 from genbatch.parallel.vae.context import TileGroup
-from genbatch.parallel.vae.halo import convolution, extended_tile, halo_conv, pad_from_after
+from genbatch.parallel.vae.halo import convolution, extended_tile, halo_conv, pad_from_after, replicate_extended
 from genbatch.parallel.vae.norms import group_norm
 
 Check = Callable[[nn.Module], str | None]
@@ -206,15 +206,43 @@ def _patch_ltx2_conv(group: TileGroup, conv: nn.Module):
     return forward
 
 
+def _check_replicate_causal_conv(module: nn.Module) -> str | None:
+    conv, pad = module.conv, module.time_causal_padding
+    if module.pad_mode != "replicate":
+        return f"pad mode {module.pad_mode!r} (only replicate padding is tiled by this rule)"
+    if any(p != 0 for p in conv.padding) or conv.padding_mode != "zeros":
+        return f"a convolution padded by itself ({tuple(conv.padding)}, {conv.padding_mode!r})"
+    if pad[0] != pad[1] or pad[2] != pad[3] or pad[5] != 0:
+        return f"padding {tuple(pad)} (only 'same' padding in height and width, causal in time, is tiled)"
+    kernel_h, kernel_w = conv.kernel_size[1:]
+    return _same_padding((kernel_h, kernel_w), (pad[2], pad[0]), conv.dilation[1:], conv.stride[1:])
+
+
+def _patch_replicate_causal_conv(group: TileGroup, module: nn.Module):
+    conv, pad = module.conv, module.time_causal_padding
+    pw, ph, front = pad[0], pad[2], pad[4]
+
+    def forward(x):
+        # time as HunyuanVideo15CausalConv3d pads it (the whole clip is on every rank), then the tile's halos,
+        # replicated only at the image's border: the window the whole image's replicate padding gives
+        if front:
+            x = F.pad(x, (0, 0, 0, 0, front, 0), mode="replicate")
+        x = replicate_extended(group, x, ph, pw)
+        return conv(x)  # the layer's own Conv3d (unpadded) on the extended tile
+
+    return forward
+
+
 def _check_ltx2_resnet(block: nn.Module) -> str | None:
     if block.per_channel_scale1 is not None or block.per_channel_scale2 is not None:
         return "noise injection (its noise is drawn at the whole frame's size)"
     return None
 
 
-def _check_pointwise(conv: nn.Conv3d) -> str | None:
-    if tuple(conv.kernel_size) != (1, 1, 1) or tuple(conv.stride) != (1, 1, 1):
-        return f"a {tuple(conv.kernel_size)} convolution (only 1x1x1 runs on a tile unchanged)"
+def _check_pointwise_conv(conv: nn.Module) -> str | None:
+    if any(k != 1 for k in conv.kernel_size) or any(s != 1 for s in conv.stride) or any(p != 0 for p in conv.padding):
+        return (f"kernel {tuple(conv.kernel_size)}, stride {tuple(conv.stride)}, padding {tuple(conv.padding)} "
+                "(only a kernel of 1, unpadded, is tiled by this rule)")
     return None
 
 
@@ -231,8 +259,12 @@ KIND_RULES: dict[str, Rule] = {
     vae_rules.GROUP_NORM: Rule(patch=lambda group, norm: lambda x: group_norm(group, norm, x)),
     vae_rules.LTX2_CONV3D: Rule(check=_check_ltx2_conv, patch=_patch_ltx2_conv, descend=False),
     vae_rules.LTX2_RESNET: Rule(check=_check_ltx2_resnet),
-    vae_rules.POINTWISE_CONV3D: Rule(check=_check_pointwise),
     vae_rules.WAN_ATTENTION: Rule(patch=lambda group, block: lambda x: wan_attention(group, block, x), descend=False),
+    vae_rules.REPLICATE_CAUSAL_CONV3D: Rule(check=_check_replicate_causal_conv, patch=_patch_replicate_causal_conv,
+                                            descend=False),
+    vae_rules.POINTWISE_CONV: Rule(check=_check_pointwise_conv),
+    vae_rules.FRAME_CAUSAL_ATTENTION: Rule(patch=lambda group, block: lambda x: frame_causal_attention(group, block, x),
+                                           descend=False),
     vae_rules.IMAGE_ATTENTION: Rule(
         check=_check_attention,
         patch=lambda group, attn: lambda x, **kwargs: image_attention(group, attn, x, **kwargs),
