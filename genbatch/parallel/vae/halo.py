@@ -176,6 +176,8 @@ def extended_tile(group: TileGroup, x: torch.Tensor, ph: int, pw: int, reflect: 
         if pw and right is None:
             tile[..., :, w + pw :] = tile[..., :, w - 1 : w + pw - 1].flip(-1)
     return tile
+
+
 def replicate_extended(group: TileGroup, x: torch.Tensor, ph: int, pw: int) -> torch.Tensor:
     """This rank's tile `x` (..., h, w) extended by `ph` rows and `pw` columns on each side exactly as the whole
     image is by replicate padding: the neighbouring tiles' rows and columns inside the image, copies of the edge
