@@ -162,9 +162,10 @@ def count_encode(case: Encode) -> tuple[int, float, float]:
 
 def model_encode(case: Encode) -> tuple[float, float]:
     """(the planner's peak bytes in fp32, its MFLOP per input pixel and frame) for one rank's encode."""
-    from genbatch.planner.vae_encode import encode_peak_bytes, encoder_memory
+    from genbatch.models.registry import vae_costs_of_class
+    from genbatch.planner.vae_encode import encode_peak_bytes
 
-    memory = encoder_memory(case.vae, is_video=case.frames is not None)
+    memory = vae_costs_of_class(case.vae, is_video=case.frames is not None).encoder
     peak = encode_peak_bytes(memory, width=case.width, height=case.height, frames=case.frames, bytes_per_value=4)
     frames = case.frames or 1
     mflop = (memory.first_frame_mflop_per_pixel + (frames - 1) * memory.mflop_per_pixel) / frames
@@ -199,9 +200,10 @@ def count_decode(case: Decode) -> tuple[int, float]:
 
 
 def model_decode(case: Decode) -> float:
-    from genbatch.planner.vae_memory import decode_peak_bytes, decoder_memory
+    from genbatch.models.registry import vae_costs_of_class
+    from genbatch.planner.vae_memory import decode_peak_bytes
 
-    memory = decoder_memory(case.vae, is_video=case.frames is not None)
+    memory = vae_costs_of_class(case.vae, is_video=case.frames is not None).decoder
     return decode_peak_bytes(memory, case.mode, width=case.width, height=case.height, frames=case.frames,
                              bytes_per_value=4)
 

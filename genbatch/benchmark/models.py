@@ -27,18 +27,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from genbatch.models import hunyuan_video, qwen_image, tiny_configs
+from genbatch.models.flux import FLUX1_DEV_TRANSFORMER, FLUX1_VAE
+from genbatch.models.wan import WAN21_1_3B_TRANSFORMER
 
 BENCH_WAN_TRANSFORMER = dict(
     patch_size=(1, 2, 2), num_attention_heads=8, attention_head_dim=48, in_channels=16, out_channels=16,
     text_dim=32, freq_dim=256, ffn_dim=1536, num_layers=4, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", rope_max_seq_len=1024,
-)
-
-# Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
-WAN21_1_3B_TRANSFORMER = dict(
-    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
-    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
-    qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024,
 )
 
 # umt5-xxl at its real width, 2 of its 24 layers.
@@ -48,17 +43,6 @@ WAN21_TEXT_ENCODER = dict(
     decoder_start_token_id=0,
 )
 
-# black-forest-labs/FLUX.1-dev transformer/config.json and vae/config.json
-FLUX1_DEV_TRANSFORMER = dict(
-    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
-    num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
-    axes_dims_rope=(16, 56, 56),
-)
-FLUX1_VAE = dict(
-    in_channels=3, out_channels=3, block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
-    up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=16, norm_num_groups=32,
-    use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611, sample_size=1024,
-)
 FLUX1_SCHEDULER = dict(base_image_seq_len=256, base_shift=0.5, max_image_seq_len=4096, max_shift=1.15, shift=3.0,
                        use_dynamic_shifting=True)
 # clip-vit-large-patch14's text model and t5-v1_1-xxl at their real widths, 2 layers each.

@@ -13,7 +13,7 @@ What each field is for, by reader:
 - sequence parallel (`genbatch.parallel.plans`): `transformers[cls].attention` and `transformers[cls].sequence`;
 - tensor parallel (`genbatch.parallel.tensor`): `transformers[cls].tensor_plan`;
 - patch-parallel VAE decode (`genbatch.parallel.vae`): `vae_classes`, `vae_rules`;
-- the planner (`genbatch.planner`): `published` (and the spec itself for presets and directories);
+- the planner (`genbatch.planner`): `published` (and the spec itself for presets and directories), `vae_costs`;
 - step caching (`genbatch.parallel.cache`): `teacache`, the models with published TeaCache coefficients.
 """
 
@@ -27,7 +27,8 @@ from genbatch.models.spec import ModelSpec
 
 if TYPE_CHECKING:
     from genbatch.models.hooks import Family
-    from genbatch.models.shapes import ImageEncode, ModelShape
+    from genbatch.models.shapes import ImageEncode, Published
+    from genbatch.models.vae_costs import VaeCosts
 
 ReadSpec = Callable[[str, Mapping[str, Any], Mapping[str, Any], "Mapping[str, float | int] | None", "str | None"],
                     ModelSpec]
@@ -307,10 +308,13 @@ class ModelFamily:
     vae_rules: Mapping[str, str] = field(default_factory=dict)
     """Qualified decoder module class name -> rule kind (`genbatch.models.vae_rules`); the rules
     themselves are implemented in `genbatch.parallel.vae`."""
+    vae_costs: VaeCosts | None = None
+    """Its VAE's decode and encode costs, as the planner prices them (`genbatch.models.vae_costs`); None: priced as
+    Wan's VAE for video, the image VAE for images."""
     presets: tuple[TinyPreset, ...] = ()
     """The family's tiny presets."""
-    published: tuple[ModelShape, ...] = ()
-    """Published models of the family as the planner sees them, by name (`gen plan flux.1-dev`)."""
+    published: tuple[Published, ...] = ()
+    """Published models of the family: names, hub ids and configs (`gen plan flux.1-dev`, `gen models`)."""
     teacache: tuple[TeaCacheModel, ...] = ()
     """The family's models with published TeaCache coefficients (`--cache teacache:THRESHOLD` runs on these
     only: `genbatch.models.teacache`)."""

@@ -8,7 +8,7 @@ from typing import Any
 
 from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
-from genbatch.models import tiny_configs, vae_rules
+from genbatch.models import tiny_configs, vae_costs, vae_rules
 from genbatch.models.base import (
     CLIP_TENSOR_PLAN,
     CLIP_TEXT_ENCODER,
@@ -28,13 +28,26 @@ from genbatch.models.base import (
     transformer_spec,
 )
 from genbatch.models.hooks import COND, Conditioning, Family, Trajectory
-from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models.shapes import Published
 from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
 MAX_SEQUENCE_LENGTH = 512  # FluxPipeline.__call__'s default
 
 CALL_DEFAULTS = {"width": None, "height": None, "num_inference_steps": 28, "guidance_scale": 3.5}
 """FluxPipeline.__call__'s defaults (sizes: the transformer's default sample size times the VAE factor)."""
+
+FLUX1_DEV_TRANSFORMER = dict(
+    patch_size=1, in_channels=64, num_layers=19, num_single_layers=38, attention_head_dim=128,
+    num_attention_heads=24, joint_attention_dim=4096, pooled_projection_dim=768, guidance_embeds=True,
+    axes_dims_rope=(16, 56, 56),
+)
+"""black-forest-labs/FLUX.1-dev transformer/config.json."""
+FLUX1_VAE = dict(
+    in_channels=3, out_channels=3, block_out_channels=(128, 256, 512, 512), down_block_types=("DownEncoderBlock2D",) * 4,
+    up_block_types=("UpDecoderBlock2D",) * 4, layers_per_block=2, latent_channels=16, norm_num_groups=32,
+    use_quant_conv=False, use_post_quant_conv=False, shift_factor=0.1159, scaling_factor=0.3611, sample_size=1024,
+)
+"""black-forest-labs/FLUX.1-dev vae/config.json."""
 
 SAMPLE_SIZE = 128
 """FluxPipeline's default_sample_size (latent pixels)."""
@@ -208,15 +221,12 @@ FAMILY = ModelFamily(
     presets=(TinyPreset(name="tiny-flux", transformer=tiny_configs.TINY_FLUX_TRANSFORMER,
                         vae=tiny_configs.TINY_FLUX_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-flux"],
                         build=build_tiny),),
+    vae_costs=vae_costs.IMAGE_VAE,
     published=(
-        ModelShape(name="flux.1-dev", is_video=False, uses_cfg=False, num_layers=19 + 38, num_heads=24,
-                   head_dim=128, ffn_dim=12288, parameters=11.9e9,
-                   text_encoder_parameters=4.88e9,  # T5-XXL encoder 4.76B + CLIP-L 0.12B
-                   vae_parameters=0.084e9, joint_text=True, text_tokens=512, patch_size=(2, 2), vae_spatial=8,
-                   vae_temporal=1, out_channels=16, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
-                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKL", width=1024, height=1024, frames=None,
-                   steps=28, tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": 19,
-                                                                               "single_transformer_blocks": 38})),
+        Published(name="flux.1-dev", hub_id="black-forest-labs/FLUX.1-dev", transformer=FLUX1_DEV_TRANSFORMER,
+                  vae=FLUX1_VAE, parameters=11.9e9,
+                  text_encoder_parameters=4.88e9,  # T5-XXL encoder 4.76B + CLIP-L 0.12B
+                  vae_parameters=0.084e9),
     ),
     # TeaCache's published coefficients (ali-vilab/TeaCache, TeaCache4FLUX/teacache_flux.py, fitted on block 0's
     # `norm1` output); FLUX.1-schnell (no guidance embedding) has none

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from genbatch.jobs.spec import JobSpec
-from genbatch.models import flux2_tiny, vae_rules
+from genbatch.models import flux2_tiny, vae_costs, vae_rules
 from genbatch.models.base import (
     COLWISE,
     GATHERED_COLWISE,
@@ -55,7 +55,7 @@ from genbatch.models.base import (
     decoder_tensor_plan,
 )
 from genbatch.models.hooks import COND, Conditioning, Family, TokenGrid, Trajectory
-from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ImageEncode, ModelShape
+from genbatch.models.shapes import ImageEncode, Published
 from genbatch.models.spec import ModelSpec
 
 MAX_SEQUENCE_LENGTH = 512
@@ -301,20 +301,15 @@ PUBLISHED_CONFIG = {"transformer": PUBLISHED_TRANSFORMER, "vae": PUBLISHED_VAE, 
 """FLUX.2 [dev]'s published configs, which its planner shape is built from."""
 
 
-def published_shape(name: str, transformer: Mapping[str, Any], *, parameters: float, text_encoder: float,
-                    text_encoder_split: float, uses_cfg: bool, steps: int) -> ModelShape:
-    """A published FLUX.2 model as the planner sees it, from its transformer config and its parameter counts
-    (each counted on the diffusers/transformers class built from the published config)."""
-    spec = flux2_spec(name, "flux2", transformer, PUBLISHED_VAE, {}, None, uses_cfg=uses_cfg)
-    return ModelShape(
-        name=name, is_video=False, uses_cfg=uses_cfg, num_layers=spec.num_layers, num_heads=spec.num_heads,
-        head_dim=spec.head_dim, ffn_dim=spec.ffn_dim, parameters=parameters, text_encoder_parameters=text_encoder,
-        text_encoder_split_parameters=text_encoder_split, vae_parameters=0.084e9, joint_text=True,
-        text_tokens=MAX_SEQUENCE_LENGTH, patch_size=(2, 2), vae_spatial=8, vae_temporal=1,
-        out_channels=spec.out_channels, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,  # FLUX.1's decoder widths
-        vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKLFlux2", width=1024, height=1024, frames=None,
-        steps=steps, tp_all_reduces=spec.tp_all_reduces, joins_image_tokens=True,
-    )
+def published(name: str, hub_id: str, transformer: Mapping[str, Any], *, parameters: float, text_encoder: float,
+              text_encoder_split: float, steps: int, distilled: bool = False) -> Published:
+    """A published FLUX.2 model: its transformer config (the VAE is FLUX.2's one), its parameter counts (each counted
+    on the diffusers/transformers class built from the published config), and its model card's steps."""
+    return Published(name=name, hub_id=hub_id, transformer=transformer, vae=PUBLISHED_VAE,
+                     defaults={**CALL_DEFAULTS, "width": 1024, "height": 1024, "num_inference_steps": steps},
+                     parameters=parameters, text_encoder_parameters=text_encoder,
+                     text_encoder_split_parameters=text_encoder_split, vae_parameters=0.084e9,
+                     spec_facts={"uses_cfg": False} if distilled else {})
 
 
 IMAGE_ENCODE = ImageEncode(video=False, area=None, multiple=16, required=False)
@@ -334,7 +329,8 @@ FAMILY = ModelFamily(
     vae_rules=vae_rules.AUTOENCODER_KL,  # diffusers' Encoder and Decoder, as AutoencoderKL's
     presets=(TinyPreset(name="tiny-flux2", transformer=flux2_tiny.TINY_TRANSFORMER, vae=flux2_tiny.TINY_VAE,
                         defaults=flux2_tiny.DEFAULTS["tiny-flux2"], build=flux2_tiny.build_dev),),
-    published=(published_shape("flux.2-dev", PUBLISHED_TRANSFORMER, parameters=32.22e9, text_encoder=24.01e9,
-                               text_encoder_split=22.23e9, uses_cfg=False, steps=50),),
+    vae_costs=vae_costs.FLUX2_VAE,
+    published=(published("flux.2-dev", "black-forest-labs/FLUX.2-dev", PUBLISHED_TRANSFORMER, parameters=32.22e9,
+                         text_encoder=24.01e9, text_encoder_split=22.23e9, steps=50),),
     image_encode=IMAGE_ENCODE,
 )

@@ -120,9 +120,13 @@ FAMILY = replace(
     ),
     # the distilled models at the 4 steps their model cards give; the base models at the pipeline's 50, with CFG
     published=(
-        flux2.published_shape("flux.2-klein", PUBLISHED_TRANSFORMER_4B, uses_cfg=False, steps=4, **_4B),
-        flux2.published_shape("flux.2-klein-9b", PUBLISHED_TRANSFORMER_9B, uses_cfg=False, steps=4, **_9B),
-        flux2.published_shape("flux.2-klein-base", PUBLISHED_TRANSFORMER_4B, uses_cfg=True, steps=50, **_4B),
-        flux2.published_shape("flux.2-klein-base-9b", PUBLISHED_TRANSFORMER_9B, uses_cfg=True, steps=50, **_9B),
+        flux2.published("flux.2-klein", "black-forest-labs/FLUX.2-klein-4B", PUBLISHED_TRANSFORMER_4B, steps=4,
+                        distilled=True, **_4B),
+        flux2.published("flux.2-klein-9b", "black-forest-labs/FLUX.2-klein-9B", PUBLISHED_TRANSFORMER_9B, steps=4,
+                        distilled=True, **_9B),
+        flux2.published("flux.2-klein-base", "black-forest-labs/FLUX.2-klein-base-4B", PUBLISHED_TRANSFORMER_4B,
+                        steps=50, **_4B),
+        flux2.published("flux.2-klein-base-9b", "black-forest-labs/FLUX.2-klein-base-9B", PUBLISHED_TRANSFORMER_9B,
+                        steps=50, **_9B),
     ),
 )

@@ -124,6 +124,9 @@ FAMILY = replace(
                         vae=tiny_configs.TINY_FLUX_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-flux-kontext"],
                         build=build_tiny),),
     # FLUX.1-Kontext-dev is FLUX.1-dev's transformer, VAE and text encoders; its sequence carries the input's tokens
-    published=(replace(flux.FAMILY.published[0], name="flux.1-kontext-dev", joins_image_tokens=True),),
+    vae_costs=flux.FAMILY.vae_costs,
+    # FLUX.1 Kontext [dev]: FLUX.1 [dev]'s architecture (its read_spec adds the input image's tokens)
+    published=(replace(flux.FAMILY.published[0], name="flux.1-kontext-dev",
+                       hub_id="black-forest-labs/FLUX.1-Kontext-dev"),),
     teacache=(),
 )

@@ -41,9 +41,19 @@ from genbatch.models.base import (
     single_stream_styles,
 )
 from genbatch.models.hooks import COND, Conditioning, Family, Trajectory
-from genbatch.models.shapes import HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL, VIDEO_VAE_GIB_PER_MPX, ModelShape
+from genbatch.models.shapes import Published
+from genbatch.models import vae_costs
 
 MAX_SEQUENCE_LENGTH = 256  # HunyuanVideoPipeline.__call__'s default: the text is padded to this length
+PUBLISHED_TRANSFORMER = dict(in_channels=16, out_channels=16, num_attention_heads=24, attention_head_dim=128,
+                             num_layers=20, num_single_layers=40, num_refiner_layers=2, mlp_ratio=4.0, patch_size=2,
+                             patch_size_t=1, qk_norm="rms_norm", guidance_embeds=True, text_embed_dim=4096,
+                             pooled_projection_dim=768, rope_theta=256.0, rope_axes_dim=(16, 56, 56))
+"""hunyuanvideo-community/HunyuanVideo transformer/config.json."""
+PUBLISHED_VAE = dict(in_channels=3, out_channels=3, latent_channels=16, block_out_channels=(128, 256, 512, 512),
+                     layers_per_block=2, spatial_compression_ratio=8, temporal_compression_ratio=4,
+                     scaling_factor=0.476986)
+"""Its vae/config.json (AutoencoderKLHunyuanVideo)."""
 
 CALL_DEFAULTS = {"width": 1280, "height": 720, "num_frames": 129, "num_inference_steps": 50, "guidance_scale": 6.0,
                  "fps": 15}
@@ -225,15 +235,11 @@ FAMILY = ModelFamily(
     text_encoder_plans={"LlamaModel": decoder_tensor_plan("layers"), "CLIPTextModel": CLIP_TENSOR_PLAN},
     presets=(TinyPreset(name="tiny-hunyuan-video", transformer=TINY_TRANSFORMER, vae=TINY_VAE,
                         defaults=TINY_DEFAULTS, build=build_tiny),),
+    vae_costs=vae_costs.HUNYUAN_VIDEO_VAE,
     published=(
-        ModelShape(name="hunyuanvideo", is_video=True, uses_cfg=False, num_layers=20 + 40, num_heads=24,
-                   head_dim=128, ffn_dim=12288, parameters=12.8e9,
-                   text_encoder_parameters=7.62e9,  # Llava-Llama-3-8B text model 7.5B + CLIP-L 0.12B
-                   vae_parameters=0.246e9, joint_text=True, text_tokens=MAX_SEQUENCE_LENGTH, patch_size=(1, 2, 2),
-                   vae_spatial=8, vae_temporal=4, out_channels=16,
-                   vae_mflop_per_pixel=HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL, vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX,
-                   vae_class="AutoencoderKLHunyuanVideo", width=1280, height=720, frames=129, steps=50,
-                   tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": 20,
-                                                                     "single_transformer_blocks": 40})),
+        Published(name="hunyuanvideo", hub_id="hunyuanvideo-community/HunyuanVideo",
+                  transformer=PUBLISHED_TRANSFORMER, vae=PUBLISHED_VAE, parameters=12.8e9,
+                  text_encoder_parameters=7.62e9,  # Llava-Llama-3-8B text model 7.5B + CLIP-L 0.12B
+                  vae_parameters=0.246e9),
     ),
 )

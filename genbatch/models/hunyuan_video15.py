@@ -38,7 +38,7 @@ from typing import Any
 
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import hunyuan_video15_tiny as tiny
-from genbatch.models import vae_rules
+from genbatch.models import vae_costs, vae_rules
 from genbatch.models.base import (
     GATHERED_COLWISE,
     JOINT,
@@ -57,7 +57,7 @@ from genbatch.models.base import (
     dual_stream_styles,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
-from genbatch.models.shapes import VIDEO_VAE_GIB_PER_MPX, ModelShape
+from genbatch.models.shapes import Published
 from genbatch.models.spec import ModelSpec
 
 QWEN_TOKENS = 1000
@@ -304,18 +304,20 @@ TRANSFORMER_PLAN = TransformerPlan(
 QWEN_TEXT_ENCODER = Blocks(before=("embed_tokens",), repeated=("layers",), after=("norm",))
 """`Qwen2_5_VLTextModel`: the language model alone (no vision tower, no LM head)."""
 
-# The published models' sizes: the transformer counted on its config (8.33B), Qwen2.5-VL-7B's language model
-# (7.07B) and ByT5-small's encoder as the pipeline loads it (0.22B), the VAE counted on its config (1.26B: decoder
-# 0.87B, encoder 0.39B)
-_PUBLISHED = dict(is_video=True, uses_cfg=True, num_layers=54, num_heads=16, head_dim=128, ffn_dim=8192,
-                  parameters=8.33e9, text_encoder_parameters=7.07e9 + 0.22e9, vae_parameters=1.26e9, joint_text=True,
-                  text_tokens=TEXT_TOKENS, patch_size=(1, 1, 1), vae_spatial=16, vae_temporal=4, out_channels=32,
-                  vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, vae_class="AutoencoderKLHunyuanVideo15", frames=121,
-                  steps=50, tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": 1}))
-VAE_MFLOP_PER_PIXEL = 25.7
-"""AutoencoderKLHunyuanVideo15's decoder (channels 1024, 1024, 512, 256, 128; causal 3x3x3 convolutions, 3 resnets
-a stage): 25.4 to 26.4 MFLOP per output pixel and frame (counted with torch's FlopCounterMode on the meta device
-from 128x128 x 17 to 256x256 x 5)."""
+TEXT_ENCODER_PARAMETERS = 7.07e9 + 0.22e9
+"""Qwen2.5-VL-7B's language model (7.07B) and ByT5-small's encoder as the pipeline loads it (0.22B)."""
+
+
+def published(name: str, config: str, text_encoder_parameters: float = TEXT_ENCODER_PARAMETERS) -> Published:
+    """A published HunyuanVideo 1.5 model from its checkpoint's configs (`PUBLISHED_CONFIG[config]`): the
+    transformer counted on its config (8.33B), the VAE (1.26B: decoder 0.87B, encoder 0.39B); its default size is
+    the 16:9 bucket of its `target_size`, its guidance the guider's."""
+    configs = PUBLISHED_CONFIG[config]
+    height, width = bucket_size(9, 16, configs["transformer"]["target_size"], PUBLISHED_VAE["spatial_compression_ratio"])
+    return Published(name=name, hub_id=HUB_IDS[config], transformer=configs["transformer"], vae=configs["vae"],
+                     defaults={**CALL_DEFAULTS, "width": width, "height": height,
+                               "guidance_scale": configs["guider"]["guidance_scale"]},
+                     parameters=8.33e9, text_encoder_parameters=text_encoder_parameters, vae_parameters=1.26e9)
 
 
 FAMILY = ModelFamily(
@@ -331,10 +333,6 @@ FAMILY = ModelFamily(
     vae_rules=vae_rules.AUTOENCODER_KL_HUNYUAN_VIDEO15,
     presets=(TinyPreset(name="tiny-hunyuan-video-15", transformer=tiny.TINY_TRANSFORMER, vae=tiny.TINY_VAE,
                         defaults=tiny.TINY_DEFAULTS, build=tiny.build_tiny),),
-    published=(
-        ModelShape(name="hunyuanvideo-1.5-480p", width=848, height=480, vae_mflop_per_pixel=VAE_MFLOP_PER_PIXEL,
-                   **_PUBLISHED),
-        ModelShape(name="hunyuanvideo-1.5-720p", width=1280, height=720, vae_mflop_per_pixel=VAE_MFLOP_PER_PIXEL,
-                   **_PUBLISHED),
-    ),
+    vae_costs=vae_costs.HUNYUAN_VIDEO15_VAE,
+    published=(published("hunyuanvideo-1.5-480p", "480p_t2v"), published("hunyuanvideo-1.5-720p", "720p_t2v")),
 )

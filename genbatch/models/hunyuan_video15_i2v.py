@@ -93,8 +93,7 @@ FAMILY = replace(
     image_encode=ImageEncode(video=False),  # the image alone, one frame at the output's size
     presets=(TinyPreset(name="tiny-hunyuan-video-15-i2v", transformer=tiny.TINY_I2V_TRANSFORMER, vae=tiny.TINY_VAE,
                         defaults=tiny.TINY_DEFAULTS, build=tiny.build_tiny_i2v),),
-    published=tuple(
-        replace(shape, name=shape.name.replace("1.5-", "1.5-i2v-"),
-                text_encoder_parameters=shape.text_encoder_parameters + SIGLIP_PARAMETERS)
-        for shape in hunyuan_video15.FAMILY.published),
+    published=tuple(hunyuan_video15.published(
+        name, config, text_encoder_parameters=hunyuan_video15.TEXT_ENCODER_PARAMETERS + SIGLIP_PARAMETERS)
+        for name, config in (("hunyuanvideo-1.5-i2v-480p", "480p_i2v"), ("hunyuanvideo-1.5-i2v-720p", "720p_i2v"))),
 )

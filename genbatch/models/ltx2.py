@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from genbatch.jobs.spec import JobSpec
-from genbatch.models import vae_rules
+from genbatch.models import vae_costs, vae_rules
 from genbatch.models.base import (
     COLWISE,
     CROSS,
@@ -72,7 +72,7 @@ from genbatch.models.base import (
 )
 from genbatch.models.hooks import Conditioning, Family, Trajectory
 from genbatch.models.ltx2_tiny import TINY_DEFAULTS, TINY_TRANSFORMER, TINY_VAE, build_tiny
-from genbatch.models.shapes import HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL, VIDEO_VAE_GIB_PER_MPX, ModelShape
+from genbatch.models.shapes import Published
 from genbatch.models.spec import ModelSpec
 
 CFG = "cfg"
@@ -225,6 +225,9 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         out_channels=int(transformer.get("out_channels") or transformer.get("in_channels", 128)),
         defaults=dict(defaults or CALL_DEFAULTS), path=path,
         tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}),
+        # every block attends over the video's tokens and the audio's: one a latent audio frame, at the default
+        # frame rate the duration is counted at
+        audio_tokens_per_frame=AUDIO_LATENTS_PER_SECOND / CALL_DEFAULTS["fps"],
     )
 
 
@@ -535,40 +538,6 @@ scripts/convert_ltx2_to_diffusers.py, `get_ltx2_transformer_config("2.0")`, `get
 `get_ltx2_vocoder_config("2.0")`): the model card's 19B (14B video stream, 5B audio stream)."""
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class AudioVideoShape(ModelShape):
-    """A model whose transformer also denoises audio tokens beside the video's (LTX-2): the planner's sequence
-    counts them, `audio_tokens_per_second` of the output's duration at `fps`."""
-
-    audio_tokens_per_second: float = AUDIO_LATENTS_PER_SECOND
-    """Audio latent frames a second (one token each): 16 kHz mel at hop 160 over the audio VAE's 4x."""
-    fps: int = CALL_DEFAULTS["fps"]
-    """The frame rate the duration is counted at (the pipeline's default `frame_rate`)."""
-
-    def audio_tokens(self, frames: int | None) -> int:
-        """The audio tokens of a video of `frames` frames, as `LTX2Pipeline.__call__` counts them."""
-        return round((frames or 1) / self.fps * self.audio_tokens_per_second)
-
-    def sequence(self, width: int, height: int, frames: int | None) -> int:
-        """The video tokens plus the audio tokens (every block attends over both streams)."""
-        return self.image_tokens(width, height, frames) + self.audio_tokens(frames)
-
-
-def _published_shape() -> AudioVideoShape:
-    transformer = PUBLISHED_CONFIG["transformer"]
-    heads, head_dim = transformer["num_attention_heads"], transformer["attention_head_dim"]
-    return AudioVideoShape(
-        name="ltx-2", is_video=True, uses_cfg=True, num_layers=transformer["num_layers"], num_heads=heads,
-        head_dim=head_dim, ffn_dim=4 * heads * head_dim, parameters=19.0e9,  # model card: 14B video + 5B audio
-        text_encoder_parameters=12.2e9,  # Gemma 3 12B (the connectors' 2 x 2 blocks are small beside it)
-        vae_parameters=0.55e9,  # AutoencoderKLLTX2Video (its decoder 5 resnets a stage at 256-1024 channels)
-        joint_text=False, text_tokens=MAX_SEQUENCE_LENGTH, patch_size=(1, 1, 1), vae_spatial=32, vae_temporal=8,
-        out_channels=transformer["out_channels"], vae_mflop_per_pixel=HEAVY_VIDEO_VAE_MFLOP_PER_PIXEL,
-        vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, vae_class="AutoencoderKLLTX2Video", width=CALL_DEFAULTS["width"],
-        height=CALL_DEFAULTS["height"], frames=CALL_DEFAULTS["num_frames"], steps=CALL_DEFAULTS["num_inference_steps"],
-        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}))
-
-
 FAMILY = ModelFamily(
     name="ltx2",
     pipelines=("LTX2Pipeline",),
@@ -600,6 +569,12 @@ FAMILY = ModelFamily(
     vae_rules=vae_rules.AUTOENCODER_KL_LTX2_VIDEO,
     presets=(TinyPreset(name="tiny-ltx2", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,
                         build=build_tiny),),
-    published=(_published_shape(),),
+    vae_costs=vae_costs.LTX2_VIDEO_VAE,
+    published=(
+        Published(name="ltx-2", hub_id="Lightricks/LTX-2", transformer=PUBLISHED_CONFIG["transformer"],
+                  vae=PUBLISHED_CONFIG["vae"], parameters=19.0e9,  # model card: 14B video + 5B audio
+                  text_encoder_parameters=12.2e9,  # Gemma 3 12B (the connectors' 2 x 2 blocks are small beside it)
+                  vae_parameters=0.55e9),  # AutoencoderKLLTX2Video (its decoder 5 resnets a stage at 256-1024)
+    ),
 )
 

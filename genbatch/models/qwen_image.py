@@ -44,12 +44,19 @@ from genbatch.models.base import (
     mlp_and_out_channels,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, TokenGrid, Trajectory
-from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
-from genbatch.models import vae_rules
+from genbatch.models.shapes import Published
+from genbatch.models import vae_costs, vae_rules
 from genbatch.models.wan import WanHooks
 
 MAX_SEQUENCE_LENGTH = 512  # QwenImagePipeline.__call__'s default
 TEXT_TOKENS = 256
+PUBLISHED_TRANSFORMER = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                             num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False,
+                             axes_dims_rope=(16, 56, 56))
+"""Qwen/Qwen-Image transformer/config.json."""
+PUBLISHED_VAE = dict(base_dim=96, z_dim=16, dim_mult=(1, 2, 4, 4), num_res_blocks=2, attn_scales=(),
+                     temperal_downsample=(False, True, True), dropout=0.0)
+"""Qwen/Qwen-Image vae/config.json (AutoencoderKLQwenImage; its latents_mean / latents_std left out)."""
 """Text tokens the planner counts per prompt: the pipeline does not pad one prompt and cuts at 512."""
 SAMPLE_SIZE = 128
 """QwenImagePipeline's default_sample_size (latent pixels)."""
@@ -292,12 +299,10 @@ FAMILY = ModelFamily(
     vae_rules=vae_rules.AUTOENCODER_KL_QWEN_IMAGE,
     presets=(TinyPreset(name="tiny-qwen-image", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,
                         build=build_tiny),),
+    vae_costs=vae_costs.QWEN_IMAGE_VAE,
     published=(
-        ModelShape(name="qwen-image", is_video=False, uses_cfg=True, num_layers=60, num_heads=24, head_dim=128,
-                   ffn_dim=12288, parameters=20.4e9, text_encoder_parameters=8.29e9,  # Qwen2.5-VL-7B
-                   vae_parameters=0.127e9, joint_text=True, text_tokens=TEXT_TOKENS, patch_size=(2, 2),
-                   vae_spatial=8, vae_temporal=1, out_channels=16, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
-                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKLQwenImage", width=1024, height=1024,
-                   frames=None, steps=50),
+        Published(name="qwen-image", hub_id="Qwen/Qwen-Image", transformer=PUBLISHED_TRANSFORMER, vae=PUBLISHED_VAE,
+                  parameters=20.4e9, text_encoder_parameters=8.29e9,  # Qwen2.5-VL-7B
+                  vae_parameters=0.127e9),
     ),
 )

@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from genbatch.jobs.spec import JobSpec
-from genbatch.models import vae_rules
+from genbatch.models import vae_costs, vae_rules
 from genbatch.models.base import (
     GATHERED_COLWISE,
     HEADS,
@@ -54,7 +54,7 @@ from genbatch.models.base import (
     decoder_tensor_plan,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
-from genbatch.models.shapes import ImageEncode, ModelShape
+from genbatch.models.shapes import ImageEncode, Published
 from genbatch.models.spec import ModelSpec
 
 VAE_SCALE = 16
@@ -63,11 +63,6 @@ SIZE_MULTIPLE = 2 * VAE_SCALE
 """Output sides are multiples of 32: each vision slot stands for 2 x 2 latent tokens (the pipeline floors others)."""
 TEXT_TOKENS = 256
 """Prompt tokens the planner counts (the pipeline keeps a prompt's own tokens, the system prompt cut off)."""
-VAE_MFLOP_PER_PIXEL = 16.2
-"""AutoencoderKLQwenImage21's decoder at its published config: 16.2 MFLOP per output pixel, counted with torch's
-FlopCounterMode at 512^2 and 1024^2."""
-VAE_GIB_PER_MPX = 3070 * 2 * 1e6 / 2**30
-"""Its decode peak per million output pixels in bf16: 3,070 live values a pixel, counted (`planner.vae_memory`)."""
 
 CALL_DEFAULTS = {"width": 1024, "height": 1024, "num_inference_steps": 40, "guidance_scale": 1.0,
                  "output_resolution": 1024}
@@ -527,21 +522,11 @@ FAMILY = ModelFamily(
     presets=(TinyPreset(name="tiny-qwen-image-21", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,
                         build=build_tiny),),
     image_encode=ImageEncode(video=False, area=1024 * 1024, multiple=32, required=False),
+    vae_costs=vae_costs.QWEN_IMAGE_21_VAE,
     published=(
-        ModelShape(name="qwen-image-2.1", is_video=False, uses_cfg=False,  # sampled without guidance by default
-                   num_layers=PUBLISHED_TRANSFORMER["num_layers"],
-                   num_heads=PUBLISHED_TRANSFORMER["num_attention_heads"],
-                   head_dim=PUBLISHED_TRANSFORMER["attention_head_dim"],
-                   ffn_dim=PUBLISHED_TRANSFORMER["num_attention_heads"] * PUBLISHED_TRANSFORMER["attention_head_dim"]
-                   * PUBLISHED_TRANSFORMER["mlp_ratio"],
-                   parameters=7.12e9, text_encoder_parameters=8.77e9,  # Qwen3-VL-8B
-                   vae_parameters=0.338e9, joint_text=True, text_tokens=TEXT_TOKENS,
-                   patch_size=(PUBLISHED_TRANSFORMER["patch_size"],) * 2, vae_spatial=VAE_SCALE, vae_temporal=1,
-                   out_channels=PUBLISHED_TRANSFORMER["out_channels"], vae_mflop_per_pixel=VAE_MFLOP_PER_PIXEL,
-                   vae_gib_per_mpx=VAE_GIB_PER_MPX, vae_class="AutoencoderKLQwenImage21", width=1024,
-                   height=1024, frames=None, steps=CALL_DEFAULTS["num_inference_steps"], sequence_parallel=False,
-                   pipeline_stages=False,
-                   tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer(
-                       {"transformer_blocks": PUBLISHED_TRANSFORMER["num_layers"]})),
+        Published(name="qwen-image-2.1", hub_id="Qwen/Qwen-Image-2.1", transformer=PUBLISHED_TRANSFORMER,
+                  vae=PUBLISHED_VAE, parameters=7.12e9, text_encoder_parameters=8.77e9,  # Qwen3-VL-8B
+                  vae_parameters=0.338e9,
+                  spec_facts={"uses_cfg": False}),  # sampled without guidance by default (true_cfg_scale 1)
     ),
 )

@@ -196,6 +196,8 @@ FAMILY = replace(
     presets=(TinyPreset(name="tiny-qwen-image-edit", transformer=qwen_image.TINY_TRANSFORMER,
                         vae=qwen_image.TINY_VAE, defaults=TINY_DEFAULTS, build=build_tiny),),
     # Qwen-Image-Edit is Qwen-Image's transformer, VAE and text encoder; its sequence carries the input's tokens
-    published=(replace(qwen_image.FAMILY.published[0], name="qwen-image-edit", joins_image_tokens=True),),
+    vae_costs=qwen_image.FAMILY.vae_costs,
+    # Qwen-Image-Edit: Qwen-Image's architecture (its read_spec adds the input image's tokens)
+    published=(replace(qwen_image.FAMILY.published[0], name="qwen-image-edit", hub_id="Qwen/Qwen-Image-Edit"),),
     teacache=(),
 )

@@ -18,6 +18,7 @@ import types
 from functools import cache
 
 from genbatch.models.base import Blocks, ModelFamily, TinyPreset, TransformerPlan
+from genbatch.models.vae_costs import IMAGE_DEFAULT, VIDEO_DEFAULT, VaeCosts
 
 FAMILY_MODULES = (
     "genbatch.models.wan",
@@ -119,6 +120,15 @@ def module_blocks(class_name: str) -> Blocks | None:
         if class_name in candidate.text_encoders:
             return candidate.text_encoders[class_name]
     return None
+
+
+def vae_costs_of_class(class_name: str, *, is_video: bool) -> VaeCosts:
+    """The costs of the VAE class `class_name`, from the family record that names them (`ModelFamily.vae_costs`);
+    a class no family prices is priced as Wan's VAE (video) or the image VAE."""
+    for candidate in families().values():
+        if candidate.vae_costs is not None and candidate.vae_costs.vae_class == class_name:
+            return candidate.vae_costs
+    return VIDEO_DEFAULT if is_video else IMAGE_DEFAULT
 
 
 def all_repeated_blocks() -> tuple[str, ...]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
-from genbatch.models import tiny_configs, vae_rules
+from genbatch.models import tiny_configs, vae_costs, vae_rules
 from genbatch.models.base import (
     CLIP_TEXT_ENCODER_WITH_PROJECTION,
     CLIP_WITH_PROJECTION_TENSOR_PLAN,
@@ -38,11 +38,19 @@ from genbatch.models.base import (
     transformer_spec,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
-from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models.shapes import Published
 from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
 MAX_SEQUENCE_LENGTH = 256  # StableDiffusion3Pipeline.__call__'s default
 CLIP_TOKENS = 77
+SD3_MEDIUM_TRANSFORMER = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=24, attention_head_dim=64,
+                              num_attention_heads=24, joint_attention_dim=4096, caption_projection_dim=1536,
+                              pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192)
+"""stabilityai/stable-diffusion-3-medium-diffusers transformer/config.json."""
+SD3_VAE = dict(in_channels=3, out_channels=3, block_out_channels=(128, 256, 512, 512), layers_per_block=2,
+               latent_channels=16, shift_factor=0.0609, scaling_factor=1.5305, use_quant_conv=False,
+               use_post_quant_conv=False)
+"""Its vae/config.json (AutoencoderKL)."""
 
 CALL_DEFAULTS = {"width": None, "height": None, "num_inference_steps": 28, "guidance_scale": 7.0}
 """StableDiffusion3Pipeline.__call__'s defaults (sizes: the transformer's sample size times the VAE factor)."""
@@ -187,13 +195,11 @@ FAMILY = ModelFamily(
     vae_rules=vae_rules.AUTOENCODER_KL,
     presets=(TinyPreset(name="tiny-sd3", transformer=tiny_configs.TINY_SD3_TRANSFORMER, vae=tiny_configs.TINY_SD3_VAE,
                         defaults=tiny_configs.PRESET_DEFAULTS["tiny-sd3"], build=build_tiny),),
+    vae_costs=vae_costs.IMAGE_VAE,
     published=(
-        ModelShape(name="sd3-medium", is_video=False, uses_cfg=True, num_layers=24, num_heads=24, head_dim=64,
-                   ffn_dim=6144, parameters=2.03e9,
-                   text_encoder_parameters=5.58e9,  # T5-XXL encoder 4.76B, CLIP-L 0.12B, OpenCLIP-bigG 0.69B
-                   vae_parameters=0.084e9, joint_text=True, text_tokens=77 + 256, patch_size=(2, 2), vae_spatial=8,
-                   vae_temporal=1, out_channels=16, vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
-                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKL", width=1024, height=1024, frames=None,
-                   steps=28),
+        Published(name="sd3-medium", hub_id="stabilityai/stable-diffusion-3-medium-diffusers",
+                  transformer=SD3_MEDIUM_TRANSFORMER, vae=SD3_VAE, parameters=2.03e9,
+                  text_encoder_parameters=5.58e9,  # T5-XXL encoder 4.76B, CLIP-L 0.12B, OpenCLIP-bigG 0.69B
+                  vae_parameters=0.084e9),
     ),
 )

@@ -77,6 +77,10 @@ class ModelSpec:
     `TensorPlan.all_reduces_per_layer` of its block counts (seed 000's 2; Wan 3; FLUX and HunyuanVideo between
     1 and 2 by their dual- and single-stream blocks). What the planner charges a layer."""
 
+    audio_tokens_per_frame: float = 0.0
+    """Audio tokens the transformer denoises beside the video's, per output frame (LTX-2: its audio latent's rate
+    over the video's frame rate); 0 for a model without sound."""
+
     @property
     def hidden_size(self) -> int:
         return self.num_heads * self.head_dim

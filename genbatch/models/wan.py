@@ -12,7 +12,7 @@ from typing import Any
 
 from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
-from genbatch.models import tiny_configs, vae_rules
+from genbatch.models import tiny_configs, vae_costs, vae_rules
 from genbatch.models.base import (
     COLWISE,
     CROSS,
@@ -34,7 +34,7 @@ from genbatch.models.base import (
     transformer_spec,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
-from genbatch.models.shapes import VIDEO_VAE_GIB_PER_MPX, WAN_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models.shapes import Published
 from genbatch.models.tiny import character_tokenizer, seeded, t5_config
 
 MAX_SEQUENCE_LENGTH = 512  # WanPipeline.__call__'s default
@@ -178,12 +178,19 @@ TENSOR_PLAN = TensorPlan(
 )
 """Wan's tensor plan (diffusers has none): the cache-dit / SGLang layout, with the modulation sharded too."""
 
-_PUBLISHED_COMMON = dict(is_video=True, uses_cfg=True, head_dim=128, patch_size=(1, 2, 2), vae_spatial=8,
-                         vae_temporal=4, out_channels=16, joint_text=False, text_tokens=512,
-                         text_encoder_parameters=5.68e9,  # UMT5-XXL encoder
-                         vae_parameters=0.127e9, vae_mflop_per_pixel=WAN_VAE_MFLOP_PER_PIXEL,
-                         vae_gib_per_mpx=VIDEO_VAE_GIB_PER_MPX, vae_class="AutoencoderKLWan", frames=81, steps=50,
-                         tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"blocks": 1}))
+WAN21_1_3B_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024,
+)
+"""Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json."""
+WAN21_14B_TRANSFORMER = {**WAN21_1_3B_TRANSFORMER, "num_attention_heads": 40, "ffn_dim": 13824, "num_layers": 40}
+"""Wan-AI/Wan2.1-T2V-14B-Diffusers transformer/config.json."""
+WAN21_VAE = dict(base_dim=96, z_dim=16, dim_mult=(1, 2, 4, 4), num_res_blocks=2, attn_scales=(),
+                 temperal_downsample=(False, True, True), dropout=0.0, scale_factor_spatial=8, scale_factor_temporal=4)
+"""Wan 2.1's vae/config.json (AutoencoderKLWan; its latents_mean / latents_std left out)."""
+_UMT5_XXL = 5.68e9
+"""UMT5-XXL's encoder, the text encoder of every Wan 2.1/2.2 model."""
 
 FAMILY = ModelFamily(
     name="wan",
@@ -211,11 +218,13 @@ FAMILY = ModelFamily(
     vae_rules=vae_rules.AUTOENCODER_KL_WAN,
     presets=(TinyPreset(name="tiny-wan", transformer=tiny_configs.TINY_WAN_TRANSFORMER, vae=tiny_configs.TINY_WAN_VAE,
                         defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan"], build=build_tiny),),
+    vae_costs=vae_costs.WAN_VAE,
     published=(
-        ModelShape(name="wan2.1-1.3b", num_layers=30, num_heads=12, ffn_dim=8960, parameters=1.42e9, width=832,
-                   height=480, **_PUBLISHED_COMMON),
-        ModelShape(name="wan2.1-14b", num_layers=40, num_heads=40, ffn_dim=13824, parameters=14.29e9, width=1280,
-                   height=720, **_PUBLISHED_COMMON),
+        Published(name="wan2.1-1.3b", hub_id="Wan-AI/Wan2.1-T2V-1.3B-Diffusers", transformer=WAN21_1_3B_TRANSFORMER,
+                  vae=WAN21_VAE, parameters=1.42e9, text_encoder_parameters=_UMT5_XXL, vae_parameters=0.127e9),
+        Published(name="wan2.1-14b", hub_id="Wan-AI/Wan2.1-T2V-14B-Diffusers", transformer=WAN21_14B_TRANSFORMER,
+                  vae=WAN21_VAE, defaults={**CALL_DEFAULTS, "width": 1280, "height": 720}, parameters=14.29e9,
+                  text_encoder_parameters=_UMT5_XXL, vae_parameters=0.127e9),
     ),
     # TeaCache's published coefficients (ali-vilab/TeaCache, TeaCache4Wan2.1/teacache_generate.py: its
     # retention-step set, fitted on the 6 x dim timestep projection diffusers' Wan blocks take as `temb`);

@@ -18,12 +18,18 @@ from typing import Any
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, wan
 from genbatch.models.base import COLWISE, NORM_ACROSS_HEADS, TinyPreset
-from genbatch.models.shapes import ImageEncode
+from genbatch.models.shapes import ImageEncode, Published
 from genbatch.models.hooks import Conditioning, Trajectory
 from genbatch.models.spec import ModelSpec
 from genbatch.models.tiny import character_tokenizer, seeded, t5_config
 
 MEDIA_INPUTS = ("image", "last_image")
+
+
+CLIP_TOKENS = 257
+"""The image context's tokens of one image: CLIP ViT-H/14's patches and class token."""
+I2V_14B_TRANSFORMER = {**wan.WAN21_14B_TRANSFORMER, "in_channels": 36, "image_dim": 1280, "added_kv_proj_dim": 5120}
+"""Wan-AI/Wan2.1-I2V-14B-720P-Diffusers transformer/config.json."""
 
 
 def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
@@ -34,8 +40,11 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
     first latent frame rather than riding in extra channels) takes an image and runs without one too."""
     media = MEDIA_INPUTS if transformer.get("pos_embed_seq_len") else ("image",)
     required = () if transformer["in_channels"] == transformer.get("out_channels", transformer["in_channels"]) else media
-    return replace(wan.read_spec(name, transformer, vae, defaults, path), family="wan-i2v", media_inputs=media,
-                   media_required=required)
+    spec = wan.read_spec(name, transformer, vae, defaults, path)
+    # the cross-attention reads the image context's tokens after the text's: CLIP's 257 an image (FLF2V's two)
+    image_tokens = transformer.get("pos_embed_seq_len") or (CLIP_TOKENS if transformer.get("image_dim") else 0)
+    return replace(spec, family="wan-i2v", media_inputs=media, media_required=required,
+                   text_tokens=spec.text_tokens + image_tokens)
 
 
 class WanI2VHooks(wan.WanHooks):
@@ -186,12 +195,14 @@ FAMILY = replace(
              TinyPreset(name="tiny-wan22-ti2v", transformer=tiny_configs.TINY_WAN22_TI2V_TRANSFORMER,
                         vae=tiny_configs.TINY_WAN22_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan22-ti2v"],
                         build=build_tiny_wan22_ti2v)),
+    vae_costs=wan.FAMILY.vae_costs,
     published=(
-        # Wan-AI/Wan2.1-I2V-14B-720P-Diffusers: Wan 2.1 14B with 36 input channels and the image context's
-        # cross-attention K/V (16.39B, counted on its config); the CLIP ViT-H/14 vision encoder (0.63B) stays
-        # beside UMT5-XXL; the cross-attention reads 512 text and 257 image tokens
-        replace(wan.FAMILY.published[1], name="wan2.1-i2v-14b", parameters=16.39e9, text_encoder_parameters=6.31e9,
-                text_tokens=512 + 257),
+        # Wan 2.1 14B with 36 input channels and the image context's cross-attention K/V (16.39B, counted on its
+        # config); the CLIP ViT-H/14 vision encoder (0.63B) stays beside UMT5-XXL
+        Published(name="wan2.1-i2v-14b", hub_id="Wan-AI/Wan2.1-I2V-14B-720P-Diffusers",
+                  transformer=I2V_14B_TRANSFORMER, vae=wan.WAN21_VAE,
+                  defaults={**wan.CALL_DEFAULTS, "width": 1280, "height": 720}, parameters=16.39e9,
+                  text_encoder_parameters=6.31e9, vae_parameters=0.127e9),
     ),
     teacache=(),
 )

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from genbatch.jobs.spec import JobSpec
-from genbatch.models import tiny_configs, vae_rules
+from genbatch.models import tiny_configs, vae_costs, vae_rules
 from genbatch.models.base import (
     COLWISE,
     GATHERED_COLWISE,
@@ -47,7 +47,7 @@ from genbatch.models.base import (
     decoder_tensor_plan,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory
-from genbatch.models.shapes import IMAGE_VAE_GIB_PER_MPX, IMAGE_VAE_MFLOP_PER_PIXEL, ModelShape
+from genbatch.models.shapes import Published
 from genbatch.models.spec import ModelSpec
 
 MAX_SEQUENCE_LENGTH = 512  # ZImagePipeline.__call__'s default
@@ -383,21 +383,12 @@ FAMILY = ModelFamily(
     vae_rules=vae_rules.AUTOENCODER_KL,
     presets=(TinyPreset(name="tiny-z-image", transformer=TINY_TRANSFORMER, vae=tiny_configs.TINY_FLUX_VAE,
                         defaults=TINY_DEFAULTS, build=build_tiny),),
+    vae_costs=vae_costs.IMAGE_VAE,
     published=(
-        ModelShape(name="z-image-turbo", is_video=False, uses_cfg=False,  # distilled: guidance 0, one branch
-                   num_layers=PUBLISHED_TRANSFORMER["n_layers"] + PUBLISHED_TRANSFORMER["n_refiner_layers"],
-                   num_heads=PUBLISHED_TRANSFORMER["n_heads"],
-                   head_dim=PUBLISHED_TRANSFORMER["dim"] // PUBLISHED_TRANSFORMER["n_heads"],
-                   ffn_dim=ffn_width(PUBLISHED_TRANSFORMER["dim"]), parameters=6.15e9,
-                   text_encoder_parameters=4.02e9,  # Qwen3-4B
-                   vae_parameters=0.084e9, joint_text=True, text_tokens=TEXT_TOKENS,
-                   patch_size=(2, 2), vae_spatial=2 ** (len(PUBLISHED_VAE["block_out_channels"]) - 1), vae_temporal=1,
-                   out_channels=PUBLISHED_TRANSFORMER["in_channels"], vae_mflop_per_pixel=IMAGE_VAE_MFLOP_PER_PIXEL,
-                   vae_gib_per_mpx=IMAGE_VAE_GIB_PER_MPX, vae_class="AutoencoderKL", width=1024, height=1024,
-                   frames=None, steps=9,  # the model card's
-                   pipeline_stages=False,  # the main blocks' one stream holds the caption with the image
-                   tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer(
-                       {"noise_refiner": PUBLISHED_TRANSFORMER["n_refiner_layers"],
-                        "layers": PUBLISHED_TRANSFORMER["n_layers"]})),
+        Published(name="z-image-turbo", hub_id="Tongyi-MAI/Z-Image-Turbo", transformer=PUBLISHED_TRANSFORMER,
+                  vae=PUBLISHED_VAE, defaults={**CALL_DEFAULTS, "num_inference_steps": 9, "guidance_scale": 0.0},
+                  parameters=6.15e9, text_encoder_parameters=4.02e9,  # Qwen3-4B
+                  vae_parameters=0.084e9,
+                  spec_facts={"uses_cfg": False}),  # distilled, the model card's 9 steps at guidance 0: one branch
     ),
 )

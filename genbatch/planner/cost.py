@@ -38,8 +38,7 @@ from genbatch.parallel.dims import ParallelDims
 from genbatch.parallel.formulas import StepShape, bytes_per_step
 from genbatch.planner.layouts import axis_link, link_for_extent, token_shards
 from genbatch.planner.memory import choose_decode, encode_ranks, memory_per_rank
-from genbatch.planner.vae_encode import encode_flops, encoder_memory
-from genbatch.planner.vae_memory import decoder_memory
+from genbatch.planner.vae_encode import encode_flops
 from genbatch.planner.profile import COLLECTIVE_OF_AXIS, Profile
 from genbatch.planner.stale_time import (
     DISTRIFUSION_WARMUP_STEPS,
@@ -434,8 +433,8 @@ def _decode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster, mode
     leader at the VAE's dtype (`Workload.vae_bytes_per_value`); or the leader alone (tiling decodes the tiles'
     overlaps twice)."""
     shape = work.shape
-    flops = work.megapixels * 1e6 * shape.vae_mflop_per_pixel * 1e6
-    flops *= decoder_memory(shape.vae_class, is_video=shape.is_video).work(mode)
+    flops = work.megapixels * 1e6 * shape.vae_costs.mflop_per_pixel * 1e6
+    flops *= shape.vae_costs.decoder.work(mode)
     efficiency = VIDEO_VAE_EFFICIENCY if shape.is_video else VAE_EFFICIENCY
     ranks = layout.group_size if mode == "parallel" else 1
     seconds = flops / (cluster.gpu.bf16_tflops * 1e12 * efficiency * ranks)
@@ -453,7 +452,7 @@ def encode_seconds(layout: ParallelDims, work: Workload, cluster: Cluster) -> fl
     if source is None:
         return 0.0
     shape = work.shape
-    memory = encoder_memory(shape.vae_class, is_video=shape.is_video)
+    memory = shape.vae_costs.encoder
     efficiency = VIDEO_VAE_EFFICIENCY if shape.is_video else VAE_EFFICIENCY
     ranks = encode_ranks(layout, work)
     flops = encode_flops(memory, width=source.width, height=source.height, frames=source.frames)

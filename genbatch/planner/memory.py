@@ -26,8 +26,8 @@ from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.hardware import GIB
 from genbatch.planner.layouts import token_shards
 from genbatch.planner.stale_fit import branches_per_rank, stale_kv_bytes
-from genbatch.planner.vae_encode import encode_peak_bytes, encoder_memory
-from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, decoder_memory, first_fitting
+from genbatch.planner.vae_encode import encode_peak_bytes
+from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, first_fitting
 from genbatch.planner.workload import BYTES_PER_VALUE, Workload
 
 ACTIVATION_TENSORS = 12
@@ -54,7 +54,7 @@ def patch_parallel_classes() -> frozenset[str]:
 def decode_modes(layout: ParallelDims, work: Workload) -> tuple[str, ...]:
     """The decode modes this layout can run, exact ones first in `auto`'s order, then tiling where the VAE has it."""
     shape = work.shape
-    memory = decoder_memory(shape.vae_class, is_video=shape.is_video)
+    memory = shape.vae_costs.decoder
     modes = [mode for mode in EXACT_MODES if mode == "full"
              or (layout.group_size > 1 and memory.vae_class in patch_parallel_classes())]
     return (*modes, "tiled") if memory.tile is not None else tuple(modes)
@@ -63,7 +63,7 @@ def decode_modes(layout: ParallelDims, work: Workload) -> tuple[str, ...]:
 def vae_decode_gib(layout: ParallelDims, work: Workload, mode: str) -> float:
     """The decode's peak on the group's leader in `mode`, GiB, at the VAE's dtype (`Workload.vae_bytes_per_value`,
     as the encode's)."""
-    memory = decoder_memory(work.shape.vae_class, is_video=work.shape.is_video)
+    memory = work.shape.vae_costs.decoder
     ranks = layout.group_size if mode == "parallel" else 1
     return decode_peak_bytes(memory, mode, width=work.width, height=work.height, frames=work.frames, ranks=ranks,
                              bytes_per_value=work.vae_bytes_per_value) / GIB
@@ -71,8 +71,7 @@ def vae_decode_gib(layout: ParallelDims, work: Workload, mode: str) -> float:
 
 def encode_ranks(layout: ParallelDims, work: Workload) -> int:
     """The ranks that share a job's VAE encode: its group where the VAE class encodes patch-parallel, else 1."""
-    memory = encoder_memory(work.shape.vae_class, is_video=work.shape.is_video)
-    parallel = layout.group_size > 1 and memory.vae_class in patch_parallel_classes()
+    parallel = layout.group_size > 1 and work.shape.vae_class in patch_parallel_classes()
     return layout.group_size if parallel else 1
 
 
@@ -81,8 +80,7 @@ def vae_encode_gib(layout: ParallelDims, work: Workload) -> float:
     source = work.encode
     if source is None:
         return 0.0
-    memory = encoder_memory(work.shape.vae_class, is_video=work.shape.is_video)
-    return encode_peak_bytes(memory, width=source.width, height=source.height, frames=source.frames,
+    return encode_peak_bytes(work.shape.vae_costs.encoder, width=source.width, height=source.height, frames=source.frames,
                              ranks=encode_ranks(layout, work), bytes_per_value=work.vae_bytes_per_value) / GIB
 
 

@@ -27,115 +27,14 @@ compares this model with the count); a decoder of another width scales with its 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+
+from genbatch.models.vae_costs import DecoderMemory
 
 DECODE_MODES = ("full", "parallel", "tiled")
 """`full`: one rank decodes with the pipeline's own decode; `parallel`: patch-parallel over the job group (exact);
 `tiled`: one rank decodes with the VAE's own tiling (blended tiles: not the full decode's output)."""
 EXACT_MODES = ("parallel", "full")
 """The modes whose output is the pipeline's own decode, in the order `auto` prefers them."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class DecoderMemory:
-    """How one VAE class's decoder holds memory while it decodes."""
-
-    vae_class: str
-    """The diffusers class name."""
-    channels: int
-    """Output-side channel width of the config the constants below were counted on (a decoder's activations
-    scale with it)."""
-    values_per_pixel: float
-    """Live values per output pixel and per output frame of the chunk decoded at once, at the peak."""
-    values_per_area: float
-    """Live values per output pixel that do not grow with the chunk (feature caches of causal convolutions)."""
-    frames_at_once: int | None
-    """Output frames decoded at once without tiling; None: every frame (an image VAE: one)."""
-    output_copies: float
-    """Whole decoded outputs alive at the peak of a full decode (the result, and a concatenation's copy)."""
-    tile: tuple[int, int] | None
-    """(height, width) in output pixels of one tile with the VAE's own tiling; None: it cannot tile."""
-    tiled_output_copies: float = 1.0
-    """Whole outputs alive at a tiled decode's peak (the decoded tiles, their overlaps, the blended rows)."""
-    full_work: float = 1.0
-    """Decoder work of a full decode over one plain pass (overlapping temporal tiles decode frames twice)."""
-    tiled_work: float = 1.0
-    """Decoder work of a tiled decode over one plain pass: the tiles' overlaps are decoded twice."""
-    mask_compression: tuple[int, int] | None = None
-    """(spatial, temporal) compression of a decoder whose mid-block attention builds one mask over every pair of
-    latent tokens it decodes at once (HunyuanVideo 1.5's: (frames x h x w)^2 values beside the activations, in full
-    and tiled decodes; genbatch's patch-parallel attention builds none); None: no such mask."""
-
-    def work(self, mode: str) -> float:
-        """Decoder work in `mode` over one plain pass of the whole output."""
-        return self.tiled_work if mode == "tiled" and self.tile is not None else self.full_work
-
-    def scale(self, channels: int | None) -> float:
-        """How much larger a decoder of `channels` output-side channels is than the one measured."""
-        return 1.0 if not channels else channels / self.channels
-
-
-IMAGE = DecoderMemory(vae_class="AutoencoderKL", channels=128, values_per_pixel=768.0, values_per_area=0.0,
-                      frames_at_once=1, output_copies=1.0, tile=(1024, 1024), tiled_output_copies=3.0,
-                      tiled_work=(1 / 0.75) ** 2)
-"""FLUX / SD3 (block_out_channels 128, 256, 512, 512; sample_size 1024): 6 x 128 values a pixel at the last
-stage (3 GiB in fp32 at 1024x1024); tiles overlap by a quarter."""
-WAN = DecoderMemory(vae_class="AutoencoderKLWan", channels=96, values_per_pixel=1040.0, values_per_area=732.0,
-                    frames_at_once=4, output_copies=1.0, tile=(256, 256), tiled_output_copies=3.2,
-                    tiled_work=(256 / 192) ** 2)
-"""Wan 2.1 (base_dim 96): one latent frame (four output frames) at a time, the feature cache beside it."""
-QWEN_IMAGE = DecoderMemory(vae_class="AutoencoderKLQwenImage", channels=96, values_per_pixel=1040.0,
-                           values_per_area=732.0, frames_at_once=4, output_copies=1.0, tile=(256, 256),
-                           tiled_output_copies=3.2, tiled_work=(256 / 192) ** 2)
-"""Qwen-Image: Wan's decoder, decoding one frame."""
-QWEN_IMAGE_21 = DecoderMemory(vae_class="AutoencoderKLQwenImage21", channels=144, values_per_pixel=3067.0,
-                              values_per_area=0.0, frames_at_once=1, output_copies=1.0, tile=(256, 256),
-                              tiled_output_copies=3.2, tiled_work=(256 / 192) ** 2)
-"""Qwen-Image 2.1 (decoder_base_dim 144, dim_mult 1-2-4-8-8, RGBA out): one frame, no feature cache; counted 3,070
-values a pixel at 512^2 and 1024^2 (its 4 output channels included), and 208M values tiled at 1024^2 (256-pixel
-tiles every 192), on the meta device (bench/vae_memory.py's count)."""
-HUNYUAN_VIDEO = DecoderMemory(vae_class="AutoencoderKLHunyuanVideo", channels=128, values_per_pixel=1160.0,
-                              values_per_area=0.0, frames_at_once=17, output_copies=1.2, tile=(256, 256),
-                              tiled_output_copies=1.35, full_work=17 / 12, tiled_work=17 / 12 * (256 / 192) ** 2)
-"""HunyuanVideo (block_out_channels 128, 256, 512, 512): framewise decode (17-frame temporal tiles every 12 frames)
-is diffusers' default; tiling adds 256-pixel spatial tiles every 192 pixels."""
-COGVIDEOX = DecoderMemory(vae_class="AutoencoderKLCogVideoX", channels=128, values_per_pixel=2545.0,
-                          values_per_area=0.0, frames_at_once=9, output_copies=1.0, tile=(240, 360),
-                          tiled_output_copies=1.0, tiled_work=(1 / (1 - 1 / 6)) * (1 / (1 - 1 / 5)))
-"""CogVideoX and CogVideoX 1.5 (block_out_channels 128, 256, 256, 512; sample 480x720): the first batch of three
-latent frames (nine output frames) is the largest; tiles overlap by 1/6 of their height and 1/5 of their width."""
-
-LTX2_VIDEO = DecoderMemory(vae_class="AutoencoderKLLTX2Video", channels=256, values_per_pixel=48.0,
-                           values_per_area=0.0, frames_at_once=None, output_copies=1.0, tile=(512, 512),
-                           tiled_output_copies=1.5, tiled_work=(512 / 448) ** 2)
-"""LTX-2 (block_out_channels 256-2048, decoder 1024, 512, 256 halved by its upsamplers, 4x4 pixel patches): every
-frame at once (diffusers' default, no framewise decode); its last stage runs 128 channels at a quarter of the
-height and width, 8 values an output pixel and frame a tensor, about six alive in a resnet (48). Estimated from
-the layout, not counted by bench/vae_memory.py; tiles of 512 pixels every 448."""
-
-FLUX2 = DecoderMemory(vae_class="AutoencoderKLFlux2", channels=128, values_per_pixel=768.0, values_per_area=0.0,
-                      frames_at_once=1, output_copies=1.0, tile=(1024, 1024), tiled_output_copies=3.0,
-                      tiled_work=(1 / 0.75) ** 2)
-"""FLUX.2 (`AutoencoderKLFlux2`, the published `AutoencoderKLFlux2()` config): diffusers' Decoder at FLUX.1's widths
-(128, 256, 512, 512; three resnets a stage), so the image VAE's figures; its latent has 32 channels, which only
-the first convolution sees."""
-
-HUNYUAN_VIDEO15 = DecoderMemory(vae_class="AutoencoderKLHunyuanVideo15", channels=128, values_per_pixel=768.0,
-                                values_per_area=0.0, frames_at_once=None, output_copies=1.0, tile=(256, 256),
-                                tiled_output_copies=1.3, tiled_work=(256 / 192) ** 2, mask_compression=(16, 4))
-"""HunyuanVideo 1.5 (block_out_channels 128, 256, 512, 1024, 1024; 16x spatial): every frame at once, 6 x 128 values a
-pixel and frame at the last stage (counted 768.0 on the meta device from 128x128 x 9 to 256x256 x 5), beside its
-mid-block mask over every pair of latent tokens; tiled, 256-pixel tiles every 192 pixels over every frame (counted
-785 and 812 values a tile pixel with about 1.0 and 1.2 outputs at 768x512 and 1024x768 x 5)."""
-
-DECODERS: dict[str, DecoderMemory] = {memory.vae_class: memory for memory in (
-    IMAGE, WAN, QWEN_IMAGE, QWEN_IMAGE_21, HUNYUAN_VIDEO, COGVIDEOX, LTX2_VIDEO, FLUX2, HUNYUAN_VIDEO15)}
-"""Every VAE class the planner models, by class name."""
-
-
-def decoder_memory(vae_class: str, *, is_video: bool) -> DecoderMemory:
-    """The model of `vae_class`; an unknown or unnamed class is taken for Wan's decoder (video) or the image VAE."""
-    return DECODERS.get(vae_class) or (WAN if is_video else IMAGE)
 
 
 def first_fitting(modes: Sequence[str], needs: Callable[[str], float], limit: float) -> str:
@@ -192,5 +91,4 @@ def decode_peak_bytes(memory: DecoderMemory, mode: str, *, width: int, height: i
     return values * bytes_per_value
 
 
-__all__ = ["DECODERS", "DECODE_MODES", "EXACT_MODES", "DecoderMemory", "decode_peak_bytes", "decoder_memory",
-           "first_fitting"]
+__all__ = ["DECODE_MODES", "EXACT_MODES", "DecoderMemory", "decode_peak_bytes", "first_fitting"]

@@ -20,7 +20,8 @@ import torch
 
 from genbatch.parallel.context import ParallelContext
 from genbatch.planner.memory import DECODE_CHOICES
-from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, decoder_memory, first_fitting
+from genbatch.models.registry import vae_costs_of_class
+from genbatch.planner.vae_memory import EXACT_MODES, decode_peak_bytes, first_fitting
 
 
 def can_tile(vae) -> bool:
@@ -133,7 +134,7 @@ class Decoder:
             self.check(vae)
             return "full" if self.mode == "parallel" and self.ctx.group.size == 1 else self.mode
         width, height, frames = size
-        memory = decoder_memory(type(vae).__name__, is_video=latents.ndim == 5)
+        memory = vae_costs_of_class(type(vae).__name__, is_video=latents.ndim == 5).decoder
         channels, tile, value = _channels(vae), _tile(vae), latents.element_size()
         limit = self.memory_bytes if self.memory_bytes is not None else device_memory_bytes(self.ctx.device)
         budget = limit - _group_in_use_bytes(self.ctx)

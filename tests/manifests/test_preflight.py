@@ -26,7 +26,7 @@ def no_model_rows(write_manifest):
     ("flags", "option", "says"),
     [
         (("--model", "/typo/dir"), "--model", "--model '/typo/dir': model '/typo/dir' is not a preset"),
-        (("--model", "tiny-flx"), "--model", "did you mean 'tiny-flux'?"),
+        (("--model", "tiny-flx"), "--model", "did you mean 'tiny-flux'"),
         (("--model", "tiny-wan", "--height", "50"), "--height", "--height 50 cannot be used with model tiny-wan"),
         (("--model", "tiny-wan", "--frames", "8"), "--frames", "8 is not of the form 4k+1 (use 5)"),
         ((), "--model", f"{ROWS} of {ROWS} rows have no `model` value and no --model was given"),

@@ -166,9 +166,6 @@ def test_the_published_shapes_plan():
     from genbatch.cli import main
     from genbatch.planner.shapes import resolve_shape
 
-    for name in ("hunyuan-video-15", "hunyuan-video-15-i2v"):
-        for published in family(name).published:
-            assert resolve_shape(published.name) == published
     shape = resolve_shape("hunyuanvideo-1.5-720p")
     assert (shape.width, shape.height, shape.frames, shape.num_heads, shape.text_tokens) == (1280, 720, 121, 16, 1985)
     # 31 latent frames of 45 x 80 tokens (VAE 16x, patch 1), then the text
@@ -322,15 +319,16 @@ def test_a_batch_the_step_cache_and_compile_equal_one_row_uncached_and_eager(tmp
 
 
 def test_the_planner_prices_the_vae_as_it_decodes_and_encodes():
-    from genbatch.planner.vae_encode import encode_peak_bytes, encoder_memory
-    from genbatch.planner.vae_memory import decode_peak_bytes, decoder_memory
+    from genbatch.models.vae_costs import HUNYUAN_VIDEO15_VAE
+    from genbatch.planner.vae_encode import encode_peak_bytes
+    from genbatch.planner.vae_memory import decode_peak_bytes
 
-    memory = decoder_memory("AutoencoderKLHunyuanVideo15", is_video=True)
+    memory = HUNYUAN_VIDEO15_VAE.decoder
     gib = lambda mode, ranks=1: decode_peak_bytes(memory, mode, width=1280, height=720, frames=121,  # noqa: E731
                                                   ranks=ranks, bytes_per_value=2) / 2**30
     # every frame at once, and the mid-block mask over 31 x 45 x 80 latent tokens squared (23 GiB of it)
     assert gib("full") > 141 > 2 * gib("parallel", 8) and gib("tiled") < 0.5 * gib("full")
-    encoder = encoder_memory("AutoencoderKLHunyuanVideo15", is_video=True)
+    encoder = HUNYUAN_VIDEO15_VAE.encoder
     one = encode_peak_bytes(encoder, width=1280, height=720, frames=1, bytes_per_value=2)
     assert 0.45 * one < encode_peak_bytes(encoder, width=1280, height=720, frames=1, ranks=2, bytes_per_value=2) < one
 

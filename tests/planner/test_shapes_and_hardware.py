@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from genbatch.models import UnknownModelError, resolve_model
+from genbatch.models import UnknownModelError, families, resolve_model
 from genbatch.planner.hardware import GPUS, make_cluster
 from genbatch.planner.shapes import PUBLISHED, resolve_shape
 
@@ -42,6 +44,16 @@ def test_every_issue_model_is_published_with_consistent_facts():
     assert resolve_shape("FLUX.1-dev").name == "FLUX.1-dev"
 
 
+def test_a_published_model_is_its_family_record_by_name_or_hub_id():
+    for family in families().values():
+        for published in family.published:
+            shape = resolve_shape(published.name)
+            assert (shape.family, shape.hub_id, shape.parameters, shape.vae_costs) == (
+                family.name, published.hub_id, published.parameters, family.vae_costs), published.name
+            assert replace(resolve_shape(published.hub_id), name=published.name) == shape
+            assert resolve_shape(published.hub_id + "@main").hub_id == published.hub_id
+
+
 def test_presets_come_through_resolve_model():
     spec = resolve_model("tiny-wan")
     shape = resolve_shape("tiny-wan")
@@ -71,9 +83,7 @@ def test_a_hunyuan_video_directory_is_priced_with_its_own_vae_and_all_reduces(tm
     shape = resolve_shape(str(tmp_path))
     published = resolve_shape("hunyuanvideo")
     assert shape.vae_class == published.vae_class == "AutoencoderKLHunyuanVideo"
-    assert (shape.vae_mflop_per_pixel, shape.vae_gib_per_mpx) == (published.vae_mflop_per_pixel,
-                                                                  published.vae_gib_per_mpx)
-    assert shape.vae_mflop_per_pixel != resolve_shape("tiny-wan").vae_mflop_per_pixel  # not Wan's VAE
+    assert shape.vae_costs == published.vae_costs != resolve_shape("tiny-wan").vae_costs  # not Wan's VAE
     assert shape.tp_all_reduces == 1.5  # one dual-stream block (2) and one single-stream block (1)
 
 

@@ -16,7 +16,8 @@ from genbatch.planner.memory import memory_per_rank, vae_encode_gib
 from genbatch.planner.rank import workload_for
 from genbatch.planner.report import format_table
 from genbatch.planner.shapes import resolve_shape
-from genbatch.planner.vae_encode import WAN_ENCODER, encode_peak_bytes
+from genbatch.models.vae_costs import WAN_ENCODER
+from genbatch.planner.vae_encode import encode_peak_bytes
 
 GIB = 2**30
 I2V = "wan2.1-i2v-14b"

@@ -11,7 +11,8 @@ from genbatch.planner.cost import estimate
 from genbatch.planner.hardware import make_cluster
 from genbatch.planner.memory import choose_decode, decode_modes, memory_per_rank
 from genbatch.planner.shapes import resolve_shape
-from genbatch.planner.vae_memory import COGVIDEOX, HUNYUAN_VIDEO, IMAGE, WAN, decode_peak_bytes
+from genbatch.models.vae_costs import COGVIDEOX, HUNYUAN_VIDEO, IMAGE, WAN
+from genbatch.planner.vae_memory import decode_peak_bytes
 from genbatch.planner.workload import make_workload
 
 GIB = 2**30

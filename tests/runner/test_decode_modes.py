@@ -12,7 +12,8 @@ import torch
 
 from genbatch.models import resolve_model
 from genbatch.planner.shapes import resolve_shape
-from genbatch.planner.vae_memory import decode_peak_bytes, decoder_memory
+from genbatch.models.registry import vae_costs_of_class
+from genbatch.planner.vae_memory import decode_peak_bytes
 from genbatch.runner.decode import mode_problem
 from tests.support.distributed import run_on_ranks
 from tests.support.runs import run_cli, write_manifest
@@ -32,7 +33,7 @@ def _flux_vae():
 
 def _peak(vae, mode: str, ranks: int = 1, side: int = 128) -> float:
     """The planner's decode peak of a `side`-pixel square image in fp32."""
-    return decode_peak_bytes(decoder_memory(type(vae).__name__, is_video=False), mode, width=side, height=side,
+    return decode_peak_bytes(vae_costs_of_class(type(vae).__name__, is_video=False).decoder, mode, width=side, height=side,
                              frames=None, ranks=ranks, bytes_per_value=4, channels=vae.config["block_out_channels"][0],
                              tile=(vae.tile_sample_min_size,) * 2)
 
@@ -118,7 +119,9 @@ def test_gen_run_writes_each_jobs_mode_to_its_results_row(tmp_path):
 def test_a_mode_the_vae_cannot_run_stops_the_run_at_start_up(tmp_path):
     assert "no patch-parallel decode for AutoencoderKLHunyuanVideo" in mode_problem(
         "parallel", resolve_model("tiny-hunyuan-video"))
-    no_tiling = replace(resolve_shape("tiny-wan"), vae_class="AutoencoderSAME")  # diffusers: no enable_tiling
+    wan = resolve_shape("tiny-wan")
+    no_tiling = replace(wan, vae_costs=replace(wan.vae_costs, decoder=replace(wan.vae_costs.decoder,
+                                                                              vae_class="AutoencoderSAME")))  # diffusers: no enable_tiling
     assert "has no tiling of its own" in mode_problem("tiled", no_tiling)
     assert mode_problem("tiled", resolve_model("tiny-wan")) is None and mode_problem("auto", no_tiling) is None
     manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a cat"}])
