@@ -59,7 +59,7 @@ def largest_batch_for(model: str | ModelSpec | ModelShape, width: int | None, he
     shape = resolve_shape(model)
     if guidance is not None and guidance <= 1.0 and shape.uses_cfg:
         shape = replace(shape, uses_cfg=False)  # one forward a step, as the model runs such a row
-    work = workload_for(model, shape, width=width, height=height, frames=frames, steps=steps,
+    work = workload_for(shape, width=width, height=height, frames=frames, steps=steps,
                         offload_text_encoder=offload_text_encoder, image=image)
     return largest_batch(dims, work, gpu_mem_gib, most=most, decode=decode)
 

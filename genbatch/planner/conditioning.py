@@ -1,7 +1,7 @@
 """What an image-conditioned job's VAE encodes before it denoises: whether the model takes an image, and the
 pixels and frames its encoder sees.
 
-    encode_input("wan2.1-i2v-14b", resolve_shape("wan2.1-i2v-14b"), width=1280, height=720, frames=81)
+    encode_input(resolve_shape("wan2.1-i2v-14b"), width=1280, height=720, frames=81)
     # EncodeInput(width=1280, height=720, frames=81, what='conditioning video')
 
 Each family encodes as its diffusers pipeline does (the family modules' docstrings):
@@ -16,58 +16,32 @@ Each family encodes as its diffusers pipeline does (the family modules' docstrin
 
 The planner does not see the images, so it takes the input's aspect ratio for the output's (`gen plan
 --input-size WxH` gives the resized input instead). Each family says how it encodes on its record
-(`ModelFamily.image_encode`).
+(`ModelFamily.image_encode`), and a shape (a `ModelSpec`) which media its rows take.
 """
 
 from __future__ import annotations
 
 import math
 
-from genbatch.models import families, family, resolve_model
-from genbatch.models.shapes import ImageEncode
-from genbatch.models.spec import ModelSpec, UnknownModelError
-from genbatch.planner.shapes import ModelShape, PUBLISHED
+from genbatch.models import families
+from genbatch.models.shapes import ImageEncode, ModelShape
 from genbatch.planner.workload import EncodeInput
 
 
-def _published_encode(name: str) -> ImageEncode | None:
-    """How the family a published shape is listed under encodes an image; None for a text-only family, a
-    planned-only model or another name."""
-    for record in families().values():
-        if any(shape.name == name for shape in record.published):
-            return record.image_encode
-    return None
-
-
-def _model_encodes(model: str | ModelSpec | ModelShape, shape: ModelShape) -> ImageEncode | None:
-    """How `model`'s rows encode an image, from its spec where there is one (a preset or a directory says which
-    media it takes, and its defaults the input's area), else from the family that publishes the shape."""
-    spec = model if isinstance(model, ModelSpec) else None
-    if spec is None and isinstance(model, str) and model.lower() not in PUBLISHED:
-        try:
-            spec = resolve_model(model)
-        except UnknownModelError:
-            spec = None
-    if spec is not None:
-        if not spec.media_inputs:
-            return None
-        encodes = family(spec.family).image_encode or ImageEncode(video=spec.is_video)
-        required = bool(spec.media_required)
-        defaults = spec.defaults
-        area = encodes.area
-        if "input_area" in defaults:
-            area = int(defaults["input_area"])
-        if defaults.get("auto_resize") == 0:
-            area = None  # the image's own size: taken at the output's
-        # Wan 2.2 TI2V: the image is optional and replaces the first latent frame, so only it is encoded
-        video = encodes.video and required
-        return ImageEncode(video=video, area=area, multiple=encodes.multiple, required=required)
-    encodes = _published_encode(model.lower() if isinstance(model, str) else shape.name)
-    if encodes is not None:
-        return encodes
-    if shape.joins_image_tokens:  # an edit model the planner knows by shape alone
-        return ImageEncode(video=False, area=None, required=True)
-    return None
+def _model_encodes(shape: ModelShape) -> ImageEncode | None:
+    """How the rows of the model of `shape` encode an image: its family's way (`ModelFamily.image_encode`), with
+    what its spec says (which media it takes, whether they are required, its defaults' input area); None when it
+    takes no image."""
+    if not shape.media_inputs:
+        return None
+    record = families().get(shape.family)
+    encodes = (record.image_encode if record is not None else None) or ImageEncode(video=shape.is_video)
+    required = bool(shape.media_required)
+    area = int(shape.defaults["input_area"]) if "input_area" in shape.defaults else encodes.area
+    if shape.defaults.get("auto_resize") == 0:
+        area = None  # the image's own size: taken at the output's
+    # Wan 2.2 TI2V: the image is optional and replaces the first latent frame, so only it is encoded
+    return ImageEncode(video=encodes.video and required, area=area, multiple=encodes.multiple, required=required)
 
 
 def resized(width: int, height: int, area: int, multiple: int) -> tuple[int, int]:
@@ -79,18 +53,12 @@ def resized(width: int, height: int, area: int, multiple: int) -> tuple[int, int
     return new_width, new_height
 
 
-def takes_image(model: str | ModelSpec | ModelShape, shape: ModelShape) -> bool:
-    """True when `model`'s rows can start from an image."""
-    return _model_encodes(model, shape) is not None
-
-
-def encode_input(model: str | ModelSpec | ModelShape, shape: ModelShape, *, width: int, height: int,
-                 frames: int | None, image: bool | None = None,
+def encode_input(shape: ModelShape, *, width: int, height: int, frames: int | None, image: bool | None = None,
                  input_size: tuple[int, int] | None = None) -> EncodeInput | None:
-    """What `model`'s VAE encodes for a job of `width` x `height` (x `frames`), or None when the job starts from
+    """What the VAE of the model of `shape` encodes for a job of `width` x `height` (x `frames`), or None when the job starts from
     noise alone. `image`: whether the jobs carry an image (None: the model's way, with one if it takes one);
     `input_size`: the resized input image's (width, height) instead of the one derived from the output's size."""
-    encodes = _model_encodes(model, shape)
+    encodes = _model_encodes(shape)
     if encodes is None:
         if image:
             raise ValueError(f"{shape.name} takes no image (it generates from text alone); drop --image")
@@ -119,4 +87,4 @@ def encode_input(model: str | ModelSpec | ModelShape, shape: ModelShape, *, widt
     return EncodeInput(width=in_width, height=in_height, frames=None, what=what)
 
 
-__all__ = ["encode_input", "resized", "takes_image"]
+__all__ = ["encode_input", "resized"]

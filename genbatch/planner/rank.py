@@ -280,25 +280,25 @@ def plan(
     shape = resolve_shape(model)
     if guidance is not None and guidance <= 1.0 and shape.uses_cfg:
         shape = replace(shape, uses_cfg=False)  # one forward a step, as the model runs such a row
-    work = workload_for(model, shape, width=width, height=height, frames=frames, steps=steps,
+    work = workload_for(shape, width=width, height=height, frames=frames, steps=steps,
                         offload_text_encoder=offload_text_encoder, image=image, input_size=input_size,
                         batch_size=batch_size)
     return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile,
                 decode=decode, cache=cache)
 
 
-def workload_for(model: str | ModelSpec | ModelShape, shape: ModelShape, *, width: int | None = None,
-                 height: int | None = None, frames: int | None = None, steps: int | None = None,
-                 offload_text_encoder: bool = False, image: bool | None = None,
-                 input_size: tuple[int, int] | None = None, batch_size: int = 1) -> Workload:
-    """One job of `model` (resolved to `shape`) as `plan` prices it: the model's defaults filling what is not
-    given, the VAE encode its image needs (`conditioning.encode_input`), `batch_size` rows a forward. An edit
-    model's jobs without an image (`image=False`) attend over the output's tokens alone."""
+def workload_for(shape: ModelShape, *, width: int | None = None, height: int | None = None,
+                 frames: int | None = None, steps: int | None = None, offload_text_encoder: bool = False,
+                 image: bool | None = None, input_size: tuple[int, int] | None = None,
+                 batch_size: int = 1) -> Workload:
+    """One job of the model of `shape` as `plan` prices it: the model's defaults filling what is not given, the
+    VAE encode its image needs (`conditioning.encode_input`), `batch_size` rows a forward. An edit model's jobs
+    without an image (`image=False`) attend over the output's tokens alone."""
     if image is False and shape.joins_image_tokens:
         shape = replace(shape, joins_image_tokens=False)
     work = make_workload(shape, width=width, height=height, frames=frames, steps=steps,
                          offload_text_encoder=offload_text_encoder, batch=batch_size)
-    encode = encode_input(model, shape, width=work.width, height=work.height, frames=work.frames, image=image,
+    encode = encode_input(shape, width=work.width, height=work.height, frames=work.frames, image=image,
                           input_size=input_size)
     return replace(work, encode=encode)
 

@@ -32,7 +32,6 @@ from genbatch.models.scheduler_state import restore_scheduler, scheduler_state
 from genbatch.parallel.cache.agreement import decision_comm
 from genbatch.parallel.cache.session import SKIPPED
 from genbatch.parallel.cfg import BranchExchange
-from genbatch.parallel.comm import Comm
 from genbatch.parallel.context import ParallelContext
 from genbatch.parallel.features import start_hooks
 from genbatch.parallel.job_hooks import JobStart, RunFeatures

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from genbatch.models import family
 from genbatch.planner import plan
 from genbatch.planner.hardware import GIB
 from genbatch.planner.shapes import resolve_shape

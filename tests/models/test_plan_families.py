@@ -9,7 +9,6 @@ import pytest
 from click.testing import CliRunner
 
 from genbatch.cli import main
-from genbatch.models import family
 from genbatch.planner.shapes import resolve_shape
 
 

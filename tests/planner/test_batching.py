@@ -20,7 +20,7 @@ from genbatch.planner.shapes import resolve_shape
 
 
 def _work(model: str, **options):
-    return workload_for(model, resolve_shape(model), **options)
+    return workload_for(resolve_shape(model), **options)
 
 
 def test_a_batch_grows_the_activations_not_the_weights_nor_the_vae():

@@ -24,7 +24,7 @@ I2V = "wan2.1-i2v-14b"
 
 
 def _work(model: str, **options):
-    return workload_for(model, resolve_shape(model), **options)
+    return workload_for(resolve_shape(model), **options)
 
 
 def test_each_model_encodes_what_its_pipeline_encodes():
@@ -51,7 +51,7 @@ def test_image_flags_are_checked_against_the_model():
     with pytest.raises(ValueError, match="starts from an image; drop --no-image"):
         _work("qwen-image-edit", image=False)
     with pytest.raises(ValueError, match="output's size; drop --input-size"):
-        encode_input(I2V, resolve_shape(I2V), width=1280, height=720, frames=81, input_size=(640, 480))
+        encode_input(resolve_shape(I2V), width=1280, height=720, frames=81, input_size=(640, 480))
     # Kontext without an image runs as FLUX.1: no encode, and the output's tokens alone
     plain = _work("flux.1-kontext-dev", image=False)
     assert plain.encode is None and plain.sequence == _work("flux.1-dev").sequence
