@@ -56,7 +56,7 @@ def _compiled(model):
     from genbatch.models import family
     from genbatch.parallel.compile import CompileConfig, compile_units
 
-    plan = family("wan").transformer_plan(type(model).__name__)
+    plan = family("wan").transformer_parts(type(model).__name__)
     compile_units(model, plan.compile_units, CompileConfig(backend="inductor"))
     return model
 

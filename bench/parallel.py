@@ -86,7 +86,7 @@ def main() -> None:
         parameters = sum(p.numel() for p in WanTransformer3DModel.from_pretrained(model_dir, subfolder="transformer").parameters())
         latent = spec.latent_shape(args.size, args.size, args.frames)
         tokens = spec.tokens(args.size, args.size, args.frames)
-        plan = family("wan").transformer_plan("WanTransformer3DModel").tensor_plan
+        plan = family("wan").transformer_parts("WanTransformer3DModel").tensor_splits
         shape = StepShape(
             tokens=tokens, width=spec.hidden_size, layers=spec.num_layers,
             parameters=parameters, prediction_values=16 * latent[0] * latent[1] * latent[2],

@@ -4,7 +4,7 @@
 
 The real-size Wan 2.1 T2V 1.3B transformer (`wan2.1-1.3b-random` of `genbatch.benchmark.models`: the real
 config, random weights saved once in bf16 by `materialize`) is loaded by `--tp` gloo processes on the CPU, in
-bf16 (its `_keep_in_fp32_modules` in fp32), and split over tp by its family's tensor plan:
+bf16 (its `_keep_in_fp32_modules` in fp32), and split over tp by its family's tensor splits:
 
     shards  genbatch's `--tp` path from a directory: the transformer built with its parameters on the meta
             device, split, then each rank reads its own blocks from the safetensors (`parallel.tensor.checkpoint`)

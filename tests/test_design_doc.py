@@ -80,3 +80,23 @@ def test_the_family_recipe_is_two_files():
     section = _section("A model family")
     assert re.findall(r"^\d\. `(genbatch/[\w/.<>]+)`", section, re.M) == ["genbatch/models/<family>.py",
                                                                          "genbatch/models/registry.py"]
+
+
+def test_plan_names_the_planners_work_alone():
+    """Section 7: outside the planner, no name in genbatch/ says "plan" but the planner's own (its package, `gen
+    plan`'s command) and diffusers' tables (`_cp_plan`, `_tp_plan`)."""
+    import tokenize
+
+    allowed = {"planner", "plan_command", "_cp_plan", "_tp_plan"}
+    root = Path(__file__).resolve().parents[1] / "genbatch"
+    found = set()
+    for path in root.rglob("*.py"):
+        if "planner" in path.relative_to(root).parts:
+            continue
+        with open(path, "rb") as handle:
+            found |= {(token.string, path.name) for token in tokenize.tokenize(handle.readline)
+                      if token.type == tokenize.NAME and "plan" in token.string.lower()
+                      and token.string not in allowed}
+    # --layout auto asks the planner for its plan: the one use outside the package
+    assert found == {("plan", "auto_layout.py")}
+    assert "## 7. Words" in DESIGN.read_text() and "| plan | the planner's recommendation" in DESIGN.read_text()

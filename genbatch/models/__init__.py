@@ -1,14 +1,14 @@
 """One module per model family: spec reading, denoise hooks, blocks and attention streams, sequence-parallel
-plans, VAE decode rules, tiny presets and planner shape facts.
+split points, VAE decode rules, tiny presets and planner shape facts.
 
 The API a family module is written against (`genbatch/models/wan.py` is the model to copy):
 - `base.ModelFamily`: the one record a family module builds, as `FAMILY`; its fields say which layer reads
   them. With it: `Blocks` (before / repeated / after), `AttentionSite` (pattern, `SELF`/`JOINT`/`CROSS`,
-  streams), `TransformerPlan` (blocks, attention, `SequenceSplits` with its `Split` / `Gather` points, and
-  the empty room for the tensor-parallel plan, compile units and stage boundaries), `TinyPreset` (configs from `tiny_configs`,
+  streams), `TransformerParts` (blocks, attention, `SequenceSplits` with its `Split` / `Gather` points, and
+  the empty room for the tensor-parallel splits, compile units and stage boundaries), `TinyPreset` (configs from `tiny_configs`,
   defaults, a `build(meta)` function), the text encoders' blocks (`T5_ENCODER`, `CLIP_TEXT_ENCODER`,
   `CLIP_TEXT_ENCODER_WITH_PROJECTION`), and `transformer_spec` for `read_spec`.
-- `hooks`: the `Family` protocol the denoise hooks implement (encode, trajectory, predict, combine,
+- `hooks`: the `FamilyHooks` protocol the denoise hooks implement (encode, trajectory, predict, combine,
   vae_input, postprocess), with `Conditioning`, `Trajectory`, `COND` / `UNCOND`, `classifier_free_guidance`.
 - `shapes.ModelShape`: a published model as the planner sees it (`ModelFamily.published`).
 - `vae_rules`: decoder class -> rule kind tables (`AUTOENCODER_KL`, `AUTOENCODER_KL_WAN`).

@@ -1,7 +1,7 @@
 """The record a model family fills in: everything genbatch knows about one family, as data plus its hooks.
 
 A family module (`genbatch/models/wan.py`, ...) builds one `ModelFamily` named `FAMILY` and is listed once in
-`genbatch.models.registry`. Nothing here imports torch: specs, shapes and plans are plain data, and the
+`genbatch.models.registry`. Nothing here imports torch: specs, shapes and parts are plain data, and the
 family's denoise hooks (`ModelFamily.hooks`, see `genbatch.models.hooks`) import torch and diffusers inside
 their methods, so `gen validate` and `gen plan` read a family without loading either.
 
@@ -10,8 +10,8 @@ What each field is for, by reader:
 - the denoise loop (`genbatch.runner`): `hooks`;
 - FSDP per block, compile units and stage splits (`genbatch.parallel`): `transformers[cls].blocks`,
   `text_encoders`;
-- sequence parallel (`genbatch.parallel.plans`): `transformers[cls].attention` and `transformers[cls].sequence`;
-- tensor parallel (`genbatch.parallel.tensor`): `transformers[cls].tensor_plan`;
+- sequence parallel (`genbatch.parallel.routing`): `transformers[cls].attention` and `transformers[cls].sequence`;
+- tensor parallel (`genbatch.parallel.tensor`): `transformers[cls].tensor_splits`;
 - patch-parallel VAE decode (`genbatch.parallel.vae`): `vae_classes`, `vae_rules`;
 - the planner (`genbatch.planner`): `published` (and the spec itself for presets and directories), `vae_costs`;
 - step caching (`genbatch.parallel.cache`): `teacache`, the models with published TeaCache coefficients.
@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from genbatch.models.spec import ModelSpec
 
 if TYPE_CHECKING:
-    from genbatch.models.hooks import Family
+    from genbatch.models.hooks import FamilyHooks
     from genbatch.models.shapes import ImageEncode, Published
     from genbatch.models.vae_costs import VaeCosts
 
@@ -56,7 +56,7 @@ JOINT = "joint"
 CROSS = "cross"
 """Cross-attention from split queries to replicated keys/values (text): needs no communication."""
 SPLIT_KEYS = "split_keys"
-"""Attention from queries every rank holds whole (a stream the plan leaves unsplit: LTX-2's audio) to the keys of
+"""Attention from queries every rank holds whole (a stream the split points leave unsplit: LTX-2's audio) to the keys of
 split streams (LTX-2's video-to-audio attention): each rank attends to its own keys and the partial results merge
 on their log-sum-exp over the sequence group, whatever the run's attention strategy."""
 
@@ -106,7 +106,7 @@ class Gather:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SequenceSplits:
     """Where sequence parallelism splits and gathers a transformer; the attention modules it routes and their
-    streams are the plan's `AttentionSite`s (all but `CROSS`)."""
+    streams are the class's `AttentionSite`s (all but `CROSS`)."""
 
     points: Mapping[str, Mapping[str | int, Split] | Gather] = field(default_factory=dict)
     """Module name (or glob, e.g. `transformer_blocks.*`) -> its split points by input name or output index,
@@ -148,7 +148,7 @@ TENSOR_STYLES = (COLWISE, ROWWISE, PACKED_COLWISE, PACKED_ROWWISE, GATHERED_COLW
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TensorPlan:
+class TensorSplits:
     """Where tensor parallelism splits a transformer, as data (diffusers' `_tp_plan` is the model)."""
 
     styles: Mapping[str, str] = field(default_factory=dict)
@@ -190,7 +190,7 @@ def dual_stream_styles(blocks: str) -> dict[str, str]:
 
 def single_stream_styles(blocks: str) -> dict[str, str]:
     """The tensor styles of a list of single-stream blocks (attention and MLP side by side, one fused output
-    projection over [attention, MLP]: HunyuanVideo's, as diffusers' FLUX plan splits FLUX's)."""
+    projection over [attention, MLP]: HunyuanVideo's, as diffusers' FLUX `_tp_plan` splits FLUX's)."""
     attn = f"{blocks}.*.attn"
     return {**{f"{attn}.{name}": COLWISE for name in ("to_q", "to_k", "to_v")}, attn: HEADS,
             f"{blocks}.*.proj_mlp": COLWISE, f"{blocks}.*.proj_out": PACKED_ROWWISE,
@@ -198,8 +198,8 @@ def single_stream_styles(blocks: str) -> dict[str, str]:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class TransformerPlan:
-    """One denoising transformer class: its blocks, its attention, and the plans parallelism applies to it."""
+class TransformerParts:
+    """One denoising transformer class: its blocks, its attention, and where each parallel method splits it."""
 
     blocks: Blocks
     """Before / repeated / after."""
@@ -207,8 +207,8 @@ class TransformerPlan:
     """Every attention module of the class, with the streams it sees."""
     sequence: SequenceSplits | None = None
     """Its sequence-parallel split/gather points (None: no sequence parallelism for this class)."""
-    tensor_plan: TensorPlan | None = None
-    """Its tensor-parallel plan (None: no tensor parallelism for this class; `--tp` above 1 exits 2)."""
+    tensor_splits: TensorSplits | None = None
+    """Its tensor-parallel splits (None: no tensor parallelism for this class; `--tp` above 1 exits 2)."""
     compile_units: tuple[str, ...] = ()
     """Module name globs, matched part by part (`blocks.*` is each block, not its submodules), whose `forward`
     `--compile` compiles one unit each (`genbatch.parallel.compile`): the repeated blocks. Empty: the class is
@@ -292,16 +292,16 @@ class ModelFamily:
     """The defaults of the pipeline's `__call__` (None: derived from the model's config)."""
     read_spec: ReadSpec
     """Builds a `ModelSpec` from the transformer's and VAE's configs."""
-    hooks: Family
+    hooks: FamilyHooks
     """The denoise hooks: encode, trajectory (noise and scheduler), predict, combine, VAE input, postprocess."""
-    transformers: Mapping[str, TransformerPlan]
-    """Transformer class name -> its plan (the denoising components, e.g. Wan 2.2's two experts)."""
+    transformers: Mapping[str, TransformerParts]
+    """Transformer class name -> its parts (the denoising components, e.g. Wan 2.2's two experts)."""
     denoisers: tuple[str, ...] = ("transformer",)
     """Pipeline components that run the denoising forward."""
     text_encoders: Mapping[str, Blocks] = field(default_factory=dict)
     """Text encoder class name -> its blocks (FSDP shards them per block too)."""
-    text_encoder_plans: Mapping[str, TensorPlan] = field(default_factory=dict)
-    """Text encoder class name -> its tensor plan (`--text-encoder-parallel tp`); a class without one stays whole."""
+    text_encoder_splits: Mapping[str, TensorSplits] = field(default_factory=dict)
+    """Text encoder class name -> its tensor splits (`--text-encoder-parallel tp`); a class without one stays whole."""
     vae_classes: tuple[str, ...] = ()
     """Qualified names (`module:Class`) of the VAE classes patch-parallel decode covers; empty: the VAE
     decodes on one rank."""
@@ -322,19 +322,19 @@ class ModelFamily:
     """How the family's rows feed an image to the VAE encoder, as its pipeline does (the planner prices the
     encode); None: its rows start from noise alone."""
 
-    def transformer_plan(self, class_name: str) -> TransformerPlan:
-        """The plan of one of the family's transformer classes; ValueError naming the known ones."""
+    def transformer_parts(self, class_name: str) -> TransformerParts:
+        """The parts of one of the family's transformer classes; ValueError naming the known ones."""
         try:
             return self.transformers[class_name]
         except KeyError:
             raise ValueError(
                 f"{class_name} is not a transformer of the {self.name} family (it has {sorted(self.transformers)}); "
-                "add its TransformerPlan to the family module"
+                "add its TransformerParts to the family module"
             ) from None
 
     def masks_attention(self) -> bool:
         """True when some transformer of the family attends with a key-padding mask (`AttentionSite.masked`)."""
-        return any(site.masked for plan in self.transformers.values() for site in plan.attention)
+        return any(site.masked for parts in self.transformers.values() for site in parts.attention)
 
 
 def encoder_styles(layers: str, attention: str, projections: tuple[str, str, str, str], mlp: str,
@@ -355,24 +355,24 @@ CLIP_TEXT_ENCODER_WITH_PROJECTION = Blocks(before=("text_model.embeddings",), re
                                            after=("text_model.final_layer_norm", "text_projection"))
 """A CLIP text encoder with its projection, `CLIPTextModelWithProjection` (SD3's)."""
 
-T5_TENSOR_PLAN = TensorPlan(styles={
+T5_TENSOR_SPLITS = TensorSplits(styles={
     **encoder_styles("encoder.block", "layer.0.SelfAttention", ("q", "k", "v", "o"), "layer.1.DenseReluDense",
                      ("wi", "wi_0", "wi_1"), "wo"),
     # the relative position bias has one column per head: each rank keeps its heads' columns
     "encoder.block.*.layer.0.SelfAttention.relative_attention_bias": COLWISE,
 })
 """A T5 / UMT5 encoder split over the job group (`--text-encoder-parallel tp`): heads, the gated or plain MLP."""
-CLIP_TENSOR_PLAN = TensorPlan(styles=encoder_styles("encoder.layers", "self_attn", ("q_proj", "k_proj", "v_proj",
+CLIP_TENSOR_SPLITS = TensorSplits(styles=encoder_styles("encoder.layers", "self_attn", ("q_proj", "k_proj", "v_proj",
                                                                                    "out_proj"), "mlp", ("fc1",), "fc2"))
 """A CLIP text encoder (`CLIPTextModel`) split over the job group."""
-CLIP_WITH_PROJECTION_TENSOR_PLAN = TensorPlan(styles={f"text_model.{name}": style
-                                                      for name, style in CLIP_TENSOR_PLAN.styles.items()})
+CLIP_WITH_PROJECTION_TENSOR_SPLITS = TensorSplits(styles={f"text_model.{name}": style
+                                                      for name, style in CLIP_TENSOR_SPLITS.styles.items()})
 """`CLIPTextModelWithProjection` (SD3's): the same layers under `text_model`."""
 
 
-def decoder_tensor_plan(layers: str) -> TensorPlan:
+def decoder_tensor_splits(layers: str) -> TensorSplits:
     """A Llama-style decoder's layers (`layers.*`, grouped-query attention: the key/value heads split too)."""
-    return TensorPlan(styles=encoder_styles(layers, "self_attn", ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp",
+    return TensorSplits(styles=encoder_styles(layers, "self_attn", ("q_proj", "k_proj", "v_proj", "o_proj"), "mlp",
                                             ("gate_proj", "up_proj"), "down_proj"))
 
 

@@ -10,24 +10,24 @@ from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_costs, vae_rules
 from genbatch.models.base import (
-    CLIP_TENSOR_PLAN,
+    CLIP_TENSOR_SPLITS,
     CLIP_TEXT_ENCODER,
     GATHERED_COLWISE,
     HEADS,
     JOINT,
     T5_ENCODER,
-    T5_TENSOR_PLAN,
+    T5_TENSOR_SPLITS,
     AttentionSite,
     Blocks,
     ModelFamily,
     TeaCacheModel,
     SequenceSplits,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
+    TransformerParts,
     transformer_spec,
 )
-from genbatch.models.hooks import COND, Conditioning, Family, Trajectory
+from genbatch.models.hooks import COND, Conditioning, FamilyHooks, Trajectory
 from genbatch.models.shapes import Published
 from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
@@ -63,12 +63,12 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         name, "flux", transformer, defaults=defaults, path=path, is_video=False, uses_cfg=False,
         size_multiple=spatial * patch[0], frame_multiple=1, vae_spatial=spatial, patch_size=patch,
         num_layers=transformer["num_layers"] + transformer["num_single_layers"], text_tokens=MAX_SEQUENCE_LENGTH,
-        joint_text=True, tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer(
+        joint_text=True, tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer(
             {"transformer_blocks": transformer["num_layers"], "single_transformer_blocks": transformer["num_single_layers"]}),
     )
 
 
-class FluxHooks(Family):
+class FluxHooks(FamilyHooks):
     """FLUX.1 [dev]/[schnell]: one branch per step; the guidance scale is an input of the transformer."""
 
     name = "flux"
@@ -181,7 +181,7 @@ def build_tiny(meta: frozenset[str] = frozenset()):
 
 _JOINT = ("encoder_hidden_states", "hidden_states")  # the pipeline's order: [text, image]
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_SPLITS = TensorSplits(
     from_diffusers=True,  # its _tp_plan, plus the heads and the AdaLN modulation it keeps whole
     styles={"transformer_blocks.*.attn": HEADS, "single_transformer_blocks.*.attn": HEADS,
             "transformer_blocks.*.norm1.linear": GATHERED_COLWISE,
@@ -191,7 +191,7 @@ TENSOR_PLAN = TensorPlan(
     # dual-stream: attention and MLP outputs of both streams; single-stream: one fused proj_out
     all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
 )
-"""FLUX's tensor plan: diffusers' `_tp_plan`, the modulation sharded too."""
+"""FLUX's tensor splits: diffusers' `_tp_plan`, the modulation sharded too."""
 
 FAMILY = ModelFamily(
     name="flux",
@@ -200,7 +200,7 @@ FAMILY = ModelFamily(
     read_spec=read_spec,
     hooks=FluxHooks(),
     transformers={
-        "FluxTransformer2DModel": TransformerPlan(
+        "FluxTransformer2DModel": TransformerParts(
             blocks=Blocks(before=("pos_embed", "time_text_embed", "context_embedder", "x_embedder"),
                           repeated=("transformer_blocks", "single_transformer_blocks"),
                           after=("norm_out", "proj_out")),
@@ -208,14 +208,14 @@ FAMILY = ModelFamily(
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=_JOINT),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT, streams=_JOINT)),
             sequence=SequenceSplits(text_streams=("encoder_hidden_states", "txt_ids")),  # diffusers' own _cp_plan
-            tensor_plan=TENSOR_PLAN,
+            tensor_splits=TENSOR_SPLITS,
             # diffusers' _repeated_blocks: FluxTransformerBlock, FluxSingleTransformerBlock
             compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
             carried=("encoder_hidden_states", "hidden_states"),  # both block kinds return the two streams
         ),
     },
     text_encoders={"CLIPTextModel": CLIP_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},
-    text_encoder_plans={"CLIPTextModel": CLIP_TENSOR_PLAN, "T5EncoderModel": T5_TENSOR_PLAN},
+    text_encoder_splits={"CLIPTextModel": CLIP_TENSOR_SPLITS, "T5EncoderModel": T5_TENSOR_SPLITS},
     vae_classes=("diffusers:AutoencoderKL",),
     vae_rules=vae_rules.AUTOENCODER_KL,
     presets=(TinyPreset(name="tiny-flux", transformer=tiny_configs.TINY_FLUX_TRANSFORMER,

@@ -1,4 +1,4 @@
-"""FLUX.2 [dev] (`diffusers.Flux2Pipeline`): everything genbatch knows about the family, and the hooks and plans
+"""FLUX.2 [dev] (`diffusers.Flux2Pipeline`): everything genbatch knows about the family, and the hooks and parts
 FLUX.2 [klein] (`genbatch.models.flux2_klein`) shares.
 
 The hooks reproduce `Flux2Pipeline.__call__` exactly:
@@ -25,8 +25,8 @@ modulations are computed once per forward, outside the blocks. Sequence parallel
 tensor parallelism splits the heads, the gated MLPs' [gate, up] and the single blocks' fused
 [q, k, v, gate, up] projection by their packed blocks (`PACKED_COLWISE`), and the modulations. PipeFusion cuts the
 56 blocks anywhere: a dual-stream block hands on the text and image streams, a single-stream block one tensor of
-both joined (`TransformerPlan.list_carried`), and a stage ending the dual-stream list sends its two streams joined
-as the model joins them. The step caches span the single-stream blocks (`TransformerPlan.cache_lists`), whose
+both joined (`TransformerParts.list_carried`), and a stage ending the dual-stream list sends its two streams joined
+as the model joins them. The step caches span the single-stream blocks (`TransformerParts.cache_lists`), whose
 outputs agree in shape.
 """
 
@@ -49,12 +49,12 @@ from genbatch.models.base import (
     Blocks,
     ModelFamily,
     SequenceSplits,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
-    decoder_tensor_plan,
+    TransformerParts,
+    decoder_tensor_splits,
 )
-from genbatch.models.hooks import COND, Conditioning, Family, TokenGrid, Trajectory
+from genbatch.models.hooks import COND, Conditioning, FamilyHooks, TokenGrid, Trajectory
 from genbatch.models.shapes import ImageEncode, Published
 from genbatch.models.spec import ModelSpec
 
@@ -85,7 +85,7 @@ def flux2_spec(name: str, family: str, transformer: Mapping[str, Any], vae: Mapp
         ffn_dim=int(heads * head_dim * transformer.get("mlp_ratio", 3.0)),
         out_channels=transformer.get("in_channels", 128) // 4,  # per latent pixel; 4 of them make a token
         defaults=dict(defaults), path=path, media_inputs=("image",), joins_image_tokens=True,
-        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer(layers),
+        tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer(layers),
     )
 
 
@@ -97,7 +97,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
     return flux2_spec(name, "flux2", transformer, vae, defaults, path, uses_cfg=False)
 
 
-class Flux2Hooks(Family):
+class Flux2Hooks(FamilyHooks):
     """FLUX.2 [dev]: one branch a step, the guidance scale an input of the transformer; [klein] derives from it."""
 
     name = "flux2"
@@ -154,7 +154,7 @@ class Flux2Hooks(Family):
         return Trajectory(latents=latents, timesteps=timesteps, shared=shared)
 
     def batch_trajectory(self, rows: list[Trajectory]) -> Trajectory:
-        """The rows' trajectories joined (`Family.batch_trajectory`); their reference images, whose tokens join
+        """The rows' trajectories joined (`FamilyHooks.batch_trajectory`); their reference images, whose tokens join
         the image stream (and whose positions are the first row's), must have one size."""
         sizes = {None if row.shared.get("image_latents") is None else tuple(row.shared["image_latents"].shape)
                  for row in rows}
@@ -236,7 +236,7 @@ class Flux2Hooks(Family):
 _JOINT = ("encoder_hidden_states", "hidden_states")  # the transformer's order: [text, image]
 _DUAL_ATTN = "transformer_blocks.*.attn"
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_SPLITS = TensorSplits(
     styles={
         **{f"{_DUAL_ATTN}.{name}": COLWISE for name in ("to_q", "to_k", "to_v", "add_q_proj", "add_k_proj",
                                                         "add_v_proj")},
@@ -256,10 +256,10 @@ TENSOR_PLAN = TensorPlan(
     # dual-stream: attention and MLP outputs of both streams; single-stream: one fused output projection
     all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
 )
-"""FLUX.2's tensor plan (diffusers' `_tp_plan` packs column-wise, which genbatch spells `PACKED_COLWISE`, and keeps
+"""FLUX.2's tensor splits (diffusers' `_tp_plan` packs column-wise, which genbatch spells `PACKED_COLWISE`, and keeps
 the modulations whole; here they are split and gathered)."""
 
-TRANSFORMER_PLAN = TransformerPlan(
+TRANSFORMER_PARTS = TransformerParts(
     blocks=Blocks(before=("pos_embed", "time_guidance_embed", "double_stream_modulation_img",
                           "double_stream_modulation_txt", "single_stream_modulation", "x_embedder",
                           "context_embedder"),
@@ -268,7 +268,7 @@ TRANSFORMER_PLAN = TransformerPlan(
     attention=(AttentionSite(pattern=_DUAL_ATTN, kind=JOINT, streams=_JOINT),
                AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT, streams=_JOINT)),
     sequence=SequenceSplits(text_streams=("encoder_hidden_states", "txt_ids")),  # diffusers' own _cp_plan
-    tensor_plan=TENSOR_PLAN,
+    tensor_splits=TENSOR_SPLITS,
     # diffusers' _repeated_blocks: Flux2TransformerBlock, Flux2SingleTransformerBlock
     compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
     # a dual-stream block returns the two streams; a single-stream block one tensor, [text, image] joined as the
@@ -322,9 +322,9 @@ FAMILY = ModelFamily(
     call_defaults=CALL_DEFAULTS,
     read_spec=read_spec,
     hooks=Flux2Hooks(),
-    transformers={"Flux2Transformer2DModel": TRANSFORMER_PLAN},
+    transformers={"Flux2Transformer2DModel": TRANSFORMER_PARTS},
     text_encoders={"Mistral3ForConditionalGeneration": MISTRAL3},
-    text_encoder_plans={"Mistral3ForConditionalGeneration": decoder_tensor_plan("model.language_model.layers")},
+    text_encoder_splits={"Mistral3ForConditionalGeneration": decoder_tensor_splits("model.language_model.layers")},
     vae_classes=("diffusers:AutoencoderKLFlux2",),
     vae_rules=vae_rules.AUTOENCODER_KL,  # diffusers' Encoder and Decoder, as AutoencoderKL's
     presets=(TinyPreset(name="tiny-flux2", transformer=flux2_tiny.TINY_TRANSFORMER, vae=flux2_tiny.TINY_VAE,

@@ -12,7 +12,7 @@ The hooks reproduce `Flux2KleinPipeline.__call__` exactly. What differs from [de
 
 A directory's `model_index.json` says which it is (no `is_distilled`: the pipeline's default, a base model); so
 does each preset (`tiny-flux2-klein` distilled, `tiny-flux2-klein-base` not). The reference image, the schedule,
-the VAE and every parallel plan are [dev]'s.
+the VAE and every parallel method's parts are [dev]'s.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from typing import Any
 
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import flux2, flux2_tiny
-from genbatch.models.base import Blocks, TinyPreset, decoder_tensor_plan
+from genbatch.models.base import Blocks, TinyPreset, decoder_tensor_splits
 from genbatch.models.hooks import COND, UNCOND, Conditioning, classifier_free_guidance
 from genbatch.models.spec import ModelSpec
 
@@ -110,7 +110,7 @@ FAMILY = replace(
     read_spec=read_spec,
     hooks=Flux2KleinHooks(),
     text_encoders={"Qwen3ForCausalLM": QWEN3},
-    text_encoder_plans={"Qwen3ForCausalLM": decoder_tensor_plan("model.layers")},
+    text_encoder_splits={"Qwen3ForCausalLM": decoder_tensor_splits("model.layers")},
     presets=(
         TinyPreset(name="tiny-flux2-klein", transformer=flux2_tiny.TINY_KLEIN_TRANSFORMER, vae=flux2_tiny.TINY_VAE,
                    defaults=flux2_tiny.DEFAULTS["tiny-flux2-klein"], build=flux2_tiny.build_klein),

@@ -59,7 +59,7 @@ class TokenGrid:
     """Tokens in one of its rows (a patch of PipeFusion holds whole rows of each grid)."""
 
 
-class Family(Protocol):
+class FamilyHooks(Protocol):
     """A family's denoise hooks; each family's hooks class derives from it (and so inherits its defaults)."""
 
     name: str
@@ -150,7 +150,7 @@ def join_rows(values: list[Any]) -> Any:
 
 
 def batch_conditioning(rows: list[Conditioning], shared: tuple[str, ...] = ()) -> Conditioning:
-    """`Family.batch_conditioning`'s default: each branch's keyword arguments joined row by row (`join_rows`),
+    """`FamilyHooks.batch_conditioning`'s default: each branch's keyword arguments joined row by row (`join_rows`),
     the `shared` ones taken from the first row."""
     first = rows[0]
     missing = [name for row in rows for name in first.branches if name not in row.branches]
@@ -164,7 +164,7 @@ def batch_conditioning(rows: list[Conditioning], shared: tuple[str, ...] = ()) -
 
 
 def batch_trajectory(rows: list[Trajectory], per_row: tuple[str, ...]) -> Trajectory:
-    """`Family.batch_trajectory`'s default: the latents and the `per_row` shared values joined, the timesteps
+    """`FamilyHooks.batch_trajectory`'s default: the latents and the `per_row` shared values joined, the timesteps
     (and every other shared value) the first row's."""
     first = rows[0]
     if len(rows) == 1:

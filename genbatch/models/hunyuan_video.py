@@ -23,7 +23,7 @@ from typing import Any
 from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
 from genbatch.models.base import (
-    CLIP_TENSOR_PLAN,
+    CLIP_TENSOR_SPLITS,
     CLIP_TEXT_ENCODER,
     GATHERED_COLWISE,
     JOINT,
@@ -33,14 +33,14 @@ from genbatch.models.base import (
     ModelFamily,
     SequenceSplits,
     Split,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
-    decoder_tensor_plan,
+    TransformerParts,
+    decoder_tensor_splits,
     dual_stream_styles,
     single_stream_styles,
 )
-from genbatch.models.hooks import COND, Conditioning, Family, Trajectory
+from genbatch.models.hooks import COND, Conditioning, FamilyHooks, Trajectory
 from genbatch.models.shapes import Published
 from genbatch.models import vae_costs
 
@@ -97,12 +97,12 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         out_channels=int(transformer.get("out_channels") or 16),
         defaults=dict(defaults or CALL_DEFAULTS),
         path=path,
-        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer(
+        tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer(
             {"transformer_blocks": transformer["num_layers"], "single_transformer_blocks": transformer["num_single_layers"]}),
     )
 
 
-class HunyuanVideoHooks(Family):
+class HunyuanVideoHooks(FamilyHooks):
     name = "hunyuan-video"
     per_row_shared = ("guidance",)
 
@@ -186,12 +186,12 @@ def build_tiny(meta: frozenset[str] = frozenset()):
                                 tokenizer_2=clip_tokenizer)
 
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_SPLITS = TensorSplits(
     styles={**dual_stream_styles("transformer_blocks"), **single_stream_styles("single_transformer_blocks"),
             "norm_out.linear": GATHERED_COLWISE},
     all_reduces={"transformer_blocks": 2, "single_transformer_blocks": 1},
 )
-"""HunyuanVideo's tensor plan (diffusers has none): dual- and single-stream blocks and the final modulation;
+"""HunyuanVideo's tensor splits (diffusers has none): dual- and single-stream blocks and the final modulation;
 the token refiner runs once on the text, whole on every rank."""
 
 FAMILY = ModelFamily(
@@ -201,7 +201,7 @@ FAMILY = ModelFamily(
     read_spec=read_spec,
     hooks=HunyuanVideoHooks(),
     transformers={
-        "HunyuanVideoTransformer3DModel": TransformerPlan(
+        "HunyuanVideoTransformer3DModel": TransformerParts(
             blocks=Blocks(before=("rope", "time_text_embed", "x_embedder", "context_embedder"),
                           repeated=("transformer_blocks", "single_transformer_blocks"),
                           after=("norm_out", "proj_out")),
@@ -212,7 +212,7 @@ FAMILY = ModelFamily(
                                      streams=("hidden_states", "encoder_hidden_states"), masked=True),
                        AttentionSite(pattern="single_transformer_blocks.*.attn", kind=JOINT,
                                      streams=("hidden_states", "encoder_hidden_states"), masked=True)),
-            # diffusers has no plan for it: both streams split at the first dual-stream block, after the
+            # diffusers has no split points for it: both streams split at the first dual-stream block, after the
             # transformer has built its [video, text] key-padding mask over the whole sequence (the full form
             # of the masks), and the video rotary tables with them
             sequence=SequenceSplits(points={
@@ -223,7 +223,7 @@ FAMILY = ModelFamily(
             }),
             # genbatch's own (diffusers has no _tp_plan for it): the dual- and single-stream blocks and the
             # final modulation; the token refiner runs once on the text, whole on every rank
-            tensor_plan=TENSOR_PLAN,
+            tensor_splits=TENSOR_SPLITS,
             # diffusers' _repeated_blocks: the dual- and single-stream blocks (the token refiner's run once)
             compile_units=("transformer_blocks.*", "single_transformer_blocks.*"),
         ),
@@ -232,7 +232,7 @@ FAMILY = ModelFamily(
         "LlamaModel": Blocks(before=("embed_tokens",), repeated=("layers",), after=("norm",)),
         "CLIPTextModel": CLIP_TEXT_ENCODER,
     },
-    text_encoder_plans={"LlamaModel": decoder_tensor_plan("layers"), "CLIPTextModel": CLIP_TENSOR_PLAN},
+    text_encoder_splits={"LlamaModel": decoder_tensor_splits("layers"), "CLIPTextModel": CLIP_TENSOR_SPLITS},
     presets=(TinyPreset(name="tiny-hunyuan-video", transformer=TINY_TRANSFORMER, vae=TINY_VAE,
                         defaults=TINY_DEFAULTS, build=build_tiny),),
     vae_costs=vae_costs.HUNYUAN_VIDEO_VAE,

@@ -23,7 +23,7 @@ another guider class) is refused at the row's encode, naming the setting, rather
 
 **Parallelism.** Sequence parallelism (ulysses, ring) splits the video and the joined text at the first block,
 with the text's mask and the video's rotary tables; tensor parallelism splits the blocks' heads, MLPs and AdaLN
-modulations (genbatch's plan: diffusers has neither). CFG parallel puts the two guider branches on the cfg
+modulations (genbatch's split points: diffusers has neither). CFG parallel puts the two guider branches on the cfg
 halves. The VAE (`AutoencoderKLHunyuanVideo15`) decodes (and, for I2V, encodes) patch-parallel, exactly, with
 halos that replicate only at the true image border (`vae_rules.AUTOENCODER_KL_HUNYUAN_VIDEO15`).
 """
@@ -43,20 +43,20 @@ from genbatch.models.base import (
     GATHERED_COLWISE,
     JOINT,
     T5_ENCODER,
-    T5_TENSOR_PLAN,
+    T5_TENSOR_SPLITS,
     AttentionSite,
     Blocks,
     Gather,
     ModelFamily,
     SequenceSplits,
     Split,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
-    decoder_tensor_plan,
+    TransformerParts,
+    decoder_tensor_splits,
     dual_stream_styles,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
+from genbatch.models.hooks import COND, UNCOND, Conditioning, FamilyHooks, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import Published
 from genbatch.models.spec import ModelSpec
 
@@ -170,7 +170,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         out_channels=int(transformer.get("out_channels") or 32),
         defaults=dict(defaults),
         path=path,
-        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}),
+        tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}),
     )
 
 
@@ -190,7 +190,7 @@ def runs_cfg(pipe, job: JobSpec) -> bool:
     return bool(guider._enabled) and not math.isclose(job.guidance_scale, 1.0)
 
 
-class HunyuanVideo15Hooks(Family):
+class HunyuanVideo15Hooks(FamilyHooks):
     name = "hunyuan-video-15"
     per_row_shared = ("cond_latents", "mask")
 
@@ -268,16 +268,16 @@ class HunyuanVideo15Hooks(Family):
         return pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
 
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_SPLITS = TensorSplits(
     styles={**dual_stream_styles("transformer_blocks"), "norm_out.linear": GATHERED_COLWISE},
     all_reduces={"transformer_blocks": 2},
 )
-"""HunyuanVideo 1.5's tensor plan (diffusers has none): each dual-stream block's q, k, v of both streams by heads
+"""HunyuanVideo 1.5's tensor splits (diffusers has none): each dual-stream block's q, k, v of both streams by heads
 (its QK norms are per head, so they split with them), both output projections and both MLPs row-wise, both AdaLN
 modulations gathered, and the final modulation; the token refiner, the glyph and image projections run once on
 the text, whole on every rank."""
 
-TRANSFORMER_PLAN = TransformerPlan(
+TRANSFORMER_PARTS = TransformerParts(
     blocks=Blocks(before=("x_embedder", "image_embedder", "context_embedder", "context_embedder_2", "time_embed",
                           "cond_type_embed", "rope"),
                   repeated=("transformer_blocks",), after=("norm_out", "proj_out")),
@@ -285,7 +285,7 @@ TRANSFORMER_PLAN = TransformerPlan(
     # refiner's self-attention (inside `context_embedder`) runs on the whole text before any split
     attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT,
                              streams=("hidden_states", "encoder_hidden_states"), masked=True),),
-    # diffusers has no plan for it: the video and the joined text split at the first block (after the transformer
+    # diffusers has no split points for it: the video and the joined text split at the first block (after the transformer
     # has put each row's valid text tokens first), the video's rotary tables with the video, and the text's mask at
     # every block's attention (each block is handed the whole mask): each rank's processor pads its share of the
     # mask with its video tokens, a mask of this rank's keys, which the attention gathers
@@ -296,7 +296,7 @@ TRANSFORMER_PLAN = TransformerPlan(
         "rope": {0: Split(dim=0, expected_dims=2, output=True), 1: Split(dim=0, expected_dims=2, output=True)},
         "proj_out": Gather(dim=1, expected_dims=3),
     }),
-    tensor_plan=TENSOR_PLAN,
+    tensor_splits=TENSOR_SPLITS,
     # diffusers' _repeated_blocks name the dual-stream block (and the patch embedding and token refiner, run once)
     compile_units=("transformer_blocks.*",),
 )
@@ -326,9 +326,9 @@ FAMILY = ModelFamily(
     call_defaults=CALL_DEFAULTS,
     read_spec=read_spec,
     hooks=HunyuanVideo15Hooks(),
-    transformers={"HunyuanVideo15Transformer3DModel": TRANSFORMER_PLAN},
+    transformers={"HunyuanVideo15Transformer3DModel": TRANSFORMER_PARTS},
     text_encoders={"Qwen2_5_VLTextModel": QWEN_TEXT_ENCODER, "T5EncoderModel": T5_ENCODER},
-    text_encoder_plans={"Qwen2_5_VLTextModel": decoder_tensor_plan("layers"), "T5EncoderModel": T5_TENSOR_PLAN},
+    text_encoder_splits={"Qwen2_5_VLTextModel": decoder_tensor_splits("layers"), "T5EncoderModel": T5_TENSOR_SPLITS},
     vae_classes=("diffusers:AutoencoderKLHunyuanVideo15",),
     vae_rules=vae_rules.AUTOENCODER_KL_HUNYUAN_VIDEO15,
     presets=(TinyPreset(name="tiny-hunyuan-video-15", transformer=tiny.TINY_TRANSFORMER, vae=tiny.TINY_VAE,

@@ -20,7 +20,7 @@ rejected at validation, naming the `image` column), and it enters twice:
   `latent_concat` (HunyuanVideo-I2V's first release, 33 input channels) the image's latents ride as the first
   latent frame of extra channels, zeros after it, with a one-channel first-frame mask: (b, 16 + 16 + 1, f, h, w),
   every step. The stream the transformer splits is HunyuanVideo's (video, then text), so its sequence-parallel
-  and tensor plans apply unchanged.
+  and tensor splits apply unchanged.
 - **The output size.** Width x height are the row's. The pipeline decodes the latents' `num_frames` and drops
   the first 4 frames (`latent_concat`), so the video has the row's `num_frames` less 4 (9 gives 5, 5 gives 1;
   a job of 1 frame would have none and fails, naming the fix).
@@ -38,7 +38,7 @@ from typing import Any
 
 from genbatch.jobs.spec import JobSpec
 from genbatch.models import hunyuan_video
-from genbatch.models.base import CLIP_TEXT_ENCODER, Blocks, TinyPreset, decoder_tensor_plan
+from genbatch.models.base import CLIP_TEXT_ENCODER, Blocks, TinyPreset, decoder_tensor_splits
 from genbatch.models.shapes import ImageEncode
 from genbatch.models.hooks import COND, Conditioning, Trajectory
 from genbatch.models.spec import ModelSpec
@@ -219,7 +219,7 @@ FAMILY = replace(
     read_spec=read_spec,
     hooks=HunyuanVideoI2VHooks(),
     image_encode=ImageEncode(video=False),  # the image alone, as one frame at the output's size
-    # the same transformer class as HunyuanVideo's, its stream [video, text] as there: HunyuanVideo's plans
+    # the same transformer class as HunyuanVideo's, its stream [video, text] as there: HunyuanVideo's parts
     transformers=hunyuan_video.FAMILY.transformers,
     text_encoders={
         "LlavaForConditionalGeneration": Blocks(
@@ -230,8 +230,8 @@ FAMILY = replace(
         ),
         "CLIPTextModel": CLIP_TEXT_ENCODER,
     },
-    text_encoder_plans={"LlavaForConditionalGeneration": decoder_tensor_plan("model.language_model.layers"),
-                        "CLIPTextModel": hunyuan_video.FAMILY.text_encoder_plans["CLIPTextModel"]},
+    text_encoder_splits={"LlavaForConditionalGeneration": decoder_tensor_splits("model.language_model.layers"),
+                        "CLIPTextModel": hunyuan_video.FAMILY.text_encoder_splits["CLIPTextModel"]},
     presets=(TinyPreset(name="tiny-hunyuan-video-i2v", transformer=TINY_TRANSFORMER, vae=hunyuan_video.TINY_VAE,
                         defaults=TINY_DEFAULTS, build=build_tiny),),
     published=(),

@@ -24,7 +24,7 @@ is stepping the pipeline's two (its audio scheduler is a copy with the same sigm
 
 Sequence parallelism splits the video stream only; the audio stream (126 tokens for 5 s against 6144 video
 tokens at 768x512) stays whole on every rank of the sequence group:
-- video self-attention (`attn1`) runs over the split video with the plan's strategy (Ulysses, Ring, USP);
+- video self-attention (`attn1`) runs over the split video with the family's strategy (Ulysses, Ring, USP);
 - audio self-attention (`audio_attn1`), both text cross-attentions (`attn2`, `audio_attn2`) and audio-to-video
   attention (`audio_to_video_attn`: this rank's video queries, the whole audio as keys) need no communication;
 - video-to-audio attention (`video_to_audio_attn`: the whole audio as queries, the split video as keys) is the
@@ -66,11 +66,11 @@ from genbatch.models.base import (
     ModelFamily,
     SequenceSplits,
     Split,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
+    TransformerParts,
 )
-from genbatch.models.hooks import Conditioning, Family, Trajectory
+from genbatch.models.hooks import Conditioning, FamilyHooks, Trajectory
 from genbatch.models.ltx2_tiny import TINY_DEFAULTS, TINY_TRANSFORMER, TINY_VAE, build_tiny
 from genbatch.models.shapes import Published
 from genbatch.models.spec import ModelSpec
@@ -224,7 +224,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         text_tokens=MAX_SEQUENCE_LENGTH, joint_text=False, ffn_dim=4 * heads * head_dim,
         out_channels=int(transformer.get("out_channels") or transformer.get("in_channels", 128)),
         defaults=dict(defaults or CALL_DEFAULTS), path=path,
-        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}),
+        tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}),
         # every block attends over the video's tokens and the audio's: one a latent audio frame, at the default
         # frame rate the duration is counted at
         audio_tokens_per_frame=AUDIO_LATENTS_PER_SECOND / CALL_DEFAULTS["fps"],
@@ -260,7 +260,7 @@ def _guide_modality(latents, predictions: dict, sigma, scales: tuple[float, floa
     return (latents - denoised) / sigma  # the pipeline's `convert_x0_to_velocity`
 
 
-class LTX2Hooks(Family):
+class LTX2Hooks(FamilyHooks):
     name = "ltx2"
     per_row_shared = ("video_coords", "audio_coords")
 
@@ -468,11 +468,11 @@ class LTX2Hooks(Family):
                           sample_rate=int(pipe.vocoder.config.output_sampling_rate))
 
 
-# -- the plans -----------------------------------------------------------------------------------------------
+# -- the parts -----------------------------------------------------------------------------------------------
 
 _ATTENTION = ("attn1", "audio_attn1", "attn2", "audio_attn2", "audio_to_video_attn", "video_to_audio_attn")
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_SPLITS = TensorSplits(
     styles={
         # every attention of both streams: q, k, v split by heads, the output projection row-wise, the QK norms
         # (over all heads) all-reduced; the rotary tables span all heads' channels, so each rank keeps its heads'
@@ -489,7 +489,7 @@ TENSOR_PLAN = TensorPlan(
     # audio stream's four are of its 25 tokens a second, about 2% of the video's at 768x512, and not counted)
     all_reduces={"transformer_blocks": 4},
 )
-"""LTX-2's tensor plan (diffusers has none): both streams' heads and MLPs; the timestep modulations, computed
+"""LTX-2's tensor splits (diffusers has none): both streams' heads and MLPs; the timestep modulations, computed
 once a forward, stay whole."""
 
 SEQUENCE = SequenceSplits(
@@ -545,7 +545,7 @@ FAMILY = ModelFamily(
     read_spec=read_spec,
     hooks=LTX2Hooks(),
     transformers={
-        "LTX2VideoTransformer3DModel": TransformerPlan(
+        "LTX2VideoTransformer3DModel": TransformerParts(
             blocks=Blocks(before=("proj_in", "audio_proj_in", "caption_projection", "audio_caption_projection",
                                   "time_embed", "audio_time_embed", "av_cross_attn_video_scale_shift",
                                   "av_cross_attn_audio_scale_shift", "av_cross_attn_video_a2v_gate",
@@ -555,7 +555,7 @@ FAMILY = ModelFamily(
                           after=("norm_out", "proj_out", "audio_norm_out", "audio_proj_out")),
             attention=ATTENTION,
             sequence=SEQUENCE,
-            tensor_plan=TENSOR_PLAN,
+            tensor_splits=TENSOR_SPLITS,
             compile_units=("transformer_blocks.*",),  # diffusers' _repeated_blocks: LTX2VideoTransformerBlock
         ),
     },

@@ -37,13 +37,13 @@ from genbatch.models.base import (
     Blocks,
     ModelFamily,
     SequenceSplits,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
-    decoder_tensor_plan,
+    TransformerParts,
+    decoder_tensor_splits,
     mlp_and_out_channels,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, TokenGrid, Trajectory
+from genbatch.models.hooks import COND, UNCOND, Conditioning, FamilyHooks, TokenGrid, Trajectory
 from genbatch.models.shapes import Published
 from genbatch.models import vae_costs, vae_rules
 from genbatch.models.wan import WanHooks
@@ -120,7 +120,7 @@ def true_cfg(predictions, guidance_scale: float):
     return combined * (torch.norm(cond, dim=-1, keepdim=True) / torch.norm(combined, dim=-1, keepdim=True))
 
 
-class QwenImageHooks(Family):
+class QwenImageHooks(FamilyHooks):
     name = "qwen-image"
     per_row_shared = ("img_shapes",)
 
@@ -266,7 +266,7 @@ FAMILY = ModelFamily(
     read_spec=read_spec,
     hooks=QwenImageHooks(),
     transformers={
-        "QwenImageTransformer2DModel": TransformerPlan(
+        "QwenImageTransformer2DModel": TransformerParts(
             blocks=Blocks(before=("img_in", "txt_norm", "txt_in", "time_text_embed", "pos_embed"),
                           repeated=("transformer_blocks",), after=("norm_out", "proj_out")),
             # joint attention over [text, image] in every dual-stream block
@@ -277,7 +277,7 @@ FAMILY = ModelFamily(
             # the text, its mask and its rotary table (`pos_embed`'s second output) whole
             sequence=SequenceSplits(text_streams=("encoder_hidden_states", "encoder_hidden_states_mask",
                                                   "pos_embed:1")),
-            tensor_plan=TensorPlan(
+            tensor_splits=TensorSplits(
                 from_diffusers=True,  # its _tp_plan, plus the heads and the AdaLN modulation it keeps whole
                 styles={"transformer_blocks.*.attn": HEADS, "transformer_blocks.*.img_mod.1": GATHERED_COLWISE,
                         "transformer_blocks.*.txt_mod.1": GATHERED_COLWISE, "norm_out.linear": GATHERED_COLWISE},
@@ -294,7 +294,7 @@ FAMILY = ModelFamily(
             after=("model.language_model.norm", "lm_head"),
         ),
     },
-    text_encoder_plans={"Qwen2_5_VLForConditionalGeneration": decoder_tensor_plan("model.language_model.layers")},
+    text_encoder_splits={"Qwen2_5_VLForConditionalGeneration": decoder_tensor_splits("model.language_model.layers")},
     vae_classes=("diffusers:AutoencoderKLQwenImage",),
     vae_rules=vae_rules.AUTOENCODER_KL_QWEN_IMAGE,
     presets=(TinyPreset(name="tiny-qwen-image", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,

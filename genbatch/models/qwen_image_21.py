@@ -48,12 +48,12 @@ from genbatch.models.base import (
     AttentionSite,
     Blocks,
     ModelFamily,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
-    decoder_tensor_plan,
+    TransformerParts,
+    decoder_tensor_splits,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
+from genbatch.models.hooks import COND, UNCOND, Conditioning, FamilyHooks, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import ImageEncode, Published
 from genbatch.models.spec import ModelSpec
 
@@ -176,7 +176,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         path=path,
         media_inputs=("image",),
         joins_image_tokens=True,
-        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}),
+        tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}),
     )
 
 
@@ -213,7 +213,7 @@ def _condition(pipe, job: JobSpec):
     return resized, pixels, (width, height)
 
 
-class QwenImage21Hooks(Family):
+class QwenImage21Hooks(FamilyHooks):
     """Qwen-Image 2.1: true CFG above scale 1 with a negative prompt; one key/value cache per guidance branch and
     sequence layout, filled at the first step."""
 
@@ -483,13 +483,13 @@ def _scaled(transformer):
     return transformer
 
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_SPLITS = TensorSplits(
     from_diffusers=True,  # its _tp_plan: q, k, v and the SwiGLU's proj and gate column-wise, to_out and out row-wise
     styles={"transformer_blocks.*.attn": HEADS,  # the processor takes its head size as inner_dim // heads
             "modulation.1": GATHERED_COLWISE},  # the one modulation every block reads its scales and gates from
     all_reduces={"transformer_blocks": 2},  # the attention's output projection and the SwiGLU's
 )
-"""Qwen-Image 2.1's tensor plan: diffusers' `_tp_plan`, the shared modulation sharded too."""
+"""Qwen-Image 2.1's tensor splits: diffusers' `_tp_plan`, the shared modulation sharded too."""
 
 FAMILY = ModelFamily(
     name="qwen-image-21",
@@ -498,14 +498,14 @@ FAMILY = ModelFamily(
     read_spec=read_spec,
     hooks=QwenImage21Hooks(),
     transformers={
-        "QwenImage21Transformer2DModel": TransformerPlan(
+        "QwenImage21Transformer2DModel": TransformerParts(
             blocks=Blocks(before=("img_in", "txt_in", "pos_embed", "time_text_embed", "modulation"),
                           repeated=("transformer_blocks",), after=("norm_out", "proj_out")),
             # one block-causal attention over [text and condition image, output image]: causal and padding masks
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=("hidden_states",),
                                      masked=True),),
             sequence=None,  # see the module's docstring
-            tensor_plan=TENSOR_PLAN,
+            tensor_splits=TENSOR_SPLITS,
             compile_units=("transformer_blocks.*",),  # diffusers' _repeated_blocks: QwenImage21TransformerBlock
         ),
     },
@@ -516,7 +516,7 @@ FAMILY = ModelFamily(
             after=("model.language_model.norm", "lm_head"),
         ),
     },
-    text_encoder_plans={"Qwen3VLForConditionalGeneration": decoder_tensor_plan("model.language_model.layers")},
+    text_encoder_splits={"Qwen3VLForConditionalGeneration": decoder_tensor_splits("model.language_model.layers")},
     vae_classes=("diffusers:AutoencoderKLQwenImage21",),
     vae_rules=vae_rules.AUTOENCODER_KL_QWEN_IMAGE_21,
     presets=(TinyPreset(name="tiny-qwen-image-21", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,

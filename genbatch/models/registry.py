@@ -17,7 +17,7 @@ import importlib.metadata
 import types
 from functools import cache
 
-from genbatch.models.base import Blocks, ModelFamily, TinyPreset, TransformerPlan
+from genbatch.models.base import Blocks, ModelFamily, TinyPreset, TransformerParts
 from genbatch.models.vae_costs import IMAGE_DEFAULT, VIDEO_DEFAULT, VaeCosts
 
 FAMILY_MODULES = (
@@ -103,8 +103,8 @@ def presets() -> dict[str, tuple[ModelFamily, TinyPreset]]:
     return {preset.name: (candidate, preset) for candidate in families().values() for preset in candidate.presets}
 
 
-def transformer_plan(class_name: str) -> TransformerPlan | None:
-    """The plan of a transformer class, whichever family has it; None for a class no family lists."""
+def transformer_parts(class_name: str) -> TransformerParts | None:
+    """The parts of a transformer class, whichever family has it; None for a class no family lists."""
     for candidate in families().values():
         if class_name in candidate.transformers:
             return candidate.transformers[class_name]
@@ -113,9 +113,9 @@ def transformer_plan(class_name: str) -> TransformerPlan | None:
 
 def module_blocks(class_name: str) -> Blocks | None:
     """The blocks of a transformer or text encoder class, whichever family lists it; None otherwise."""
-    plan = transformer_plan(class_name)
-    if plan is not None:
-        return plan.blocks
+    parts = transformer_parts(class_name)
+    if parts is not None:
+        return parts.blocks
     for candidate in families().values():
         if class_name in candidate.text_encoders:
             return candidate.text_encoders[class_name]
@@ -135,6 +135,6 @@ def all_repeated_blocks() -> tuple[str, ...]:
     """The repeated-block paths of every module class any family lists (for a class no family lists)."""
     paths: dict[str, None] = {}
     for candidate in families().values():
-        for blocks in (*(plan.blocks for plan in candidate.transformers.values()), *candidate.text_encoders.values()):
+        for blocks in (*(parts.blocks for parts in candidate.transformers.values()), *candidate.text_encoders.values()):
             paths.update(dict.fromkeys(blocks.repeated))
     return tuple(paths)

@@ -16,14 +16,14 @@ from genbatch.jobs.spec import JobSpec
 from genbatch.models import tiny_configs, vae_costs, vae_rules
 from genbatch.models.base import (
     CLIP_TEXT_ENCODER_WITH_PROJECTION,
-    CLIP_WITH_PROJECTION_TENSOR_PLAN,
+    CLIP_WITH_PROJECTION_TENSOR_SPLITS,
     COLWISE,
     GATHERED_COLWISE,
     HEADS,
     JOINT,
     SELF,
     T5_ENCODER,
-    T5_TENSOR_PLAN,
+    T5_TENSOR_SPLITS,
     AttentionSite,
     Blocks,
     Gather,
@@ -31,13 +31,13 @@ from genbatch.models.base import (
     ROWWISE,
     SequenceSplits,
     Split,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
+    TransformerParts,
     dual_stream_styles,
     transformer_spec,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
+from genbatch.models.hooks import COND, UNCOND, Conditioning, FamilyHooks, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import Published
 from genbatch.models.tiny import character_tokenizer, clip_config, seeded, t5_config
 
@@ -71,7 +71,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
     )
 
 
-class SD3Hooks(Family):
+class SD3Hooks(FamilyHooks):
     name = "sd3"
 
     def encode(self, pipe, job: JobSpec, device) -> Conditioning:
@@ -158,13 +158,13 @@ FAMILY = ModelFamily(
     read_spec=read_spec,
     hooks=SD3Hooks(),
     transformers={
-        "SD3Transformer2DModel": TransformerPlan(
+        "SD3Transformer2DModel": TransformerParts(
             blocks=Blocks(before=("pos_embed", "time_text_embed", "context_embedder"), repeated=("transformer_blocks",),
                           after=("norm_out", "proj_out")),
             # joint attention over both streams, and SD3.5's extra self-attention `attn2` over the image alone
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=(_IMAGE, _TEXT)),
                        AttentionSite(pattern="transformer_blocks.*.attn2", kind=SELF, streams=(_IMAGE,))),
-            # diffusers has no plan for SD3: the streams split where they are made, the image gathered at the end
+            # diffusers has no split points for SD3: the streams split where they are made, the image gathered at the end
             sequence=SequenceSplits(
                 points={"pos_embed": {0: Split(dim=1, expected_dims=3, output=True)},
                         "context_embedder": {0: Split(dim=1, expected_dims=3, output=True)},
@@ -174,7 +174,7 @@ FAMILY = ModelFamily(
             ),
             # genbatch's own (diffusers has no _tp_plan for SD3): the dual-stream blocks, SD3.5's image-only
             # `attn2`, and the final modulation; the last block's text projection and MLP do not exist
-            tensor_plan=TensorPlan(
+            tensor_splits=TensorSplits(
                 styles={**dual_stream_styles("transformer_blocks"),
                         **{f"transformer_blocks.*.attn2.{name}": COLWISE for name in ("to_q", "to_k", "to_v")},
                         "transformer_blocks.*.attn2.to_out.0": ROWWISE, "transformer_blocks.*.attn2": HEADS,
@@ -189,8 +189,8 @@ FAMILY = ModelFamily(
         ),
     },
     text_encoders={"CLIPTextModelWithProjection": CLIP_TEXT_ENCODER_WITH_PROJECTION, "T5EncoderModel": T5_ENCODER},
-    text_encoder_plans={"CLIPTextModelWithProjection": CLIP_WITH_PROJECTION_TENSOR_PLAN,
-                        "T5EncoderModel": T5_TENSOR_PLAN},
+    text_encoder_splits={"CLIPTextModelWithProjection": CLIP_WITH_PROJECTION_TENSOR_SPLITS,
+                        "T5EncoderModel": T5_TENSOR_SPLITS},
     vae_classes=("diffusers:AutoencoderKL",),
     vae_rules=vae_rules.AUTOENCODER_KL,
     presets=(TinyPreset(name="tiny-sd3", transformer=tiny_configs.TINY_SD3_TRANSFORMER, vae=tiny_configs.TINY_SD3_VAE,

@@ -79,7 +79,7 @@ class ModelShape(ModelSpec):
     hub_id: str | None = None
     """A published model's hub id."""
     sequence_parallel: bool = True
-    """False when genbatch has no sequence-parallel plan for the model's transformer (Qwen-Image 2.1's block-causal
+    """False when genbatch has no sequence-parallel splits for the model's transformer (Qwen-Image 2.1's block-causal
     attention): ulysses, ring and DistriFusion do not apply to it."""
     pipeline_stages: bool = True
     """False when the model's transformer takes no PipeFusion stages: pp does not apply to it."""

@@ -26,7 +26,7 @@ class ModelSpec:
     name: str
     """The name as the user gave it: a preset name, a pipeline directory or a hub id (`org/name[@rev]`)."""
     family: str
-    """The model family's name (`genbatch.models`): which denoise hooks and parallel plans apply."""
+    """The model family's name (`genbatch.models`): which denoise hooks and parallel splits apply."""
     is_video: bool
     """True for text-to-video models (the output is an MP4, `num_frames` applies)."""
     uses_cfg: bool
@@ -71,10 +71,10 @@ class ModelSpec:
     joins_image_tokens: bool = False
     """True when an input image's latent tokens join the noise's in the transformer's image stream (FLUX.1
     Kontext, Qwen-Image-Edit), rather than its channels (Wan I2V). Sequence parallelism and DistriFusion split
-    them with the rest; a PipeFusion patch holds a share of the rows of each grid (`Family.conditioning_grids`)."""
+    them with the rest; a PipeFusion patch holds a share of the rows of each grid (`FamilyHooks.conditioning_grids`)."""
     tp_all_reduces: float = 2.0
     """All-reduces of [N, d] a block does under tensor parallelism, over this model's blocks: the family's
-    `TensorPlan.all_reduces_per_layer` of its block counts (seed 000's 2; Wan 3; FLUX and HunyuanVideo between
+    `TensorSplits.all_reduces_per_layer` of its block counts (seed 000's 2; Wan 3; FLUX and HunyuanVideo between
     1 and 2 by their dual- and single-stream blocks). What the planner charges a layer."""
 
     audio_tokens_per_frame: float = 0.0

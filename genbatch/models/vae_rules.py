@@ -2,7 +2,7 @@
 
 A family names its VAE classes and the rule kind of every module class met in their decoders, and in the
 encoders of those it encodes tile-parallel too (`ModelFamily.vae_classes`, `ModelFamily.vae_rules`);
-`genbatch.parallel.vae.plan` implements each kind.
+`genbatch.parallel.vae.forwards` implements each kind.
 A class no family lists makes the VAE unsupported (it decodes on one rank), so a new upstream layer can
 never silently give a wrong image.
 """

@@ -22,18 +22,18 @@ from genbatch.models.base import (
     ROWWISE,
     SELF,
     T5_ENCODER,
-    T5_TENSOR_PLAN,
+    T5_TENSOR_SPLITS,
     AttentionSite,
     Blocks,
     ModelFamily,
     TeaCacheModel,
     SequenceSplits,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
+    TransformerParts,
     transformer_spec,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory, classifier_free_guidance
+from genbatch.models.hooks import COND, UNCOND, Conditioning, FamilyHooks, Trajectory, classifier_free_guidance
 from genbatch.models.shapes import Published
 from genbatch.models.tiny import character_tokenizer, seeded, t5_config
 
@@ -52,7 +52,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         name, "wan", transformer, defaults=defaults or CALL_DEFAULTS, path=path, is_video=True, uses_cfg=True,
         size_multiple=spatial * patch[1], frame_multiple=vae.get("scale_factor_temporal", 4), vae_spatial=spatial,
         patch_size=patch, num_layers=transformer["num_layers"], text_tokens=MAX_SEQUENCE_LENGTH, joint_text=False,
-        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"blocks": transformer["num_layers"]}),
+        tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer({"blocks": transformer["num_layers"]}),
     )
     if path is not None and _expands_timesteps(path):
         # Wan 2.2 TI2V saved as a WanPipeline: it also starts from an image (the wan-i2v hooks run both)
@@ -74,7 +74,7 @@ def token_timesteps(mask, t):
     return (mask[0][0][:, ::2, ::2] * t).flatten().unsqueeze(0).expand(mask.shape[0], -1)
 
 
-class WanHooks(Family):
+class WanHooks(FamilyHooks):
     name = "wan"
 
     @staticmethod
@@ -160,7 +160,7 @@ def build_tiny(meta: frozenset[str] = frozenset()):
     return WanPipeline(tokenizer=tokenizer, text_encoder=text_encoder, vae=vae, scheduler=scheduler, transformer=transformer)
 
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_SPLITS = TensorSplits(
     styles={
         # self- and cross-attention: q, k, v split by heads (attn2's k, v over the replicated text), the output
         # projection row-wise; the QK norm spans every head, so its mean square is all-reduced over tp
@@ -176,7 +176,7 @@ TENSOR_PLAN = TensorPlan(
     },
     all_reduces={"blocks": 3},  # self-attention, cross-attention and MLP outputs
 )
-"""Wan's tensor plan (diffusers has none): the cache-dit / SGLang layout, with the modulation sharded too."""
+"""Wan's tensor splits (diffusers has none): the cache-dit / SGLang layout, with the modulation sharded too."""
 
 WAN21_1_3B_TRANSFORMER = dict(
     patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
@@ -199,21 +199,21 @@ FAMILY = ModelFamily(
     read_spec=read_spec,
     hooks=WanHooks(),
     transformers={
-        "WanTransformer3DModel": TransformerPlan(
+        "WanTransformer3DModel": TransformerParts(
             blocks=Blocks(before=("rope", "patch_embedding", "condition_embedder"), repeated=("blocks",),
                           after=("norm_out", "proj_out")),
             # self-attention `attn1` over the video tokens; `attn2` cross-attends to the replicated text
             attention=(AttentionSite(pattern="blocks.*.attn1", kind=SELF, streams=("hidden_states",)),
                        AttentionSite(pattern="blocks.*.attn2", kind=CROSS, streams=())),
             sequence=SequenceSplits(),  # diffusers' own _cp_plan
-            tensor_plan=TENSOR_PLAN,
+            tensor_splits=TENSOR_SPLITS,
             compile_units=("blocks.*",),  # diffusers' _repeated_blocks: WanTransformerBlock
             carried=("hidden_states",),
         ),
     },
     denoisers=("transformer", "transformer_2"),  # Wan 2.2: a second expert below the boundary timestep
     text_encoders={"UMT5EncoderModel": T5_ENCODER},
-    text_encoder_plans={"UMT5EncoderModel": T5_TENSOR_PLAN},
+    text_encoder_splits={"UMT5EncoderModel": T5_TENSOR_SPLITS},
     vae_classes=("diffusers:AutoencoderKLWan",),
     vae_rules=vae_rules.AUTOENCODER_KL_WAN,
     presets=(TinyPreset(name="tiny-wan", transformer=tiny_configs.TINY_WAN_TRANSFORMER, vae=tiny_configs.TINY_WAN_VAE,

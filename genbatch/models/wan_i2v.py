@@ -162,15 +162,15 @@ def build_tiny_wan22_ti2v(meta: frozenset[str] = frozenset()):
                   expand_timesteps=True)
 
 
-_PLAN = wan.FAMILY.transformers["WanTransformer3DModel"]
-TENSOR_PLAN = replace(wan.TENSOR_PLAN, styles={
-    **wan.TENSOR_PLAN.styles,
+_WAN_PARTS = wan.FAMILY.transformers["WanTransformer3DModel"]
+TENSOR_SPLITS = replace(wan.TENSOR_SPLITS, styles={
+    **wan.TENSOR_SPLITS.styles,
     # the image context's keys and values, split by heads like the text's; their norm spans every head
     "blocks.*.attn2.add_k_proj": COLWISE,
     "blocks.*.attn2.add_v_proj": COLWISE,
     "blocks.*.attn2.norm_added_k": NORM_ACROSS_HEADS,
 })
-"""Wan's tensor plan, with the cross-attention's image branch split too (its output joins `to_out`'s input,
+"""Wan's tensor splits, with the cross-attention's image branch split too (its output joins `to_out`'s input,
 so the all-reduces a block stay 3)."""
 FAMILY = replace(
     wan.FAMILY,
@@ -181,7 +181,7 @@ FAMILY = replace(
     # the conditioning video (first frame, zeros, last frame) at the output's size and frames; Wan 2.2 TI2V, whose
     # image is optional, encodes the image alone (`genbatch.planner.conditioning` tells them apart by the spec)
     image_encode=ImageEncode(video=True),
-    transformers={"WanTransformer3DModel": replace(_PLAN, tensor_plan=TENSOR_PLAN)},
+    transformers={"WanTransformer3DModel": replace(_WAN_PARTS, tensor_splits=TENSOR_SPLITS)},
     denoisers=("transformer",),
     presets=(TinyPreset(name="tiny-wan-i2v", transformer=tiny_configs.TINY_WAN_I2V_TRANSFORMER,
                         vae=tiny_configs.TINY_WAN_VAE, defaults=tiny_configs.PRESET_DEFAULTS["tiny-wan-i2v"],

@@ -41,12 +41,12 @@ from genbatch.models.base import (
     ModelFamily,
     SequenceSplits,
     Split,
-    TensorPlan,
+    TensorSplits,
     TinyPreset,
-    TransformerPlan,
-    decoder_tensor_plan,
+    TransformerParts,
+    decoder_tensor_splits,
 )
-from genbatch.models.hooks import COND, UNCOND, Conditioning, Family, Trajectory
+from genbatch.models.hooks import COND, UNCOND, Conditioning, FamilyHooks, Trajectory
 from genbatch.models.shapes import Published
 from genbatch.models.spec import ModelSpec
 
@@ -134,7 +134,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         out_channels=transformer.get("in_channels", 16),
         defaults=dict(CALL_DEFAULTS if defaults is None else defaults),
         path=path,
-        tp_all_reduces=TENSOR_PLAN.all_reduces_per_layer({"noise_refiner": refiners, "layers": layers}),
+        tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer({"noise_refiner": refiners, "layers": layers}),
     )
 
 
@@ -196,7 +196,7 @@ def _cfg_settings(job: JobSpec) -> tuple[float, float]:
     return float(defaults.get("cfg_normalization", 0.0)), float(defaults.get("cfg_truncation", 1.0))
 
 
-class ZImageHooks(Family):
+class ZImageHooks(FamilyHooks):
     """Z-Image: one forward a step at guidance 0 (Turbo), two above it; the caption of each row its own length."""
 
     name = "z-image"
@@ -325,13 +325,13 @@ def _block_styles(blocks: str, modulated: bool) -> dict[str, str]:
     return styles
 
 
-TENSOR_PLAN = TensorPlan(
+TENSOR_SPLITS = TensorSplits(
     styles={**_block_styles("noise_refiner", True), **_block_styles("context_refiner", False),
             **_block_styles("layers", True)},
     # each block all-reduces its attention output and its MLP output
     all_reduces={"noise_refiner": 2, "context_refiner": 2, "layers": 2},
 )
-"""Z-Image's tensor plan (diffusers gives the class none): every block's heads and MLP split."""
+"""Z-Image's tensor splits (diffusers gives the class none): every block's heads and MLP split."""
 
 _TOKENS = Split(dim=1, expected_dims=3)
 """A block's token input `x` or its rotary table `freqs_cis`, (b, s, d) each, cut along the tokens."""
@@ -351,7 +351,7 @@ SEQUENCE = SequenceSplits(points={
     "layers.*.attention": {"freqs_cis": _TOKENS},
     "all_final_layer.2-1": Gather(dim=1, expected_dims=3),
 }, output_stream="x")
-"""Z-Image's sequence-parallel plan (diffusers gives the class none)."""
+"""Z-Image's sequence-parallel splits (diffusers gives the class none)."""
 
 FAMILY = ModelFamily(
     name="z-image",
@@ -360,7 +360,7 @@ FAMILY = ModelFamily(
     read_spec=read_spec,
     hooks=ZImageHooks(),
     transformers={
-        "ZImageTransformer2DModel": TransformerPlan(
+        "ZImageTransformer2DModel": TransformerParts(
             # the refiners are not repeated blocks here: they run over other streams than the main blocks (the
             # image's alone, the caption's alone), and a step cache's span (First-Block Cache) must start and end
             # in one stream; FSDP shards them with the root
@@ -372,13 +372,13 @@ FAMILY = ModelFamily(
             attention=(AttentionSite(pattern="noise_refiner.*.attention", kind=SELF, streams=("x",)),
                        AttentionSite(pattern="layers.*.attention", kind=SELF, streams=("x",), masked=True)),
             sequence=SEQUENCE,
-            tensor_plan=TENSOR_PLAN,
+            tensor_splits=TENSOR_SPLITS,
             # diffusers' _repeated_blocks: ZImageTransformerBlock, of all three lists
             compile_units=("noise_refiner.*", "context_refiner.*", "layers.*"),
         ),
     },
     text_encoders={"Qwen3Model": Blocks(before=("embed_tokens",), repeated=("layers",), after=("norm",))},
-    text_encoder_plans={"Qwen3Model": decoder_tensor_plan("layers")},
+    text_encoder_splits={"Qwen3Model": decoder_tensor_splits("layers")},
     vae_classes=("diffusers:AutoencoderKL",),
     vae_rules=vae_rules.AUTOENCODER_KL,
     presets=(TinyPreset(name="tiny-z-image", transformer=TINY_TRANSFORMER, vae=tiny_configs.TINY_FLUX_VAE,

@@ -1,11 +1,11 @@
 """Parallelising a pipeline for a job group, in a fixed order (model code stays upstream, untouched).
 
-The whole order, fixed: each step is filled in at its place (`apply_plans`, and `shard_pipeline` for step
+The whole order, fixed: each step is filled in at its place (`apply_before_fsdp`, and `shard_pipeline` for step
 5), never elsewhere:
 
     1. stage split (pp)    PipeFusion: the transformer's blocks cut into `pp` stages at the model's stage
                            boundaries; each rank keeps its stage's blocks
-    2. TP and SP plans     tensor parallel: the family's `TensorPlan` (diffusers' `_tp_plan` where it has
+    2. TP and SP splits    tensor parallel: the family's `TensorSplits` (diffusers' `_tp_plan` where it has
                            one) splits heads, MLP columns and the AdaLN modulation over `tp`
                            (`parallel.tensor`); then sequence parallel: split/gather hooks and the routed
                            attention (`parallel.sequence`) on each denoiser (ring x ulysses), which then
@@ -20,7 +20,7 @@ The whole order, fixed: each step is filled in at its place (`apply_plans`, and 
                            eagerly, the blocks compiled around them, `parallel.cache.taylorseer`), and a
                            skipped span's decision is agreed over the group (`parallel.cache.agreement`)
     4. compile             `--compile`: torch.compile of each compile unit's forward (the family's
-                           repeated blocks, `parallel/compile.py`), after the plans and hooks above so
+                           repeated blocks, `parallel/compile.py`), after the splits and hooks above so
                            that it traces through them, before FSDP so that FSDP's all-gathers stay
                            outside the compiled regions
     5. FSDP2               fully_shard per block, then the root, on transformers and text encoders, over
@@ -82,35 +82,35 @@ def apply_attention_kernel(pipe, spec: ModelSpec, attention: str) -> None:
 
 
 def apply_tensor_parallel(pipe, spec: ModelSpec, ctx: ParallelContext) -> None:
-    """Split each denoiser over the tp group by its family's tensor plan (nothing at tp 1)."""
+    """Split each denoiser over the tp group by its family's tensor splits (nothing at tp 1)."""
     if ctx.dims.tp == 1:
         return
     from genbatch.parallel.tensor.shard import tensor_parallel
 
-    plans = family(spec.family)
+    record = family(spec.family)
     for _, model in _components(pipe, denoisers(spec)):
-        plan = plans.transformer_plan(type(model).__name__).tensor_plan
-        if plan is None:
-            raise ValueError(f"{type(model).__name__} has no tensor plan; run {spec.name} with --tp 1")
-        tensor_parallel(model, plan, ctx.tp_comm, ctx.tp_mesh)
+        splits = record.transformer_parts(type(model).__name__).tensor_splits
+        if splits is None:
+            raise ValueError(f"{type(model).__name__} has no tensor splits; run {spec.name} with --tp 1")
+        tensor_parallel(model, splits, ctx.tp_comm, ctx.tp_mesh)
 
 
 def apply_text_encoder_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, requested: str = "auto") -> None:
     """Split the text encoders `--text-encoder-parallel` (`requested`) picks over the job group, each by its
-    family's plan for its class (nothing on a group of one rank)."""
+    family's splits for its class (nothing on a group of one rank)."""
     if ctx.group.size == 1:
         return
     from genbatch.parallel.tensor.shard import tensor_parallel
 
-    plans = family(spec.family).text_encoder_plans
+    by_class = family(spec.family).text_encoder_splits
     for name, encoder in _components(pipe, TEXT_ENCODERS):
         if not encoders.splits(requested, encoder, fsdp=ctx.dims.fsdp):
             continue
-        plan = plans.get(type(encoder).__name__)
-        if plan is None:
-            raise ValueError(f"{name} ({type(encoder).__name__}) has no tensor plan; use --text-encoder-parallel "
+        splits = by_class.get(type(encoder).__name__)
+        if splits is None:
+            raise ValueError(f"{name} ({type(encoder).__name__}) has no tensor splits; use --text-encoder-parallel "
                              "replicate (or fsdp with --fsdp)")
-        tensor_parallel(encoder, plan, ctx.group, ctx.group_mesh,
+        tensor_parallel(encoder, splits, ctx.group, ctx.group_mesh,
                         flag=f"--text-encoder-parallel tp over the {ctx.group.size} ranks of a job group")
 
 
@@ -146,15 +146,15 @@ def apply_sequence_parallel(pipe, spec: ModelSpec, ctx: ParallelContext, attenti
 
 def apply_stage_split(pipe, spec: ModelSpec, ctx: ParallelContext) -> list[tuple[torch.nn.Module, object, list]]:
     """Cut each denoiser's repeated blocks into the pp stages, keeping this rank's (nothing at pp 1); returns
-    (model, plan, kept blocks) for `link_stages`."""
+    (model, parts, kept blocks) for `link_stages`."""
     if ctx.dims.pp == 1:
         return []
     from genbatch.parallel.pipeline.stages import cut_stages
 
-    plans, cut = family(spec.family), []
+    record, cut = family(spec.family), []
     for _, model in _components(pipe, denoisers(spec)):
-        plan = plans.transformer_plan(type(model).__name__)
-        cut.append((model, plan, cut_stages(model, plan, ctx.pp_comm.rank, ctx.dims.pp)))
+        parts = record.transformer_parts(type(model).__name__)
+        cut.append((model, parts, cut_stages(model, parts, ctx.pp_comm.rank, ctx.dims.pp)))
     return cut
 
 
@@ -162,29 +162,29 @@ def link_stages(stages: list[tuple[torch.nn.Module, object, list]], ctx: Paralle
     """Join the cut denoisers' stages point to point over the pp group."""
     from genbatch.parallel.pipeline.stages import StageLink
 
-    for model, plan, blocks in stages:
-        StageLink(model, plan, blocks, ctx.pp_comm)
+    for model, parts, blocks in stages:
+        StageLink(model, parts, blocks, ctx.pp_comm)
 
 
 def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileConfig) -> None:
     """Compile each denoiser's compile units in place; under ring > 1 the P2P exchange breaks the graph, except
     under pp > 1, whose stale-K/V attention (its ring passes included) is one opaque node, as DistriFusion's is; a
     stage's P2P sends are hooks outside its blocks."""
-    plans = family(spec.family)
+    record = family(spec.family)
     for _, model in _components(pipe, denoisers(spec)):
-        units = plans.transformer_plan(type(model).__name__).compile_units
+        units = record.transformer_parts(type(model).__name__).compile_units
         opaque_ring = ctx.dims.ring == 1 or ctx.dims.pp > 1
         compile_units(model, units, config, fullgraph=opaque_ring and not config.breaks)
 
 
-def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig = ParallelizeConfig()) -> None:
+def apply_before_fsdp(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig = ParallelizeConfig()) -> None:
     """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton), with the
     run's `config`: how step 4 compiles, the attention kernel (checked at start-up) and the text encoders' mode
     for step 2."""
     compile, attention, text_encoders = config.compile, config.attention_backend, config.text_encoders
     # 1. stage split (pp): each rank keeps its stage's share of the denoisers' repeated blocks
     stages = apply_stage_split(pipe, spec, ctx)
-    # 2. tensor-parallel plans, then the sequence-parallel plans (the attention kernel first: sequence
+    # 2. tensor-parallel splits, then the sequence-parallel splits (the attention kernel first: sequence
     #    parallel routes over the processors it set; the attention modules already count heads/tp)
     apply_tensor_parallel(pipe, spec, ctx)
     apply_text_encoder_parallel(pipe, spec, ctx, text_encoders)
@@ -202,7 +202,7 @@ def apply_plans(pipe, spec: ModelSpec, ctx: ParallelContext, config: Parallelize
 def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext,
                          config: ParallelizeConfig = ParallelizeConfig()) -> None:
     """The order on a pipeline loaded whole on every rank (no FSDP, so no step 5)."""
-    apply_plans(pipe, spec, ctx, config)
+    apply_before_fsdp(pipe, spec, ctx, config)
 
 
 def shard_loaded(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig = ParallelizeConfig()) -> None:
@@ -219,7 +219,7 @@ def shard_pipeline(skeleton, full, spec: ModelSpec, ctx: ParallelContext,
     device), then step 5: each of those components sharded over `ctx.fsdp_mesh`, per block then the root,
     and filled from `full`, the whole pipeline the group leader loaded on the CPU (None on other ranks)."""
     leader = ctx.group.rank == 0
-    apply_plans(skeleton, spec, ctx, config)
+    apply_before_fsdp(skeleton, spec, ctx, config)
     # 5. FSDP per block, then the root
     for name, module in _components(skeleton, sharded(spec, config.text_encoders)):
         fsdp.shard(module, ctx.fsdp_mesh, ctx.ledger)

@@ -1,6 +1,6 @@
 """Step 4 of the parallelisation order: `torch.compile` of each compile unit, in place.
 
-A compile unit is a repeated transformer block named by the family's plan (`TransformerPlan.compile_units`,
+A compile unit is a repeated transformer block named by the family's parts (`TransformerParts.compile_units`,
 globs over `named_modules()`, e.g. `"blocks.*"`). Each unit's bound `forward` is replaced by its compiled
 version (`module.forward = torch.compile(module.forward)`), not the module: the module object, its
 parameter names and its hooks stay where they are, so FSDP (step 5, applied after) shards the same
@@ -71,7 +71,7 @@ def _matches(name: str, pattern: str) -> bool:
 
 
 def unit_names(module: torch.nn.Module, patterns: tuple[str, ...]) -> list[str]:
-    """The names of `module`'s submodules matching any of the plan's compile-unit globs, in module order."""
+    """The names of `module`'s submodules matching any of the family's compile-unit globs, in module order."""
     return [name for name, _ in module.named_modules() if name and any(_matches(name, p) for p in patterns)]
 
 
@@ -154,11 +154,11 @@ CLOCK = CompileClock()
 def compile_units(module: torch.nn.Module, patterns: tuple[str, ...], config: CompileConfig, *,
                   fullgraph: bool = True) -> list[str]:
     """Compile the forward of each submodule of `module` matching `patterns`, in place; returns their names.
-    A model whose plan names units that match nothing is a plan error (ValueError)."""
+    A model whose family names units that match nothing is an error in the family (ValueError)."""
     names = unit_names(module, patterns)
     if not names:
         raise ValueError(f"{type(module).__name__} has no submodule matching its compile units {patterns}; "
-                         "fix TransformerPlan.compile_units in the family module, or run without --compile")
+                         "fix TransformerParts.compile_units in the family module, or run without --compile")
     CLOCK.install()
     options = {"backend": config.backend, "fullgraph": fullgraph, "dynamic": config.dynamic}
     if config.mode is not None:

@@ -18,8 +18,8 @@ parameters, and a group of cfg x ring x ulysses ranks:
 row's N/r tokens and the ring passes h/u heads, which is where N/r and d/u come from; under TP each rank holds
 d/t of every attention width and P/t of the weights, so the Ulysses, Ring and FSDP rows take d/t and P/t.
 
-TP's A is the model's: all-reduces of [N, d] per block summed over the blocks (`TensorPlan.all_reduces_per_forward`,
-from the family's `TensorPlan.all_reduces`): seed 000's 2 per layer is the standard case, Wan does 3 (its
+TP's A is the model's: all-reduces of [N, d] per block summed over the blocks (`TensorSplits.all_reduces_per_forward`,
+from the family's `TensorSplits.all_reduces`): seed 000's 2 per layer is the standard case, Wan does 3 (its
 cross-attention output too), a FLUX or HunyuanVideo single-stream block 1. A joint block all-reduces its text
 tokens with its image tokens. The head-split QK norm's all-reduces (`tp_norm`, (N, 1) values) and the AdaLN
 modulation's all-gather (`tp_all_gather`, (B, 6d) a block) are small and counted apart.
@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from genbatch.models.base import TensorPlan
+from genbatch.models.base import TensorSplits
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -51,14 +51,14 @@ class StepShape:
     """A N: tokens all-reduced by TP per forward, over all blocks (`tp_all_reduce_tokens`; 0 without TP)."""
 
 
-def tp_all_reduce_tokens(plan: TensorPlan, blocks: Mapping[str, int], *, image_tokens: int, text_tokens: int,
+def tp_all_reduce_tokens(splits: TensorSplits, blocks: Mapping[str, int], *, image_tokens: int, text_tokens: int,
                          joint: bool) -> float:
     """Tokens all-reduced per forward: A times the tokens of one all-reduce (image plus text in joint blocks),
     less the text of a last block that all-reduces the image alone (SD3's `context_pre_only`)."""
     tokens = image_tokens + (text_tokens if joint else 0)
-    total = plan.all_reduces_per_forward(blocks) * tokens
-    if plan.text_free_last_block and plan.all_reduces:
-        total -= next(iter(plan.all_reduces.values())) * (tokens - image_tokens)
+    total = splits.all_reduces_per_forward(blocks) * tokens
+    if splits.text_free_last_block and splits.all_reduces:
+        total -= next(iter(splits.all_reduces.values())) * (tokens - image_tokens)
     return float(total)
 
 

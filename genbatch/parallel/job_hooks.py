@@ -27,7 +27,7 @@ import torch
 
 from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobSpec
-from genbatch.models.hooks import Conditioning, Family, Trajectory
+from genbatch.models.hooks import Conditioning, FamilyHooks, Trajectory
 from genbatch.parallel.cfg import BranchExchange
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.context import ParallelContext
@@ -39,7 +39,7 @@ class DenoiseSteps:
     """What a step is made from: a job's model, its trajectory and conditioning, and the CFG exchange; handed
     to the hooks that run steps themselves."""
 
-    family: Family
+    family_hooks: FamilyHooks
     pipe: object
     trajectory: Trajectory
     conditioning: Conditioning
@@ -55,14 +55,14 @@ class DenoiseSteps:
         """One denoiser forward of `branch` at step `index` (on `patch` of the latent; None: whole), inside
         every hook's context for it."""
         with self.hooks.branch(branch, index, patch):
-            return self.family.predict(self.pipe, self.trajectory, latents, self.trajectory.timesteps[index], index,
+            return self.family_hooks.predict(self.pipe, self.trajectory, latents, self.trajectory.timesteps[index], index,
                                        self.conditioning.branches[branch])
 
     def combine(self, predictions: dict[str, torch.Tensor], index: int, latents: torch.Tensor) -> torch.Tensor:
         """This rank's branch predictions -> every branch's (the CFG exchange) -> the guided noise (`latents`: what
-        step `index` started from; `Family.guide`)."""
+        step `index` started from; `FamilyHooks.guide`)."""
         predictions = self.exchange.complete(predictions, self.branches)
-        return self.family.guide(self.pipe, self.trajectory, predictions, self.conditioning.guidance_scale, latents,
+        return self.family_hooks.guide(self.pipe, self.trajectory, predictions, self.conditioning.guidance_scale, latents,
                                  index)
 
     def whole_step(self, latents: torch.Tensor, index: int) -> torch.Tensor:
@@ -196,7 +196,7 @@ class JobStart:
 
     job: JobSpec
     spec: ModelSpec
-    family: Family
+    family_hooks: FamilyHooks
     pipe: object
     trajectory: Trajectory
     start_step: int

@@ -1,10 +1,10 @@
 """Sequence parallelism applied to an unmodified diffusers transformer with module hooks.
 
-    split hooks     at the split points of the model's sequence plan: each rank keeps its (uneven,
+    split hooks     at the split points of the model's sequence splits: each rank keeps its (uneven,
                     tensor_split-sized) slice of every split stream
-    attention       the plan's attention modules get a copy of their own processor whose one attention call
-                    is the plan's strategy over all ranks' tokens (`genbatch.parallel.attention.route`)
-    gather hooks    at the plan's gather points: the slices are all-gathered back into the full sequence
+    attention       the routing's attention modules get a copy of their own processor whose one attention call
+                    is the routing's strategy over all ranks' tokens (`genbatch.parallel.attention.route`)
+    gather hooks    at the gather points: the slices are all-gathered back into the full sequence
 
 Linear layers, norms and cross-attention to replicated text are per token and run unchanged on the local
 slice. Every rank of the SP group starts from the same inputs, so the output equals a one-process forward.
@@ -26,7 +26,7 @@ from genbatch.parallel.attention.route import ProcessorRoutes, restore_processor
 from genbatch.parallel.attention.split_keys import split_keys_attention
 from genbatch.parallel.attention.strategy import AttentionStrategy, make_strategy
 from genbatch.parallel.marks import ModuleMark
-from genbatch.parallel.plans import sequence_plan
+from genbatch.parallel.routing import sequence_routing
 
 SEQUENCE_PARALLEL: ModuleMark[SequenceParallel] = ModuleMark("sequence parallel")
 """A sequence-parallel model's `SequenceParallel` (read by the job hooks that set state on its strategies:
@@ -90,7 +90,7 @@ def hook_split_points(module_name: str, module: torch.nn.Module, specs: dict, cu
 class _Route:
     """The attention of every module that attends over the same split streams with the same strategy
     (e.g. every block's self-attention): one route, shared, so repeated blocks run identical code.
-    `name` is the plan's pattern for those modules."""
+    `name` is the routing's pattern for those modules."""
 
     def __init__(self, sp: SequenceParallel, name: str, streams: tuple[str, ...], strategy: AttentionStrategy):
         self.sp, self.name, self.streams, self.strategy = sp, name, streams, strategy
@@ -132,10 +132,10 @@ class SequenceParallel:
     """Hooks that make one transformer sequence-parallel over `group`; `remove()` restores it.
 
     `strategy` names one attention strategy for every routed module; by default each module uses the one
-    its model's plan names (`exact` unless the plan says otherwise)."""
+    its model's routing names (`exact` unless it says otherwise)."""
 
     def __init__(self, model: torch.nn.Module, group: SequenceGroup, strategy: str | None = None):
-        self.plan, cp_plan = sequence_plan(model)
+        self.routing, points = sequence_routing(model)
         self.group = group
         self.state = _ForwardState()
         self.handles = []
@@ -146,33 +146,33 @@ class SequenceParallel:
         self.model = model
         SEQUENCE_PARALLEL.put(model, self)
         named = list(model.named_modules())
-        for key, spec in cp_plan.items():
+        for key, spec in points.items():
             targets = [(name, module) for name, module in named if fnmatch.fnmatchcase(name, key)]
             if not targets:
-                raise ValueError(f"the sequence plan of {type(model).__name__} names {key!r}, which it does not have")
+                raise ValueError(f"the sequence splits of {type(model).__name__} names {key!r}, which it does not have")
             for name, module in targets:
                 if isinstance(spec, dict):
                     self._hook_inputs(name, module, spec)
                 else:
                     self._hook_gather(module, spec)
-        attention = self.plan.attention_modules(model)
+        attention = self.routing.attention_modules(model)
         if not attention:
-            raise ValueError(f"no attention module of {type(model).__name__} matches {self.plan.attention}")
+            raise ValueError(f"no attention module of {type(model).__name__} matches {self.routing.attention}")
         strategies: dict[str, AttentionStrategy] = self.strategies
         routes: dict[tuple, _Route] = {}
-        for name, module, streams, planned in attention:
-            if self.plan.has_split_keys(name):
+        for name, module, streams, declared in attention:
+            if self.routing.has_split_keys(name):
                 key = (streams, "split_keys")
                 if key not in routes:
-                    routes[key] = _SplitKeysRoute(self, self.plan.pattern_of(name), streams)
+                    routes[key] = _SplitKeysRoute(self, self.routing.pattern_of(name), streams)
                 self._route(name, module, key, routes[key])
                 continue
-            chosen = strategy or planned
+            chosen = strategy or declared
             if chosen not in strategies:
                 strategies[chosen] = make_strategy(chosen, group)
             key = (streams, chosen)
             if key not in routes:
-                routes[key] = _Route(self, self.plan.pattern_of(name), streams, strategies[chosen])
+                routes[key] = _Route(self, self.routing.pattern_of(name), streams, strategies[chosen])
             self._route(name, module, key, routes[key])
 
     def remove(self) -> None:
@@ -199,7 +199,7 @@ class SequenceParallel:
         return layout.shard(tensor, self.group.rank, dim).contiguous()
 
     def _gather(self, tensor: torch.Tensor, dim: int) -> torch.Tensor:
-        total = self.state.stream_totals[self.plan.output_stream]
+        total = self.state.stream_totals[self.routing.output_stream]
         lengths = SequenceLayout.split(total, self.group.size).lengths
         local = tensor.movedim(dim, 0).contiguous()  # (..., s_rank, ...) -> (s_rank, ...)
         pieces = self.group.sp.all_gather_uneven(local, lengths, kind="sp_gather")
@@ -235,7 +235,7 @@ class SequenceParallel:
         for stream in streams:
             total = self.state.stream_totals.get(stream)
             if total is None:
-                raise RuntimeError(f"attention ran before the '{stream}' input was split; check the plan")
+                raise RuntimeError(f"attention ran before the '{stream}' input was split; check the family's split points")
             for rank, length in enumerate(SequenceLayout.split(total, size).lengths):
                 lengths[rank] += length
         layout = SequenceLayout(tuple(lengths))

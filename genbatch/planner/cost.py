@@ -323,7 +323,7 @@ def _communication(layout: ParallelDims, work: Workload, cluster: Cluster, compu
                   per_step * exposed, link, per_step * passes * (r - 1))
     if tp > 1:
         link = links["tp"] = axis_link(layout, "tp", cluster)
-        reduces = work.shape.tp_all_reduces  # the model's all-reduces a layer (TensorPlan.all_reduces_per_layer)
+        reduces = work.shape.tp_all_reduces  # the model's all-reduces a layer (TensorSplits.all_reduces_per_layer)
         per_layer = sent["tp_all_reduce"] / per_step  # `reduces` ring all-reduces of [N/sp, d]
         time = _transfer(per_layer, link, messages=reduces)
         tally.add("tp", per_step * per_layer, per_step * time, per_step * time, link, per_step * reduces)

@@ -105,8 +105,8 @@ def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, 
                             f"keep {axis} inside a node")
     split = {axis: getattr(layout, axis) for axis in ("ulysses", "ring", "distrifusion") if getattr(layout, axis) > 1}
     if split and not shape.sequence_parallel:
-        problems.append(f"{', '.join(f'{axis}={degree}' for axis, degree in split.items())} needs a sequence-parallel "
-                        f"plan, which {shape.name} has none of (use dp, cfg or tp)")
+        problems.append(f"{', '.join(f'{axis}={degree}' for axis, degree in split.items())} needs sequence-parallel "
+                        f"split points, which {shape.name} has none of (use dp, cfg or tp)")
     if layout.pp > 1 and not shape.pipeline_stages:
         problems.append(f"pp={layout.pp} needs PipeFusion stages, which {shape.name} has none of")
     if layout.pp > shape.num_layers:

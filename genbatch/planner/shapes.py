@@ -38,8 +38,8 @@ _PLANNED_ONLY = (
 )
 
 
-def _parallel_plans(spec: ModelSpec) -> dict[str, bool]:
-    """Whether the family's transformers have a sequence-parallel plan, and PipeFusion stages."""
+def _parallel_support(spec: ModelSpec) -> dict[str, bool]:
+    """Whether the family's transformers have sequence-parallel split points, and PipeFusion stages."""
     plans = list(families()[spec.family].transformers.values()) if spec.family in families() else []
     sequence = all(plan.sequence is not None for plan in plans)
     return {"sequence_parallel": sequence, "pipeline_stages": sequence and all(plan.carried for plan in plans)}
@@ -61,7 +61,7 @@ def published_shape(family: ModelFamily, model: Published) -> ModelShape:
     return ModelShape.of(spec, parameters=model.parameters, text_encoder_parameters=model.text_encoder_parameters,
                          text_encoder_split_parameters=model.text_encoder_split_parameters,
                          vae_parameters=model.vae_parameters, vae_costs=vae_costs_of(spec), hub_id=model.hub_id,
-                         **_parallel_plans(spec))
+                         **_parallel_support(spec))
 
 
 def _published() -> dict[str, ModelShape]:
@@ -108,7 +108,7 @@ def shape_from_spec(spec: ModelSpec) -> ModelShape:
                for sub in ("text_encoder", "text_encoder_2", "text_encoder_3")) if root else 0.0
     vae = (_safetensors_parameters(os.path.join(root, "vae")) or 0.0) if root else 0.0
     return ModelShape.of(spec, parameters=float(parameters), text_encoder_parameters=float(text),
-                         vae_parameters=float(vae), vae_costs=vae_costs_of(spec), **_parallel_plans(spec))
+                         vae_parameters=float(vae), vae_costs=vae_costs_of(spec), **_parallel_support(spec))
 
 
 def resolve_shape(model: str | ModelSpec | ModelShape) -> ModelShape:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from genbatch.models.hooks import Conditioning, Family, Trajectory
+from genbatch.models.hooks import Conditioning, FamilyHooks, Trajectory
 from genbatch.parallel.cfg import BranchExchange
 from genbatch.parallel.job_hooks import DenoiseSteps, JobHooks
 from genbatch.runner.timing import JobTimer
@@ -42,7 +42,7 @@ AfterStep = Callable[[int, torch.Tensor], bool]
 
 
 def denoise(
-    family: Family,
+    family_hooks: FamilyHooks,
     pipe,
     trajectory: Trajectory,
     conditioning: Conditioning,
@@ -58,7 +58,7 @@ def denoise(
     """Run the denoising steps from `start_step` (0, or a checkpoint's `steps_done`) with the job's `hooks`
     (None: none; the caller closes them)."""
     hooks = hooks if hooks is not None else JobHooks()
-    steps = DenoiseSteps(family=family, pipe=pipe, trajectory=trajectory, conditioning=conditioning,
+    steps = DenoiseSteps(family_hooks=family_hooks, pipe=pipe, trajectory=trajectory, conditioning=conditioning,
                          exchange=exchange, hooks=hooks)
     latents = trajectory.latents if latents is None else latents
     total = len(trajectory.timesteps)
@@ -76,5 +76,5 @@ def denoise(
         steps_done = index + 1
         if after_step is not None and after_step(steps_done, latents) and steps_done < total:
             return DenoiseResult(latents=hooks.end(steps, latents, stopped=True), steps_done=steps_done, stopped=True)
-    latents = family.finish(pipe, trajectory, hooks.end(steps, latents, stopped=False))
+    latents = family_hooks.finish(pipe, trajectory, hooks.end(steps, latents, stopped=False))
     return DenoiseResult(latents=latents, steps_done=steps_done, stopped=False)

@@ -10,7 +10,7 @@ these share one encode:
 
 Every rank of a job group runs the same jobs in the same order, so its ranks hit and miss together. The
 stored tensors are the encode's own: what comes out equals a fresh encode bit for bit. A cached value is
-never changed by its users (`Family.batch_conditioning` copies the dicts it is given). An encode larger than
+never changed by its users (`FamilyHooks.batch_conditioning` copies the dicts it is given). An encode larger than
 the whole bound is returned and not kept.
 """
 

@@ -27,7 +27,7 @@ from genbatch.jobs.prepared import PreparedJob, RowFailure
 from genbatch.jobs.spec import JobSpec
 from genbatch import models
 from genbatch.models import resolve_model
-from genbatch.models.hooks import Family, to_uint8
+from genbatch.models.hooks import FamilyHooks, to_uint8
 from genbatch.models.scheduler_state import restore_scheduler, scheduler_state
 from genbatch.parallel.cache.agreement import decision_comm
 from genbatch.parallel.cache.session import SKIPPED
@@ -68,7 +68,7 @@ class JobModel:
 
     spec: ModelSpec
     """The model's spec."""
-    family: Family
+    family_hooks: FamilyHooks
     """Its family's denoise hooks."""
     pipe: DiffusionPipeline
     """Its pipeline, loaded and parallelised for this rank's group."""
@@ -77,7 +77,7 @@ class JobModel:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class DecodedRow:
     """One row's decoded output on the group leader (None elsewhere): its frames, and its sound when its family
-    makes one (`Family.soundtrack`)."""
+    makes one (`FamilyHooks.soundtrack`)."""
 
     frames: np.ndarray | None
     """[0, 1] frames, (frames, h, w, c) for a video or (h, w, c) for an image; None off the leader."""
@@ -177,7 +177,7 @@ class JobExecutor:
     def model_for(self, job: JobSpec) -> JobModel:
         """Resolve the job's model: its spec, its family's hooks and its pipeline (loaded on first use)."""
         spec = resolve_model(job.model)
-        return JobModel(spec=spec, family=models.family(spec.family).hooks, pipe=self.pipelines.get(spec))
+        return JobModel(spec=spec, family_hooks=models.family(spec.family).hooks, pipe=self.pipelines.get(spec))
 
     def _save_checkpoint(self, jobs: list[JobSpec], model: JobModel, steps_done: int, latents, generators) -> None:
         if not self.ctx.holds_latents:
@@ -209,16 +209,16 @@ class JobExecutor:
         for job in jobs:
             with timer.stage("text_encode", **self._own_columns(job, jobs)) as stage:
                 conditioning, hit = self.embeddings.get(
-                    embedding_key(job), lambda job=job: model.family.encode(model.pipe, job, self.ctx.device))
+                    embedding_key(job), lambda job=job: model.family_hooks.encode(model.pipe, job, self.ctx.device))
                 stage.extra["cache_hit"] = hit
             rows.append(conditioning)
-        return model.family.batch_conditioning(rows)
+        return model.family_hooks.batch_conditioning(rows)
 
     def denoise_batch(self, jobs: list[PreparedJob], timer: JobTimer, model: JobModel | None = None) -> torch.Tensor:
         """Encode the batch's prompts and denoise (from its checkpoint when there is one): the final latents of
         its rows, joined along dim 0 in the batch's order, identical on every rank of the group."""
         model = model or self.model_for(jobs[0])
-        family, pipe = model.family, model.pipe
+        family_hooks, pipe = model.family_hooks, model.pipe
         device = self.ctx.device
         # each row's noise from its own seed, as diffusers draws a list of generators'
         generators = [torch.Generator("cpu").manual_seed(job.seed) for job in jobs]
@@ -227,7 +227,7 @@ class JobExecutor:
             conditioning = self._conditioning(jobs, model, timer)
             # an image row's VAE encode (in the pipeline's own prepare_latents) is split over the job group
             with parallel_encoding(getattr(pipe, "vae", None), self.ctx.group):
-                trajectory = family.batch_trajectory([family.trajectory(pipe, job, generator, device)
+                trajectory = family_hooks.batch_trajectory([family_hooks.trajectory(pipe, job, generator, device)
                                                       for job, generator in zip(jobs, generators, strict=True)])
             checkpoint = self._shared_checkpoint(jobs)
             start_step, latents = 0, None
@@ -257,11 +257,11 @@ class JobExecutor:
                 return False
 
             # a resumed job's hooks start empty: its first step computes in full, its K/V buffers re-warm
-            start = JobStart(job=jobs[0], spec=model.spec, family=family, pipe=pipe, trajectory=trajectory,
+            start = JobStart(job=jobs[0], spec=model.spec, family_hooks=family_hooks, pipe=pipe, trajectory=trajectory,
                              start_step=start_step, ctx=self.ctx, run=self.features)
             with start_hooks(start) as hooks:
                 result = denoise(
-                    family, pipe, trajectory, conditioning,
+                    family_hooks, pipe, trajectory, conditioning,
                     timer=timer, exchange=self.exchange, start_step=start_step, latents=latents,
                     after_step=after_step, step_extra=self._step_extra, hooks=hooks,
                 )
@@ -280,22 +280,22 @@ class JobExecutor:
         """Final latents -> each row's [0, 1] frames (decoded patch-parallel over the group) and sound, on the
         leader; one row at a time (as that row alone decodes: the same bytes, one row's peak)."""
         model = model or self.model_for(jobs[0])
-        family, pipe = model.family, model.pipe
+        family_hooks, pipe = model.family_hooks, model.pipe
         rows = []
         with torch.no_grad():
             for index, job in enumerate(jobs):
                 row = latents if len(jobs) == 1 else latents[index : index + 1]
                 with timer.stage("vae_decode", **self._own_columns(job, jobs)):
-                    decoded = self.decoder.decode(pipe, family.vae_input(pipe, job, row),
+                    decoded = self.decoder.decode(pipe, family_hooks.vae_input(pipe, job, row),
                                                   (job.width, job.height, job.num_frames))
                 stage_memory = self.decoder.last_peak_bytes
                 if stage_memory is not None:
                     timer.intervals[-1].extra["peak_bytes"] = stage_memory
                 sound = None
-                if decoded is not None and family.wants_sound(job):
+                if decoded is not None and family_hooks.wants_sound(job):
                     with timer.stage("audio_decode", **self._own_columns(job, jobs)):
-                        sound = family.soundtrack(pipe, job, row)
-                rows.append(DecodedRow(frames=None if decoded is None else family.postprocess(pipe, decoded),
+                        sound = family_hooks.soundtrack(pipe, job, row)
+                rows.append(DecodedRow(frames=None if decoded is None else family_hooks.postprocess(pipe, decoded),
                                        sound=sound))
         return rows
 

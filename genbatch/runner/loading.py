@@ -218,9 +218,9 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
     """`--tp` loading from a pipeline directory (with `--fsdp` too: FSDP then shards the parts read, step 5): the
     denoisers (and the text encoders `--text-encoder-parallel` splits, when their safetensors hold each parameter
     as one stored tensor, renamed keys included: `_split_encoders`) built with their parameters on the meta device
-    and split by their tensor plans, then filled from their safetensors, each rank reading only its own part of
-    every split tensor, straight to its device; the other components load whole and the plans
-    (`parallelize_pipeline`) apply as on a whole pipeline. `config`: as `load_sharded_pipeline`'s."""
+    and split by their tensor splits, then filled from their safetensors, each rank reading only its own part of
+    every split tensor, straight to its device; the other components load whole and the other
+    parallel methods (`parallelize_pipeline`) apply as on a whole pipeline. `config`: as `load_sharded_pipeline`'s."""
     import os
 
     from genbatch.parallel.apply import denoisers, parallelize_pipeline

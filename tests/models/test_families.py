@@ -1,4 +1,4 @@
-"""The families' data: every name it gives exists on the real modules, the sequence-parallel plans are built
+"""The families' data: every name it gives exists on the real modules, the sequence-parallel routing is built
 from it, FSDP finds the blocks through it, the VAE rules cover the decoders, and reading a spec or a shape
 imports no torch."""
 
@@ -30,7 +30,7 @@ def built():
 def test_blocks_and_attention_name_real_modules(built, preset):
     pipe = built[preset]
     model_family = family(resolve_model(preset).family)
-    plan = model_family.transformer_plan(type(pipe.transformer).__name__)
+    plan = model_family.transformer_parts(type(pipe.transformer).__name__)
     children = dict(pipe.transformer.named_children())
     for name in (*plan.blocks.before, *plan.blocks.after):
         assert name in children, name
@@ -59,14 +59,14 @@ def test_blocks_and_attention_name_real_modules(built, preset):
 
 
 def test_the_sequence_plans_are_the_families_and_name_real_modules(built):
-    from genbatch.parallel.plans import SEQUENCE_PLANS, sequence_plan
+    from genbatch.parallel.routing import SEQUENCE_ROUTING, sequence_routing
 
     planned = {name for model_family in families().values()
                for name, plan in model_family.transformers.items() if plan.sequence is not None}
-    assert set(SEQUENCE_PLANS) == planned
+    assert set(SEQUENCE_ROUTING) == planned
     for preset in ORIGINAL:
         transformer = built[preset].transformer
-        plan, cp_plan = sequence_plan(transformer)
+        plan, cp_plan = sequence_routing(transformer)
         names = [name for name, _ in transformer.named_modules()]
         for module in cp_plan:
             assert any(fnmatch.fnmatchcase(name, module) for name in names), (preset, module)
@@ -84,7 +84,7 @@ def test_fsdp_shards_the_blocks_the_family_lists(built):
 
 
 def test_vae_rules_are_known_kinds_and_cover_the_tiny_decoders(built):
-    from genbatch.parallel.vae.plan import unsupported_reason
+    from genbatch.parallel.vae.forwards import unsupported_reason
 
     for model_family in families().values():
         assert set(model_family.vae_rules.values()) <= set(KINDS), model_family.name

@@ -61,18 +61,18 @@ def test_the_family_data_names_real_modules(preset):
     from genbatch.models import family
     from genbatch.parallel.compile import _matches
     from genbatch.parallel.vae.encode import unsupported_encode_reason
-    from genbatch.parallel.vae.plan import unsupported_reason
+    from genbatch.parallel.vae.forwards import unsupported_reason
     from genbatch.runner.presets import build_preset
 
     pipe = build_preset(preset)
     record = family(resolve_model(preset).family)
-    plan = record.transformer_plan(type(pipe.transformer).__name__)
+    plan = record.transformer_parts(type(pipe.transformer).__name__)
     children = dict(pipe.transformer.named_children())
     assert all(name in children for name in (*plan.blocks.before, *plan.blocks.repeated, *plan.blocks.after))
     names = [name for name, _ in pipe.transformer.named_modules()]
     for site in plan.attention:
         assert any(fnmatch.fnmatchcase(name, site.pattern) for name in names), site.pattern
-    for pattern in plan.tensor_plan.styles:
+    for pattern in plan.tensor_splits.styles:
         assert any(_matches(name, pattern) for name in names), pattern
     assert set(plan.list_carried) <= set(plan.blocks.repeated) and set(plan.cache_lists) <= set(plan.blocks.repeated)
     encoder = pipe.text_encoder
@@ -158,14 +158,14 @@ def _encodes_split(rank, world_size, jobs, out):
         with job_executor(f"{out}/{index}", ulysses=2, text_encoder_parallel="tp") as (world, executor):
             model = executor.model_for(spec_job)
             assert any(isinstance(param, DTensor) for param in model.pipe.text_encoder.parameters())
-            encoded = model.family.encode(model.pipe, spec_job, world.ctx.device)
+            encoded = model.family_hooks.encode(model.pipe, spec_job, world.ctx.device)
             results.append({name: branch["encoder_hidden_states"] for name, branch in encoded.branches.items()})
     return results
 
 
 @pytest.mark.slow
 def test_the_text_encoders_split_over_a_job_group_encode_as_one_process(tmp_path):
-    """Mistral 3 and Qwen3 split by heads and MLP columns over two ranks (`decoder_tensor_plan`; the published
+    """Mistral 3 and Qwen3 split by heads and MLP columns over two ranks (`decoder_tensor_splits`; the published
     Mistral 3, 5120 wide, and Qwen3-8B, 4096, split this way under `--text-encoder-parallel auto`)."""
     jobs = [job(DEV, seed=1), job(BASE, seed=1, guidance_scale=4.0)]
     per_rank = run_on_ranks(_encodes_split, 2, args=(jobs, str(tmp_path / "ranks")), timeout_s=120)

@@ -227,7 +227,7 @@ def _vae_on_ranks(rank, world_size, cases):
     from genbatch.models.hunyuan_video15_tiny import TINY_VAE
     from genbatch.parallel.comm import Comm, CommLedger
     from genbatch.parallel.vae import parallel_decode, parallel_encoding, supports_parallel_encode
-    from genbatch.parallel.vae.plan import unsupported_reason
+    from genbatch.parallel.vae.forwards import unsupported_reason
 
     torch.manual_seed(0)
     vae = AutoencoderKLHunyuanVideo15(**TINY_VAE).eval()
@@ -358,23 +358,23 @@ def test_the_plans_name_real_modules():
     import fnmatch
 
     from genbatch.models.registry import module_blocks
-    from genbatch.parallel.plans import sequence_plan
+    from genbatch.parallel.routing import sequence_routing
     from genbatch.runner.presets import build_preset
 
     pipe = build_preset(I2V, meta=("transformer", "text_encoder", "text_encoder_2"))
-    plan = family("hunyuan-video-15-i2v").transformer_plan(type(pipe.transformer).__name__)
-    assert plan is family("hunyuan-video-15").transformer_plan(type(pipe.transformer).__name__)
+    plan = family("hunyuan-video-15-i2v").transformer_parts(type(pipe.transformer).__name__)
+    assert plan is family("hunyuan-video-15").transformer_parts(type(pipe.transformer).__name__)
     children = dict(pipe.transformer.named_children())
     assert set(plan.blocks.before + plan.blocks.after + plan.blocks.repeated) <= set(children)
     named = [name for name, _ in pipe.transformer.named_modules()]
-    _, cp_plan = sequence_plan(pipe.transformer)
+    _, cp_plan = sequence_routing(pipe.transformer)
     for key in cp_plan:
         assert any(fnmatch.fnmatchcase(name, key) for name in named), key
     # the mask is split at the blocks' attention modules alone (not their projections or norms)
     assert [name for name in named if fnmatch.fnmatchcase(name, "transformer_blocks.*.attn")] == [
         "transformer_blocks.0.attn", "transformer_blocks.1.attn"]
-    for styles, model in ((plan.tensor_plan.styles, pipe.transformer),
-                          *((family("hunyuan-video-15").text_encoder_plans[type(encoder).__name__].styles, encoder)
+    for styles, model in ((plan.tensor_splits.styles, pipe.transformer),
+                          *((family("hunyuan-video-15").text_encoder_splits[type(encoder).__name__].styles, encoder)
                             for encoder in (pipe.text_encoder, pipe.text_encoder_2))):
         modules = [name for name, _ in model.named_modules()]
         for pattern in styles:

@@ -127,12 +127,12 @@ def test_tp_fsdp_and_cfg_layouts_equal_one_process(tmp_path):
 
 
 def test_sequence_parallel_is_refused_naming_the_layouts_that_run_it():
-    from genbatch.parallel.plans import sequence_plan
+    from genbatch.parallel.routing import sequence_routing
 
     pipe = load_pipeline(resolve_model(PRESET), torch.device("cpu"), torch.float32)
-    with pytest.raises(ValueError, match="QwenImage21Transformer2DModel has no sequence-parallel plan; run it with "
+    with pytest.raises(ValueError, match="QwenImage21Transformer2DModel has no sequence-parallel split points; run it with "
                                          "--ulysses 1 --ring 1"):
-        sequence_plan(pipe.transformer)
+        sequence_routing(pipe.transformer)
 
 
 @pytest.mark.slow
@@ -273,6 +273,6 @@ def test_the_planner_ranks_no_sequence_or_pipefusion_layout_for_it():
         assert not shape.sequence_parallel and not shape.pipeline_stages, name
     shape = resolve_shape("qwen-image-2.1")
     cluster = make_cluster(8)
-    assert any("needs a sequence-parallel plan" in problem for problem in structural_problems(
+    assert any("needs sequence-parallel split points" in problem for problem in structural_problems(
         ParallelDims(dp=4, ulysses=2), shape, 4352, 40, cluster))
     assert not structural_problems(ParallelDims(dp=4, tp=2), shape, 4352, 40, cluster)

@@ -60,7 +60,7 @@ def pipelines():
 @pytest.mark.parametrize("preset,width,height,frames", CASES)
 def test_the_token_count_is_what_the_model_sees(pipelines, preset, width, height, frames):
     spec = resolve_model(preset)
-    plan = family(spec.family).transformer_plan(type(pipelines[preset].transformer).__name__)
+    plan = family(spec.family).transformer_parts(type(pipelines[preset].transformer).__name__)
     spec_job = job(preset, width=width, height=height, num_frames=frames, num_inference_steps=2)
     seen = _tokens_seen(pipelines[preset], plan, spec_job)
     assert spec.tokens(width, height, frames) == seen

@@ -53,7 +53,7 @@ def test_compile_units_are_each_repeated_block_of_every_family():
 
     for preset in (*PRESETS, "tiny-qwen-image", "tiny-hunyuan-video"):
         model = build_preset(preset, meta=("transformer",)).transformer
-        plan = family(resolve_model(preset).family).transformer_plan(type(model).__name__)
+        plan = family(resolve_model(preset).family).transformer_parts(type(model).__name__)
         blocks = [f"{path}.{index}" for path in plan.blocks.repeated
                   for index in range(len(model.get_submodule(path)))]
         assert unit_names(model, plan.compile_units) == blocks, preset

@@ -58,7 +58,7 @@ def _measure(rank, world_size, out):
         with torch.device("meta"):
             model = cls(**config)
         whole = parameter_bytes(model)
-        tensor_parallel(model, family(family_name).transformer_plan(class_name).tensor_plan, ctx.tp_comm, ctx.tp_mesh)
+        tensor_parallel(model, family(family_name).transformer_parts(class_name).tensor_splits, ctx.tp_comm, ctx.tp_mesh)
         found[name] = parameter_bytes(model) / whole
     return found
 
@@ -72,7 +72,7 @@ def _blocks(name: str):
     from genbatch.runner.presets import build_preset
 
     model = build_preset(name).transformer
-    plan = family(resolve_model(name).family).transformer_plan(type(model).__name__).tensor_plan
+    plan = family(resolve_model(name).family).transformer_parts(type(model).__name__).tensor_splits
     return plan, {path: len(getattr(model, path)) for path in plan.all_reduces}
 
 

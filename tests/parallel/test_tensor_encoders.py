@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from genbatch.models import family
-from genbatch.models.base import TensorPlan
+from genbatch.models.base import TensorSplits
 from genbatch.parallel.tensor import encoders
 from tests.parallel.test_layouts import WAN, references  # noqa: F401
 from tests.support.distributed import run_on_ranks
@@ -20,7 +20,7 @@ from tests.support.distributed import run_on_ranks
 VOCAB = 64
 
 
-def _encoders() -> dict[str, tuple[torch.nn.Module, TensorPlan]]:
+def _encoders() -> dict[str, tuple[torch.nn.Module, TensorSplits]]:
     """name -> (an encoder with seeded weights, its family's plan)."""
     from transformers import (CLIPTextModel, CLIPTextModelWithProjection, LlamaConfig, LlamaModel, Qwen2_5_VLConfig,
                               Qwen2_5_VLForConditionalGeneration, T5Config, T5EncoderModel, UMT5Config,
@@ -50,7 +50,7 @@ def _encoders() -> dict[str, tuple[torch.nn.Module, TensorPlan]]:
     found = {}
     for name, (family_name, build) in builds.items():
         torch.manual_seed(0)
-        found[name] = (build().eval(), family(family_name).text_encoder_plans[name])
+        found[name] = (build().eval(), family(family_name).text_encoder_splits[name])
     return found
 
 
@@ -95,7 +95,7 @@ def test_a_preset_encoder_a_group_does_not_divide_is_refused_naming_the_fix():
     encoder = build_preset("tiny-wan").text_encoder
     with pytest.raises(ValueError, match=r"over the 2 ranks of a job group does not divide UMT5EncoderModel: "
                                          r"encoder.block.0.layer.1.DenseReluDense.wi_0.weight splits \[37\]"):
-        tensor_parallel(encoder, family("wan").text_encoder_plans["UMT5EncoderModel"], _Group(2), mesh=None,
+        tensor_parallel(encoder, family("wan").text_encoder_splits["UMT5EncoderModel"], _Group(2), mesh=None,
                         flag="--text-encoder-parallel tp over the 2 ranks of a job group")
 
 

@@ -16,7 +16,7 @@ from genbatch.runner.presets import build_preset
 
 def _plan(preset: str):
     model = build_preset(preset).transformer
-    return model, family(preset.removeprefix("tiny-")).transformer_plan(type(model).__name__).tensor_plan
+    return model, family(preset.removeprefix("tiny-")).transformer_parts(type(model).__name__).tensor_splits
 
 
 def test_heads_must_divide_by_ulysses_times_tp_and_the_error_names_the_fix():

@@ -110,7 +110,7 @@ def run_norms(rank: int, world_size: int) -> list[float]:
     from genbatch.parallel.comm import Comm, CommLedger
     from genbatch.parallel.vae.context import TileGroup
     from genbatch.parallel.vae.norms import group_norm
-    from genbatch.parallel.vae.tiles import plan_grid
+    from genbatch.parallel.vae.tiles import tile_grid
 
     diffs = []
     for shape in NORM_SHAPES:
@@ -119,7 +119,7 @@ def run_norms(rank: int, world_size: int) -> list[float]:
         torch.nn.init.normal_(norm.weight, generator=generator)
         torch.nn.init.normal_(norm.bias, generator=generator)
         whole = torch.randn(shape, generator=generator) + 100.0
-        grid = plan_grid(shape[-2], shape[-1], world_size)
+        grid = tile_grid(shape[-2], shape[-1], world_size)
         top, bottom, left, right = grid.bounds(rank)
         group = TileGroup(comm=Comm(dist.group.WORLD, CommLedger()), grid=grid)
         with torch.no_grad():

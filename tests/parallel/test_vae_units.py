@@ -9,7 +9,7 @@ from diffusers import AutoencoderKL, AutoencoderKLWan, AutoencoderTiny
 from diffusers.models.attention_processor import AttnProcessor
 
 from genbatch.parallel.vae import decode_fallback, peak_memory, supports_parallel_decode, unsupported_reason
-from genbatch.parallel.vae.tiles import TileGrid, plan_grid, split_bounds
+from genbatch.parallel.vae.tiles import TileGrid, tile_grid, split_bounds
 from genbatch.models.tiny_configs import TINY_FLUX_VAE, TINY_WAN_VAE
 
 
@@ -24,8 +24,8 @@ def test_split_bounds_uneven_first_longer():
     "height, width, ranks, rows, cols",
     [(7, 6, 4, 4, 1), (13, 2, 2, 2, 1), (3, 5, 4, 2, 2), (1, 7, 4, 1, 4), (2, 9, 6, 2, 3), (1, 3, 4, None, None)],
 )
-def test_plan_grid_prefers_strips_then_tiles(height, width, ranks, rows, cols):
-    grid = plan_grid(height, width, ranks)
+def test_tile_grid_prefers_strips_then_tiles(height, width, ranks, rows, cols):
+    grid = tile_grid(height, width, ranks)
     if rows is None:
         assert grid is None
         return

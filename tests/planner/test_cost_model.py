@@ -85,7 +85,7 @@ def _bytes(model: str, layout: ParallelDims, gpus: int | None = None, **cluster)
     ("axis", "layout", "seed_bytes"),
     [
         # seed 000 §1 table, "FLUX 每步（p=4）"; TP: the seed's 4.8 GB charges 2 all-reduces to each of the 57
-        # layers, FLUX's 38 single-stream blocks do 1 (TensorPlan.all_reduces), so 4.8 x (19 x 2 + 38) / 114
+        # layers, FLUX's 38 single-stream blocks do 1 (TensorSplits.all_reduces), so 4.8 x (19 x 2 + 38) / 114
         ("tp", ParallelDims(tp=4), 4.8e9 * (19 * 2 + 38) / (57 * 2)),
         ("ulysses", ParallelDims(ulysses=4), 1.2e9),
         ("ring", ParallelDims(ring=4), 2.4e9),

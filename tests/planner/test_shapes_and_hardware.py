@@ -93,7 +93,7 @@ def test_a_preset_is_priced_at_the_all_reduces_its_tensor_plan_makes(name):
     from genbatch.runner.presets import build_preset
 
     model = build_preset(name).transformer
-    plan = family(resolve_model(name).family).transformer_plan(type(model).__name__).tensor_plan
+    plan = family(resolve_model(name).family).transformer_parts(type(model).__name__).tensor_splits
     blocks = {path: len(getattr(model, path)) for path in plan.all_reduces}
     assert resolve_shape(name).tp_all_reduces == plan.all_reduces_per_layer(blocks)
     if name == "tiny-wan":

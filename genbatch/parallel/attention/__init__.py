@@ -6,7 +6,7 @@ All take diffusers' layout, (batch, seq, heads, head_dim), and this rank's seque
 `SequenceLayout` tells every rank how many tokens each rank holds; key-padding masks are carried along
 (`masks`).
 
-How a model's attention reaches them: `route` gives each planned attention module a copy of its own
+How a model's attention reaches them: `route` gives each routed attention module a copy of its own
 processor whose attention call goes to a strategy (`strategy`: `exact` is Ulysses / Ring / USP by the
 group's shape; strategies that attend to stale K/V register beside it).
 """

@@ -101,6 +101,6 @@ def rank_ordered(
         return mask.index_select(1, rank_order_index_on(totals, layout.parts, mask.device))
     raise ValueError(
         f"{site}: the attention mask covers {keys} keys, but this rank holds {layout.lengths[sp.rank]} of the "
-        f"{layout.total} keys of its split streams; the model's sequence plan must split every input the "
+        f"{layout.total} keys of its split streams; the model's sequence splits must split every input the "
         f"mask is built from"
     )

@@ -1,6 +1,6 @@
 """Attention from queries every rank holds whole to keys split over the sequence group.
 
-A stream the sequence plan leaves unsplit (LTX-2's audio, whole on every rank) attending to a split one (its
+A stream the sequence splits leaves unsplit (LTX-2's audio, whole on every rank) attending to a split one (its
 video): each rank attends the whole queries to its own keys, getting a partial output and its fp32
 log-sum-exp, the partials are all-gathered, and every rank merges them in SP-rank order by online softmax
 (`merge_attention`). Every rank merges the same parts in the same order, so the output is identical on every

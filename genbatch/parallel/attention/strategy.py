@@ -2,8 +2,8 @@
 
 A strategy gets this rank's q, k, v shards (b, s_rank, h, d), the `SequenceLayout` of the call's sequence
 and an optional key-padding mask (b, S) bool in SP-rank order (every rank's keys one after the other), and
-returns this rank's shard of the output. The model's plan names a strategy per attention module
-(`genbatch.parallel.plans.SequencePlan.strategy`); a run may name one for every module instead.
+returns this rank's shard of the output. The model's routing names a strategy per attention module
+(`genbatch.parallel.routing.SequenceRouting.strategy`); a run may name one for every module instead.
 
     exact    Ulysses, Ring or USP by the group's shape: equal to one-process attention
 
@@ -51,7 +51,7 @@ STRATEGIES: dict[str, StrategyFactory] = {}
 
 
 def register_strategy(name: str) -> Callable[[StrategyFactory], StrategyFactory]:
-    """Class decorator: make a strategy available to plans and runs under `name`."""
+    """Class decorator: make a strategy available to families and runs under `name`."""
 
     def register(factory: StrategyFactory) -> StrategyFactory:
         if name in STRATEGIES:

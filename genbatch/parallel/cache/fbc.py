@@ -107,7 +107,7 @@ def repeated_blocks(model: torch.nn.Module, lists: tuple[str, ...]) -> list[torc
 
 def hook_span(model: torch.nn.Module, lists: tuple[str, ...], mode: str, state: StateManager, head: ModelHook,
               head_name: str) -> int:
-    """Register `head` on the first block of `lists` (the family plan's repeated lists) and the pass-through
+    """Register `head` on the first block of `lists` (the family's repeated lists) and the pass-through
     hooks on the others, the last one keeping the span's residual; the number of blocks hooked."""
     blocks = repeated_blocks(model, lists)
     if len(blocks) < 2:

@@ -35,13 +35,13 @@ SKIPPED = "cache_skipped"
 """The step timing column: how many branch forwards of the step reused cached work (0: all computed)."""
 
 
-def _transformer_plan(spec: ModelSpec, model: torch.nn.Module):
-    """The family plan of `model`'s class (or the first class it derives from: FSDP2 subclasses each one)."""
-    plans = family(spec.family)
+def _transformer_parts(spec: ModelSpec, model: torch.nn.Module):
+    """The family's parts of `model`'s class (or the first class it derives from: FSDP2 subclasses each one)."""
+    record = family(spec.family)
     for cls in type(model).__mro__:
-        if cls.__name__ in plans.transformers:
-            return plans.transformer_plan(cls.__name__)
-    return plans.transformer_plan(type(model).__name__)  # raises, naming the known classes
+        if cls.__name__ in record.transformers:
+            return record.transformer_parts(cls.__name__)
+    return record.transformer_parts(type(model).__name__)  # raises, naming the known classes
 
 
 def _teacache_model(spec: ModelSpec, models: list[torch.nn.Module]):
@@ -94,12 +94,12 @@ class StepCache(JobHook):
         covered = _teacache_model(spec, models) if mode.kind == TEACACHE else None
         try:
             for model in models:
-                plan = _transformer_plan(spec, model)
-                lists = plan.cache_lists or plan.blocks.repeated
+                parts = _transformer_parts(spec, model)
+                lists = parts.cache_lists or parts.blocks.repeated
                 if mode.kind == FBC:
                     cache.hooked += fbc.install(model, lists, mode.threshold, comm, cache._report_decision)
                 elif mode.kind == TAYLORSEER:
-                    patterns = tuple(site.pattern for site in plan.attention)
+                    patterns = tuple(site.pattern for site in parts.attention)
                     cache.hooked += taylorseer.install(model, patterns, lists, mode.interval, cache._report)
                 elif mode.kind == TEACACHE:
                     cache.hooked += teacache.install(model, lists, covered, mode.threshold, steps, comm,

@@ -1,8 +1,8 @@
 """TaylorSeer on the family's own modules (diffusers' hooks, with genbatch's module choice).
 
 diffusers' default patterns (`^blocks.*attn`, `^transformer_blocks.*attn`, fullmatched) match no module of
-Wan (`blocks.N.attn1` / `attn2`), so TaylorSeer silently does nothing there. genbatch hooks what the family
-plan names instead: every attention module of its `AttentionSite`s, and every diffusers `FeedForward`
+Wan (`blocks.N.attn1` / `attn2`), so TaylorSeer silently does nothing there. genbatch hooks what the family's
+parts name instead: every attention module of its `AttentionSite`s, and every diffusers `FeedForward`
 inside the repeated blocks. `install` returns how many modules it hooked (a model with none is refused).
 
 Those modules live inside the blocks, whose forwards `--compile` compiles. With `--cache taylorseer:N` given to
@@ -121,7 +121,7 @@ def install(model: torch.nn.Module, attention: tuple[str, ...], lists: tuple[str
         return len(kept)
     modules = cached_modules(model, attention, lists)
     if not modules:
-        raise ValueError(f"no attention or feed-forward module of {type(model).__name__} matches its plan "
+        raise ValueError(f"no attention or feed-forward module of {type(model).__name__} matches its family's parts "
                          f"({', '.join(attention)}); run it with --cache none")
     hooks = []
     for _, module in modules:

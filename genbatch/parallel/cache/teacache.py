@@ -130,7 +130,7 @@ class HeadHook(ModelHook):
 
 def install(model: torch.nn.Module, lists: tuple[str, ...], covered: TeaCacheModel, threshold: float, steps: int,
             comm: Comm, report: Report) -> int:
-    """Add TeaCache's hooks to the blocks of `lists` (the family plan's repeated lists) for a job of `steps`
+    """Add TeaCache's hooks to the blocks of `lists` (the family's repeated lists) for a job of `steps`
     steps; the number of blocks hooked."""
     state = StateManager(TeaState, (), {})
     return hook_span(model, lists, "TeaCache", state, HeadHook(state, covered, threshold, steps, comm, report),

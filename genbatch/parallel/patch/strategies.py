@@ -1,6 +1,6 @@
 """The patch-parallel attention strategy over stale K/V, registered beside `exact` as `distrifusion`.
 
-Each rank holds one patch of every split stream (the sequence plan's split points, over the distrifusion
+Each rank holds one patch of every split stream (the sequence splits' split points, over the distrifusion
 axis) and computes q, k, v for it. With a job's `StaleState` set (`StaleSession`), by the state's method:
 
     synchronous forward    all-gather this call's K/V, attend to all of it (exact), keep it

@@ -1,4 +1,4 @@
-"""The hooks that make one forward a patch forward: at the sequence plan's split points an image stream keeps
+"""The hooks that make one forward a patch forward: at the sequence splits' split points an image stream keeps
 the running patch's tokens (before the sequence-parallel split cuts them over the stage's ranks), and at its
 gather points the gathered patch goes back to its place in a whole-length output (`PipeState.cut` / `place`).
 
@@ -14,7 +14,7 @@ import torch
 
 from genbatch.parallel.marks import ModuleMark
 from genbatch.parallel.pipeline.state import PipeState
-from genbatch.parallel.plans import sequence_plan
+from genbatch.parallel.routing import sequence_routing
 from genbatch.parallel.sequence import hook_split_points
 
 PATCHES: ModuleMark[PatchHooks] = ModuleMark("pipefusion patch hooks")
@@ -25,10 +25,10 @@ class PatchHooks:
     def __init__(self, model: torch.nn.Module):
         self.state: PipeState | None = None
         self.handles = []
-        plan, cp_plan = sequence_plan(model)
-        self.output_stream, self.text_streams = plan.output_stream, frozenset(plan.text_streams)
+        routing, points = sequence_routing(model)
+        self.output_stream, self.text_streams = routing.output_stream, frozenset(routing.text_streams)
         named = list(model.named_modules())
-        for key, spec in cp_plan.items():
+        for key, spec in points.items():
             for name, module in ((name, module) for name, module in named if fnmatch.fnmatchcase(name, key)):
                 if isinstance(spec, dict):  # before the sequence-parallel split, which then cuts the patch
                     self.handles += hook_split_points(name, module, spec, self._cut, prepend=True)

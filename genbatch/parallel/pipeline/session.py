@@ -42,10 +42,10 @@ def row_tokens(spec: ModelSpec, width: int) -> int:
 
 def image_grids(start: JobStart) -> tuple[TokenGrid, ...]:
     """The job's image stream, grid by grid: the output's noise, then what the family says follows it (a
-    conditioning image's tokens: `Family.conditioning_grids`)."""
+    conditioning image's tokens: `FamilyHooks.conditioning_grids`)."""
     job, spec = start.job, start.spec
     noise = TokenGrid(tokens=spec.tokens(job.width, job.height, job.num_frames), row_tokens=row_tokens(spec, job.width))
-    return (noise, *start.family.conditioning_grids(start.pipe, start.trajectory))
+    return (noise, *start.family_hooks.conditioning_grids(start.pipe, start.trajectory))
 
 
 def switch_steps(family, pipe, trajectory) -> list[int]:
@@ -94,13 +94,13 @@ class PipeSession(JobHook):
         """A fresh state on each denoiser for a job whose image stream holds `grids` (`image_grids`: the
         output's noise first), resumed at `start_step`; `comm`: the pp group."""
         session = cls(config=config, first_step=start_step, extra_sync=frozenset(extra_sync), spec=spec, comm=comm)
-        plans = family(spec.family)
-        for name in plans.denoisers:
+        record = family(spec.family)
+        for name in record.denoisers:
             model = getattr(pipe, name, None)
             parallel = SEQUENCE_PARALLEL.get(model)
             if parallel is None:
                 continue
-            text = frozenset(parallel.plan.text_streams)
+            text = frozenset(parallel.routing.text_streams)
             state = PipeState(patches=config.patches, grids=tuple(grids), text_streams=text,
                               naive=config.method == NAIVE_PATCH)
             link = PIPELINE.get(model)
@@ -193,7 +193,7 @@ def start_job(start: JobStart) -> PipeSession | None:
     config = start.run.stale
     if config is None or config.method == DISTRIFUSION or start.ctx.dims.pp == 1:
         return None
-    rewarm = {index + offset for index in switch_steps(start.family, start.pipe, start.trajectory)
+    rewarm = {index + offset for index in switch_steps(start.family_hooks, start.pipe, start.trajectory)
               for offset in range(config.warmup_steps)}
     return PipeSession.start(start.pipe, start.spec, config, start.ctx.pp_comm, image_grids(start),
                              start_step=start.start_step, extra_sync=start.run.resync_steps | rewarm)

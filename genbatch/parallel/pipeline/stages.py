@@ -1,9 +1,9 @@
 """PipeFusion's stages: a transformer's repeated blocks cut into `pp` contiguous stages, one per rank of the pp
 axis, joined by point-to-point sends of what one block hands the next.
 
-    cut_stages(model, plan, stage, stages)    each repeated list keeps only this stage's blocks (the rest are
+    cut_stages(model, parts, stage, stages)    each repeated list keeps only this stage's blocks (the rest are
                                               dropped, and with them their weights)
-    StageLink(model, plan, comm)              after the plans of step 2: the stage's first block takes the
+    StageLink(model, parts, comm)              after the splits of step 2: the stage's first block takes the
                                               previous stage's activations in place of its inputs, its last
                                               block sends its output on, and the model's output (the
                                               prediction) is broadcast from the last stage to the others
@@ -11,11 +11,11 @@ axis, joined by point-to-point sends of what one block hands the next.
 The blocks are counted over every repeated list in forward order (FLUX: its 19 double-stream blocks, then its
 38 single-stream ones) and split as evenly as possible, earlier stages taking one more. Every stage runs the
 model's own forward on the same inputs: its embeddings and per-forward inputs (timestep embedding, rotary
-embedding, text projection) are its own, so only the carried streams (`TransformerPlan.carried`) travel; the
+embedding, text projection) are its own, so only the carried streams (`TransformerParts.carried`) travel; the
 receiving stage already knows their shapes (its own inputs to that block have them), so nothing else does.
 The modules after the blocks run on every stage; only the last stage's output is the prediction.
 
-A list may carry otherwise than the class (`TransformerPlan.list_carried`: FLUX.2's single-stream blocks hand on
+A list may carry otherwise than the class (`TransformerParts.list_carried`: FLUX.2's single-stream blocks hand on
 one joined [text, image] tensor); a stage that ends a list carrying several streams before a stage that starts one
 carrying one sends them joined along the sequence, as the model joins them between the lists.
 """
@@ -26,7 +26,7 @@ import inspect
 
 import torch
 
-from genbatch.models.base import TransformerPlan
+from genbatch.models.base import TransformerParts
 from genbatch.parallel.attention.layout import SequenceLayout
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.marks import ModuleMark
@@ -60,15 +60,15 @@ def stage_ranges(lengths: dict[str, int], stage: int, stages: int) -> dict[str, 
     return ranges
 
 
-def _lists(model: torch.nn.Module, plan: TransformerPlan) -> dict[str, torch.nn.ModuleList]:
-    return {name: model.get_submodule(name) for name in plan.blocks.repeated}
+def _lists(model: torch.nn.Module, parts: TransformerParts) -> dict[str, torch.nn.ModuleList]:
+    return {name: model.get_submodule(name) for name in parts.blocks.repeated}
 
 
-def cut_stages(model: torch.nn.Module, plan: TransformerPlan, stage: int, stages: int) -> list[torch.nn.Module]:
+def cut_stages(model: torch.nn.Module, parts: TransformerParts, stage: int, stages: int) -> list[torch.nn.Module]:
     """Keep only this stage's blocks in each repeated list; returns them in forward order."""
-    if not plan.carried and not plan.list_carried:
-        raise ValueError(f"{type(model).__name__} has no pipeline plan; run it with --pipefusion 1")
-    lists = _lists(model, plan)
+    if not parts.carried and not parts.list_carried:
+        raise ValueError(f"{type(model).__name__} has no pipeline stages; run it with --pipefusion 1")
+    lists = _lists(model, parts)
     lengths = {name: len(blocks) for name, blocks in lists.items()}
     ranges = stage_ranges(lengths, stage, stages)
     STAGE_BLOCKS.put(model, ranges)
@@ -114,18 +114,18 @@ def _input_positions(block: torch.nn.Module, names: tuple[str, ...]) -> dict[str
 class StageLink:
     """The point-to-point joins of one cut model; `remove()` takes the hooks off."""
 
-    def __init__(self, model: torch.nn.Module, plan: TransformerPlan, blocks: list[torch.nn.Module], comm: Comm):
+    def __init__(self, model: torch.nn.Module, parts: TransformerParts, blocks: list[torch.nn.Module], comm: Comm):
         first_list, last_list, next_list = STAGE_LISTS.get(model)
-        self.comm, self.carried = comm, plan.carried_by(first_list)
+        self.comm, self.carried = comm, parts.carried_by(first_list)
         """What this stage's first block takes from the previous stage."""
-        self.sent = plan.carried_by(last_list)
+        self.sent = parts.carried_by(last_list)
         """What this stage's last block hands on."""
-        following = plan.carried_by(next_list) if next_list is not None else self.sent
+        following = parts.carried_by(next_list) if next_list is not None else self.sent
         self.joined = following[0] if len(following) == 1 and len(self.sent) > 1 else None
         """The one stream the next stage takes where this stage's several are joined for it (or None)."""
         if self.joined is None and following != self.sent:
             raise ValueError(f"{type(model).__name__}: a stage boundary between {last_list} (carrying {self.sent}) "
-                             f"and {next_list} (carrying {following}) cannot be joined; fix its TransformerPlan")
+                             f"and {next_list} (carrying {following}) cannot be joined; fix its TransformerParts")
         self.stage, self.stages = comm.rank, comm.size
         self.pending: list = []
         self.handles = []

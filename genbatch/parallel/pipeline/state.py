@@ -101,7 +101,7 @@ class PipeState:
         if total != self.image_tokens:
             raise RuntimeError(f"PipeFusion: image stream {stream} has {total} tokens, and the job's grids "
                                f"{self.grids} make {self.image_tokens}; a family whose image stream carries more "
-                               "than the noise must declare the rest (`Family.conditioning_grids`)")
+                               "than the noise must declare the rest (`FamilyHooks.conditioning_grids`)")
         ranges = self.patch_ranges(self.patch)
         self.windows[stream] = (total, ranges)
         self.lengths[stream] = sum(count for _, count in ranges)
@@ -133,7 +133,7 @@ class PipeState:
         missing = [name for name in streams if name not in self.lengths]
         if missing:
             raise RuntimeError(f"{site}: no split point of stream(s) {', '.join(missing)} ran in this forward, so "
-                               "PipeFusion cannot place its keys; the model's sequence plan must split every stream "
+                               "PipeFusion cannot place its keys; the model's sequence splits must split every stream "
                                "its attention calls attend over")
         return tuple((name, self.lengths[name]) for name in streams)
 

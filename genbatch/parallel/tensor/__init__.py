@@ -1,6 +1,6 @@
-"""Tensor parallelism for the denoisers: the family's `TensorPlan` applied with torch's `parallelize_module`.
+"""Tensor parallelism for the denoisers: the family's `TensorSplits` applied with torch's `parallelize_module`.
 
-    styles.py   the plan's styles as torch ParallelStyles (ColwiseParallel / RowwiseParallel), with the
+    styles.py   the splits' styles as torch ParallelStyles (ColwiseParallel / RowwiseParallel), with the
                 row-wise all-reduce and the AdaLN all-gather issued through the counted collectives
     norm.py     Wan's QK RMSNorm across heads on a tp shard of the heads: the mean square all-reduced
     shard.py    resolving a plan on one transformer (diffusers' `_tp_plan` plus the family's styles),
@@ -9,9 +9,9 @@
                 skeleton under `--fsdp`)
     checkpoint.py  filling a split meta-built skeleton from a component's safetensors, each rank reading only
                 its own blocks (`--tp` from a pipeline directory)
-    encoders.py `--text-encoder-parallel`: which text encoders split over the job group (the same plans
-                and styles, the family's `text_encoder_plans`)
+    encoders.py `--text-encoder-parallel`: which text encoders split over the job group (the same splits
+                and styles, the family's `text_encoder_splits`)
 
 diffusers' own entry points (`enable_parallelism`, `from_pretrained(parallel_config=...)`) refuse CPU meshes,
-so genbatch calls torch directly; the plans stay data in the family modules (`genbatch.models`).
+so genbatch calls torch directly; the splits stay data in the family modules (`genbatch.models`).
 """

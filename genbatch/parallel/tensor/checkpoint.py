@@ -3,7 +3,7 @@
     fill_from_safetensors(model, folder, dtype, device, keep_fp32=model._keep_in_fp32_modules)
 
 `model` was built with its parameters on the meta device (buffers computed at construction) and then split by
-its tensor plan (`genbatch.parallel.tensor.shard`); `folder` is the component's folder of a diffusers pipeline
+its tensor splits (`genbatch.parallel.tensor.shard`); `folder` is the component's folder of a diffusers pipeline
 directory (`<pipeline>/transformer`): one safetensors file, or several named by a `.safetensors.index.json`.
 Every parameter is read with `safe_open(...).get_slice(name)[...]`: a split one only this rank's block of rows
 or columns (`tp_split`; a packed row-wise split one block per packed part), the rest whole; each goes straight

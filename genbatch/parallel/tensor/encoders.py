@@ -1,6 +1,6 @@
 """How each text encoder runs over a job group: `--text-encoder-parallel auto|tp|fsdp|replicate`.
 
-    tp         split over the job group's ranks by the family's plan for the encoder class (heads, MLP
+    tp         split over the job group's ranks by the family's splits for the encoder class (heads, MLP
                columns: one all-reduce per attention and per MLP; every rank encodes every prompt, so the
                group's ranks call it together)
     fsdp       sharded with FSDP2 over the job group (needs --fsdp: the encoders are built on the meta device

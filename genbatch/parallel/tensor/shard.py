@@ -1,7 +1,7 @@
-"""A transformer's tensor plan resolved on the module and applied, in place, over the tp group.
+"""A transformer's tensor splits resolved on the module and applied, in place, over the tp group.
 
-    plan = resolved_styles(model, family_plan)   # module name -> style: diffusers' _tp_plan + the family's
-    tensor_parallel(model, family_plan, comm, mesh)
+    styles = resolved_styles(model, family_splits)   # module name -> style: diffusers' _tp_plan + the family's
+    tensor_parallel(model, family_splits, comm, mesh)
 
 The styles (`genbatch.models.base.TENSOR_STYLES`) are applied to every module whose name matches a pattern
 part by part (`blocks.*.attn1.to_q` matches `blocks.3.attn1.to_q`); a pattern a variant of the class lacks
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from genbatch.models.base import HEAD_CHANNELS, HEADS, NORM_ACROSS_HEADS, PACKED_ROWWISE, TensorPlan
+from genbatch.models.base import HEAD_CHANNELS, HEADS, NORM_ACROSS_HEADS, PACKED_ROWWISE, TensorSplits
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.compile import _matches
 from genbatch.parallel.tensor.norm import HeadShardedRMSNorm
@@ -30,17 +30,17 @@ def _diffusers_styles(model: torch.nn.Module) -> dict[str, str]:
             style = PACKED_ROWWISE
         elif isinstance(style, PackedColwiseParallel):
             raise ValueError(f"{type(model).__name__}'s _tp_plan packs {pattern!r} column-wise, which genbatch "
-                             "does not split; list the model's own styles in its family's TensorPlan")
+                             "does not split; list the model's own styles in its family's TensorSplits")
         styles[pattern] = style
     return styles
 
 
-def resolved_styles(model: torch.nn.Module, plan: TensorPlan) -> dict[str, str]:
+def resolved_styles(model: torch.nn.Module, splits: TensorSplits) -> dict[str, str]:
     """Module name -> style for this model: diffusers' `_tp_plan` (when the plan starts from it), then the
     family's styles, each pattern expanded over the model's modules."""
-    patterns = {**(_diffusers_styles(model) if plan.from_diffusers else {}), **plan.styles}
+    patterns = {**(_diffusers_styles(model) if splits.from_diffusers else {}), **splits.styles}
     if not patterns:
-        raise ValueError(f"{type(model).__name__} has an empty tensor plan; fill its family's TensorPlan")
+        raise ValueError(f"{type(model).__name__} has empty tensor splits; fill its family's TensorSplits")
     found = {}
     for name, _ in model.named_modules():
         for pattern, style in patterns.items():
@@ -72,12 +72,12 @@ def _check_divides(model: torch.nn.Module, styles: dict[str, str], size: int, fl
                          "degree that divides the head count and the MLP width")
 
 
-def tensor_parallel(model: torch.nn.Module, plan: TensorPlan, comm: Comm, mesh, flag: str | None = None
+def tensor_parallel(model: torch.nn.Module, splits: TensorSplits, comm: Comm, mesh, flag: str | None = None
                     ) -> dict[str, str]:
     """Split `model` over the group `comm` (its 1-D DeviceMesh `mesh`: the tp axis, or the job group for a
-    text encoder) by `plan`; return the styles applied by module name. Heads divide last, after their
+    text encoder) by `splits`; return the styles applied by module name. Heads divide last, after their
     projections are split. `flag`: how errors name the split (default `--tp N`)."""
-    styles = resolved_styles(model, plan)
+    styles = resolved_styles(model, splits)
     _check_divides(model, styles, comm.size, flag or f"--tp {comm.size}")
     for name, style in styles.items():
         if style == HEAD_CHANNELS:

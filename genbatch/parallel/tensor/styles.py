@@ -1,4 +1,4 @@
-"""The tensor plan's styles as torch ParallelStyles, their collectives counted in the byte ledger.
+"""The tensor splits's styles as torch ParallelStyles, their collectives counted in the byte ledger.
 
 | style              | weight        | output of the module                                        |
 |--------------------|---------------|-------------------------------------------------------------|

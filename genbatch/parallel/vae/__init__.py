@@ -7,7 +7,7 @@
 from genbatch.parallel.vae.decode import decode_fallback, parallel_decode
 from genbatch.parallel.vae.encode import parallel_encode, parallel_encoding, supports_parallel_encode
 from genbatch.parallel.vae.memory import PeakMemory, peak_memory
-from genbatch.parallel.vae.plan import supports_parallel_decode, unsupported_reason
+from genbatch.parallel.vae.forwards import supports_parallel_decode, unsupported_reason
 
 __all__ = [
     "PeakMemory",

@@ -21,7 +21,7 @@ class TileGroup:
 
     def __post_init__(self) -> None:
         if self.grid.size != self.comm.size:
-            raise ValueError(f"grid of {self.grid.size} tiles for a group of {self.comm.size} ranks; plan one tile per rank")
+            raise ValueError(f"grid of {self.grid.size} tiles for a group of {self.comm.size} ranks; cut one tile per rank")
 
     @property
     def rank(self) -> int:

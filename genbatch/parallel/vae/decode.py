@@ -6,7 +6,7 @@
 
 `latents` is what the pipeline hands to `vae.decode` (already un-normalised) and must be identical on every
 rank. Each rank decodes its tile of the latent with the decoder's halos, norms and attention made global
-(see `plan.py`), so the result equals a one-rank decode while each rank holds about 1/p of the activations.
+(see `forwards.py`), so the result equals a one-rank decode while each rank holds about 1/p of the activations.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from torch import nn
 
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.vae.context import TileGroup
-from genbatch.parallel.vae.plan import tile_parallel, unsupported_reason
-from genbatch.parallel.vae.tiles import plan_grid
+from genbatch.parallel.vae.forwards import tile_parallel, unsupported_reason
+from genbatch.parallel.vae.tiles import tile_grid
 
 
 def _gather_to_leader(group: TileGroup, tile: torch.Tensor) -> torch.Tensor | None:
@@ -54,7 +54,7 @@ def parallel_decode(vae: nn.Module, latents: torch.Tensor, comm: Comm, *, leader
     reason = unsupported_reason(vae)
     if reason is not None:
         raise ValueError(f"cannot decode tile-parallel: {reason}; use decode_fallback(vae, latents) instead")
-    grid = plan_grid(latents.shape[-2], latents.shape[-1], comm.size)
+    grid = tile_grid(latents.shape[-2], latents.shape[-1], comm.size)
     if grid is None:
         # a latent smaller than the group in every split: too small to share, decode it whole where needed
         return None if leader_only and comm.rank != 0 else vae.decode(latents).sample

@@ -4,10 +4,10 @@
     with parallel_encoding(vae, comm):             # the pipeline's own vae.encode calls, tiled
         pipe.prepare_latents(...)
 
-The pixels are cut by the grid of the latent they become (`plan_grid` in latent coordinates, times the VAE's
+The pixels are cut by the grid of the latent they become (`tile_grid` in latent coordinates, times the VAE's
 spatial factor), so every tile edge is a multiple of each downsampling's stride. Each rank encodes its tile
 with the encoder's halos (and, before each stride-2 convolution, the row and column the whole image's pad
-would read, from the neighbours) and its mid-block attention made global (see `plan.py`): the latent equals a
+would read, from the neighbours) and its mid-block attention made global (see `forwards.py`): the latent equals a
 one-rank encode while each rank holds about 1/p of the activations, the part of an image-to-video job at 720p
 that does not fit one GPU otherwise.
 """
@@ -22,8 +22,8 @@ from torch import nn
 
 from genbatch.parallel.comm import Comm
 from genbatch.parallel.vae.context import TileGroup
-from genbatch.parallel.vae.plan import encoder_parts, tile_parallel, unsupported_reason
-from genbatch.parallel.vae.tiles import plan_grid
+from genbatch.parallel.vae.forwards import encoder_parts, tile_parallel, unsupported_reason
+from genbatch.parallel.vae.tiles import tile_grid
 
 
 def spatial_factor(vae: nn.Module) -> int | None:
@@ -60,7 +60,7 @@ def parallel_encode(vae: nn.Module, video: torch.Tensor, comm: Comm):
     height, width = video.shape[-2:]
     if comm.size == 1 or unsupported_encode_reason(vae) is not None or height % factor or width % factor:
         return whole(video)
-    grid = plan_grid(height // factor, width // factor, comm.size)
+    grid = tile_grid(height // factor, width // factor, comm.size)
     if grid is None:  # fewer latent rows and columns than ranks to share them
         return whole(video)
     group = TileGroup(comm=comm, grid=grid)

@@ -79,7 +79,7 @@ class TileGrid:
         return torch.cat(bands, dim=-2)
 
 
-def plan_grid(height: int, width: int, ranks: int) -> TileGrid | None:
+def tile_grid(height: int, width: int, ranks: int) -> TileGrid | None:
     """The grid for a `height` x `width` latent over `ranks` ranks, or None when no grid leaves every tile non-empty.
 
     Strips by height when height >= ranks; otherwise the factorisation rows x cols = ranks with the most rows

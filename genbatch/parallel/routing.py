@@ -1,11 +1,11 @@
-"""Per-model sequence-parallel plans, read from the model families' data (`genbatch.models`).
+"""Per-model sequence-parallel routing, read from the model families' data (`genbatch.models`).
 
 Where a transformer is split and gathered comes from the model's own `_cp_plan` (diffusers' declarative
 table: `ContextParallelInput` / `ContextParallelOutput` by module name), or from its family's split/gather
-points for models diffusers has no plan for (SD3, HunyuanVideo). What genbatch adds per class is which
+points for models diffusers has no split points for (SD3, HunyuanVideo). What genbatch adds per class is which
 attention modules attend over the split sequence, and which split streams make up each one's sequence (the
 family's `AttentionSite`s). A split stream is named by the input it splits (`"hidden_states"`), or by
-`"<module>:<output index>"` when a module's output is split. A class no family gives a plan runs without
+`"<module>:<output index>"` when a module's output is split. A class no family gives split points runs without
 sequence parallelism (an error names the fix).
 """
 
@@ -21,17 +21,17 @@ from genbatch.models.base import CROSS, SPLIT_KEYS, Gather
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
-class SequencePlan:
+class SequenceRouting:
     attention: dict[str, tuple[str, ...]]
     """Glob pattern of attention modules -> the split streams their attention runs over (self or joint
     attention). Cross-attention to replicated text needs no communication and is not listed."""
     output_stream: str = "hidden_states"
-    """The stream the plan's gather points bring back to full length."""
+    """The stream the gather points bring back to full length."""
     text_streams: tuple[str, ...] = ()
     """The split streams of text tokens (whole in a PipeFusion patch forward)."""
-    cp_plan: dict = field(default_factory=dict)
+    points: dict = field(default_factory=dict)
     """Split/gather points for a model without its own `_cp_plan` (same format as diffusers'; a key may be
-    a glob such as `transformer_blocks.*`, as in diffusers' plans)."""
+    a glob such as `transformer_blocks.*`, as in diffusers' `_cp_plan`s)."""
     strategy: dict[str, str] = field(default_factory=dict)
     """Glob pattern of attention modules -> the attention strategy they use
     (`genbatch.parallel.attention.strategy`); modules not listed use `exact`."""
@@ -48,7 +48,7 @@ class SequencePlan:
         return next(pattern for pattern in self.attention if fnmatch.fnmatchcase(module_name, pattern))
 
     def attention_modules(self, model) -> list[tuple[str, object, tuple[str, ...], str]]:
-        """(name, module, streams, strategy name) of every attention module the plan routes."""
+        """(name, module, streams, strategy name) of every attention module the routing reaches."""
         found = []
         for name, module in model.named_modules():
             for pattern, streams in self.attention.items():
@@ -61,7 +61,7 @@ class SequencePlan:
         return found
 
 
-def _cp_plan(points) -> dict:
+def _diffusers_points(points) -> dict:
     """A family's split/gather points (`genbatch.models.base.Split` / `Gather`) in diffusers' `_cp_plan` format."""
     table = {}
     for module, point in points.items():
@@ -76,36 +76,36 @@ def _cp_plan(points) -> dict:
     return table
 
 
-def _plans() -> dict[str, SequencePlan]:
+def _routing() -> dict[str, SequenceRouting]:
     """Every transformer class a model family gives sequence-parallel facts for, by class name."""
-    plans = {}
+    routing = {}
     for family in families().values():
         for class_name, transformer in family.transformers.items():
             if transformer.sequence is None:
                 continue
-            plans[class_name] = SequencePlan(
+            routing[class_name] = SequenceRouting(
                 attention={site.pattern: site.streams for site in transformer.attention if site.kind != CROSS},
                 output_stream=transformer.sequence.output_stream,
                 text_streams=transformer.sequence.text_streams,
-                cp_plan=_cp_plan(transformer.sequence.points),
+                points=_diffusers_points(transformer.sequence.points),
                 strategy=dict(transformer.sequence.strategy),
                 split_keys=tuple(site.pattern for site in transformer.attention if site.kind == SPLIT_KEYS),
             )
-    return plans
+    return routing
 
 
-SEQUENCE_PLANS: dict[str, SequencePlan] = _plans()
-"""Transformer class name -> its plan, from the model families (`TransformerPlan.sequence`)."""
+SEQUENCE_ROUTING: dict[str, SequenceRouting] = _routing()
+"""Transformer class name -> its routing, from the model families (`TransformerParts.sequence`)."""
 
 
-def sequence_plan(model) -> tuple[SequencePlan, dict]:
-    """(genbatch's plan, the split/gather table) for a transformer; ValueError naming the fix otherwise."""
+def sequence_routing(model) -> tuple[SequenceRouting, dict]:
+    """(genbatch's routing, the split/gather table) for a transformer; ValueError naming the fix otherwise."""
     name = type(model).__name__
-    plan = SEQUENCE_PLANS.get(name)
-    cp_plan = (plan.cp_plan if plan is not None else None) or getattr(model, "_cp_plan", None)
-    if plan is None or not cp_plan:
+    routing = SEQUENCE_ROUTING.get(name)
+    points = (routing.points if routing is not None else None) or getattr(model, "_cp_plan", None)
+    if routing is None or not points:
         raise ValueError(
-            f"{name} has no sequence-parallel plan; run it with --ulysses 1 --ring 1 (use --dp, and --cfg for "
-            f"CFG models). Sequence parallel covers {sorted(SEQUENCE_PLANS)}"
+            f"{name} has no sequence-parallel split points; run it with --ulysses 1 --ring 1 (use --dp, and --cfg for "
+            f"CFG models). Sequence parallel covers {sorted(SEQUENCE_ROUTING)}"
         )
-    return plan, cp_plan
+    return routing, points
