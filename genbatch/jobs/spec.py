@@ -51,6 +51,9 @@ class JobSpec:
     """First-and-last-frame video: the last frame's URL, or None."""
     lora: tuple[LoraRef, ...] = ()
     """The adapters the job applies, in order (`genbatch.jobs.inputs.lora`)."""
+    audio: bool | None = None
+    """Whether the video carries its sound (`genbatch.jobs.inputs.audio`: resolved for every row of a manifest);
+    None: the model's way (sound where the model makes it)."""
     extra: dict[str, object] = field(default_factory=dict)
     """The manifest's extra columns for this row, as Python values, carried into the results table."""
     row: int

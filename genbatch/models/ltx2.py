@@ -445,10 +445,10 @@ class LTX2Hooks(FamilyHooks):
         return pipe.video_processor.postprocess_video(decoded, output_type="np")[0]
 
     def wants_sound(self, job: JobSpec) -> bool:
-        """Whether the row's output carries its sound: always, for now. The switch a per-row input (a manifest
-        column) will turn off: the sound is then neither decoded nor written (the latents still denoise both
-        streams, as the pipeline's do)."""
-        return True
+        """Whether the row's output carries its sound: unless its `audio` is false (`genbatch.jobs.inputs.audio`);
+        the sound is then neither decoded nor written (the latents still denoise both streams, as the pipeline's
+        do)."""
+        return job.audio is not False
 
     def soundtrack(self, pipe, job: JobSpec, latents):
         """The audio part of the final latent -> the waveform (channels, samples) in fp32 and its sample rate, as the

@@ -82,6 +82,11 @@ class ModelSpec:
     over the video's frame rate); 0 for a model without sound."""
 
     @property
+    def makes_sound(self) -> bool:
+        """True for a model whose videos carry sound (its transformer denoises audio tokens)."""
+        return self.audio_tokens_per_frame > 0
+
+    @property
     def hidden_size(self) -> int:
         return self.num_heads * self.head_dim
 

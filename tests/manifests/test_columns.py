@@ -43,6 +43,8 @@ LORA_POOL = [None] * 200 + [[], [{"uri": "org/style"}], [{"uri": "./loras/a.safe
 """The `lora` column's values, drawn apart too: good sets, none, and three kinds of bad entry."""
 OUTPUTS_POOL = [None] * 16 + [1, 2, 2, 3, 3, 0, -1, 1001]
 """`num_outputs`, drawn apart: one job, several (some rows take ids others derive), bad counts."""
+AUDIO_POOL = [None, True, False]
+"""`audio`, drawn apart: on a silent model's row any value is refused, on a sound model's (LTX-2) it is kept."""
 FLOAT_OUTPUTS = [2.0, 2.5, float("nan")]
 """What a float `num_outputs` column (pandas' integers with nulls) adds."""
 LORA_TYPE = pa.list_(pa.struct([("uri", pa.string()), ("scale", pa.float64()), ("weight_name", pa.string())]))
@@ -81,6 +83,13 @@ def _manifest(path, types, drop=()) -> str:
     columns["lora"] = [LORA_POOL[k] for k in lora_rng.integers(0, len(LORA_POOL), ROWS)]
     for index, row in enumerate(media_rng.choice(ROWS, ROWS // 20, replace=False).tolist()):
         columns["model"][row] = ("tiny-wan-i2v", "tiny-wan-flf2v")[index % 2]  # image-conditioned models
+    audio_rng = np.random.default_rng(19)
+    columns["audio"] = [None] * ROWS
+    no_cache = np.flatnonzero([value is None for value in columns["cache"]])  # the cache modes' rows stay as drawn
+    for index, row in enumerate(audio_rng.choice(no_cache, ROWS // 20, replace=False).tolist()):
+        if index % 4:
+            columns["model"][row] = "tiny-ltx2"  # a model that makes sound
+        columns["audio"][row] = AUDIO_POOL[index % 3]  # and a quarter of the rows on other models
     for name in ("width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps"):
         good = rng.random(ROWS) < 0.7  # most rows keep their null (the run's or the model's value)
         columns[name] = [None if keep else value for keep, value in zip(good, columns[name], strict=True)]
@@ -88,7 +97,7 @@ def _manifest(path, types, drop=()) -> str:
     for name, values in columns.items():
         if name in drop:
             continue
-        kind = LORA_TYPE if name == "lora" else types.get(name, pa.string())
+        kind = LORA_TYPE if name == "lora" else pa.bool_() if name == "audio" else types.get(name, pa.string())
         arrays[name] = pa.nulls(ROWS, kind) if kind == pa.null() else pa.array(values, kind)
     if types is ODD:
         arrays["id"] = arrays["id"].dictionary_encode()
@@ -136,6 +145,10 @@ def test_column_checks_equal_the_row_rules(tmp_path, types, drop, overrides):
     # every kind of problem is there (the test covers what it claims)
     columns = {rejection.column for rejection in result.rejected}
     assert {"id", "prompt", "width", "lora"} <= columns and len(result.rejected_rows) < ROWS
+    assert "audio" in columns  # a silent model's row that says `audio`
+    sound = {job.audio for job in result.jobs if job.model == "tiny-ltx2"}
+    assert sound == ({True, False} if "model" not in drop and overrides.width is None else set())
+    assert not any(job.audio for job in result.jobs if job.model != "tiny-ltx2")
     sets = {job.lora for job in result.jobs}
     assert ((LoraRef("org/run-level", 0.3),) in sets) == bool(overrides.lora)  # null rows take --lora
     if "cache" not in drop:

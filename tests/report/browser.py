@@ -34,7 +34,8 @@ def start_browser(profile_dir: str):
     options.binary_location = BINARY
     for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                      "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
-                     "--window-size=1400,1000", f"--user-data-dir={profile_dir}"):
+                     "--window-size=1400,1000", "--autoplay-policy=no-user-gesture-required",
+                     f"--user-data-dir={profile_dir}"):
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     return webdriver.Chrome(service=Service(DRIVER), options=options)

@@ -93,3 +93,44 @@ def test_the_model_filter_keeps_the_status(report_run, browser):
     _wait(browser, "return location.pathname.endsWith('/all-m2-1.html')", "the tiny-wan page opened")
     assert sorted(_cards(browser)) == [["done", "tiny-wan"], ["failed", "tiny-wan"]]
     assert _errors(browser) == []
+
+
+@pytest.fixture(scope="module")
+def sound_run(tmp_path_factory):
+    """`gen run --report` of two LTX-2 rows: one with its sound, one that asks for none (`audio: false`)."""
+    from tests.support.runs import run_cli, write_manifest
+
+    root = tmp_path_factory.mktemp("sound-run")
+    rows = [{"id": "surf", "prompt": "waves on a beach", "model": "tiny-ltx2", "num_inference_steps": 2},
+            {"id": "mime", "prompt": "a mime in the street", "model": "tiny-ltx2", "num_inference_steps": 2,
+             "audio": False}]
+    out = root / "out"
+    result = run_cli("run", write_manifest(str(root / "manifest.parquet"), rows), "--out", str(out), "-q", "--report")
+    assert result.returncode == 0, result.stderr
+    return out
+
+
+def test_a_video_with_sound_plays_its_audio_track_and_a_silent_row_has_none(sound_run, browser):
+    import pyarrow.parquet as pq
+
+    from genbatch.io.sound import streams
+
+    results = {row["id"]: row for row in pq.read_table(sound_run / "results").to_pylist()}
+    assert (results["surf"]["audio"], results["surf"]["audio_sample_rate"]) == (True, 16000)
+    assert (results["mime"]["audio"], results["mime"]["audio_sample_rate"]) == (False, None)
+    assert streams((sound_run / "outputs" / "surf.mp4").read_bytes()) == ["video", "audio"]
+    assert streams((sound_run / "outputs" / "mime.mp4").read_bytes()) == ["video"]
+    _open(browser, sound_run / "report" / "index.html")
+    cards = browser.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('article.job')].map(a => "
+        "[a.querySelector('video').getAttribute('src'), a.textContent.includes('Hz')]))")
+    assert sorted(cards.values()) == [False, True]  # one card says it has sound
+    decoded = browser.execute_async_script(  # play each preview to its end: the audio bytes chromium decoded
+        "const done = arguments[arguments.length - 1];"
+        "Promise.all([...document.querySelectorAll('video')].map(v => new Promise(ok => {"
+        "  v.muted = false; v.loop = false; v.onended = () => ok([v.getAttribute('src'), v.webkitAudioDecodedByteCount]);"
+        "  v.play().catch(e => ok([v.getAttribute('src'), String(e)]));"
+        "}))).then(done);")
+    by_sound = {cards[src]: count for src, count in decoded}
+    assert by_sound[True] > 0 and by_sound[False] == 0, decoded
+    assert _errors(browser) == []

@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 
 from genbatch.jobs.ids import MAX_ID_BYTES
+from genbatch.jobs.inputs import audio as audio_input
 from genbatch.jobs.inputs import cache as cache_input
 from genbatch.jobs.inputs import lora as lora_input
 from genbatch.jobs.inputs import num_outputs as outputs
@@ -127,6 +128,8 @@ class RowRules:
             problems.append(("cache", cache))
         if not isinstance(model, str):
             problems.extend(media_problems(model.spec, model_name, values))
+            if get("audio") is not None and not model.spec.makes_sound:
+                problems.append(("audio", audio_input.audio_problem(model_name)))
         adapters = lora_input.job_adapters(get("lora"), self.overrides.lora, self.media_base)
         if isinstance(adapters, str):
             problems.append(("lora", adapters))
@@ -152,6 +155,7 @@ class RowRules:
             row=row, job_id=job_id, prompt=prompt, negative_prompt=get("negative_prompt"), model=model_name,
             seed=seed, settings=settings, extra=extra,
             cache=cache_input.job_cache(get("cache"), self.overrides.cache), lora=adapters,
+            audio=model.spec.makes_sound if get("audio") is None else bool(get("audio")),
             **{column: media_url(get(column), self.media_base) for column in MEDIA_COLUMNS if get(column) is not None},
         )
         return row_jobs(job, count, seed)
