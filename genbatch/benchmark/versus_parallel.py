@@ -206,6 +206,16 @@ def score(folder: str, side: str, reference: str | None) -> None:
             json.dump({"psnr_db": quality["psnr_db"], "ssim": quality["ssim"]}, handle)
 
 
+def _prune(folder: str, side: str, *, keep_outputs: bool) -> None:
+    """A measured side keeps its numbers (rank files, genbatch's timings and results), not its media, its run's
+    resume state or its launcher's log (kept only where the side failed)."""
+    run = os.path.join(folder, "run")
+    for name in ([] if keep_outputs else ["outputs"]) + ["attempts", "done", "rejected"]:
+        shutil.rmtree(os.path.join(_outputs_root(folder, side) if name == "outputs" else run, name),
+                      ignore_errors=True)
+    os.remove(os.path.join(folder, "launch.log"))
+
+
 def compare(*, scale: str, families: list[str], layouts: list[Layout], device: str, out: str, rounds: int,
             jobs: int | None, max_ranks: int, attention: str, threads: int | None, timeout: float,
             model_cache: str | None, keep_media: bool, say=print) -> dict:
@@ -255,8 +265,8 @@ def compare(*, scale: str, families: list[str], layouts: list[Layout], device: s
                     if layout is ONE_PROCESS and side == "diffusers" and reference is None:
                         reference = folder  # the one-process diffusers output: what every row is scored against
                     score(folder, side, reference)
-                    if not keep_media and folder != reference:
-                        shutil.rmtree(os.path.join(_outputs_root(folder, side), "outputs"), ignore_errors=True)
+                    if not keep_media:
+                        _prune(folder, side, keep_outputs=folder == reference)
         if reference is not None and not keep_media:
             shutil.rmtree(os.path.join(reference, "outputs"), ignore_errors=True)
     with open(os.path.join(out, "settings.json"), "w", encoding="utf-8") as handle:
@@ -402,7 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, help="OMP_NUM_THREADS of every rank (default on a CPU: 1)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds one side of one layout may take")
     parser.add_argument("--model-cache", help="where the built models are kept (default ~/.cache/genbatch/bench)")
-    parser.add_argument("--keep-media", action="store_true", help="keep the outputs once they are scored")
+    parser.add_argument("--keep-media", action="store_true", help="keep the outputs, resume state and launch logs "
+                        "of the sides that ran once they are scored")
     parser.add_argument("--out", default="bench/results/versus_parallel")
     parser.add_argument("--reprint", action="store_true", help="measure nothing: summarize --out again")
     args = parser.parse_args(argv)
