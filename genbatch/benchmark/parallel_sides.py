@@ -87,7 +87,7 @@ def _write_outputs(out: str, rows: list[dict], outputs: list) -> None:
             handle.write(data)
 
 
-def _diffusers_side(args, rows: list[dict], device: torch.device, dtype: torch.dtype, clock) -> dict:
+def _diffusers_side(args, rows: list[dict], device: torch.device, dtype: torch.dtype) -> dict:
     import diffusers
     import torch.distributed as dist
 
@@ -173,7 +173,7 @@ def measure(args) -> tuple[dict, int]:
     _, transformer_class = pipeline_classes(args.model_dir)
     with StepClock(device=device, module_class=getattr(diffusers, transformer_class)) as clock:
         if args.side == "diffusers":
-            result = _diffusers_side(args, rows, device, dtype, clock)
+            result = _diffusers_side(args, rows, device, dtype)
         else:
             result = _genbatch_side(args, device)
     result = {"side": args.side, "rank": int(os.environ.get("RANK", "0")), **result}

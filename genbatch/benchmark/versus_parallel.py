@@ -143,7 +143,7 @@ def run_side(side: str, layout: Layout, *, model_dir: str, manifest: str, folder
     return outcome
 
 
-def _genbatch_numbers(folder: str, ranks: list[dict]) -> dict:
+def _genbatch_numbers(folder: str) -> dict:
     """Seconds a job and bytes a step from genbatch's own timings (rank 0's stages; every rank's bytes)."""
     from genbatch.io import RunStore
 
@@ -160,7 +160,8 @@ def _genbatch_numbers(folder: str, ranks: list[dict]) -> dict:
     for rank, steps in by_rank.items():
         kinds = {key for row in steps for key, value in row.items()
                  if key.startswith("bytes_") and key != "bytes_control" and value}
-        bytes_by_rank[rank] = {kind[6:]: sum(row.get(kind) or 0 for row in steps) / len(steps) for kind in kinds}
+        bytes_by_rank[rank] = {kind[6:]: sum(row.get(kind) or 0 for row in steps) / len(steps)
+                               for kind in sorted(kinds)}
     return {"job_seconds": list(per_job.values()), "bytes_by_rank": bytes_by_rank}
 
 
@@ -174,7 +175,7 @@ def side_numbers(folder: str) -> dict:
     numbers = {"seconds_per_step": statistics.median(leader["step_periods"]),
                "peak_bytes": max(rank["peak_bytes"] for rank in ranks)}
     if outcome["side"] == "genbatch":
-        counted = _genbatch_numbers(folder, ranks)
+        counted = _genbatch_numbers(folder)
         numbers["seconds_per_job"] = statistics.fmean(counted["job_seconds"])
         bytes_by_rank = counted["bytes_by_rank"]
     else:
@@ -283,6 +284,8 @@ def _why_not(device: str) -> str:
 
 def summarize(out: str) -> dict:
     """The comparison from the measurements under `out`."""
+    import pyarrow.parquet as pq
+
     settings = _read_json(os.path.join(out, "settings.json")) or {}
     scale_cases = cases(settings.get("scale", "cpu"))
     summary = {"settings": settings, "device": _device_name(settings.get("device", "cpu")), "families": {}}
@@ -290,8 +293,6 @@ def summarize(out: str) -> dict:
         family_out = os.path.join(out, family)
         if not os.path.isdir(family_out):
             continue
-        import pyarrow.parquet as pq
-
         rows = pq.read_table(os.path.join(family_out, "manifest.parquet")).to_pylist()
         suite = scale_cases[family]
         entry = {"model": suite.model.name, "model_detail": suite.model.description, "jobs": len(rows),
@@ -371,17 +372,13 @@ def summary_lines(summary: dict) -> list[str]:
             def value(side, key, scale=1.0):
                 return None if "error" in side or side.get(key) is None else side[key] / scale
 
-            lines.append(
-                f"{record['layout']:20s} {record['ranks']:5d} | "
-                f"{_cell(value(gen, 'seconds_per_step'), '.4f', 7)} {_cell(value(dif, 'seconds_per_step'), '.4f', 7)} "
-                f"{_cell(ratio.get('seconds_per_step'), '.3f', 5)}x | "
-                f"{_cell(value(gen, 'seconds_per_job'), '.3f', 7)} {_cell(value(dif, 'seconds_per_job'), '.3f', 7)} "
-                f"{_cell(ratio.get('seconds_per_job'), '.3f', 5)}x | "
-                f"{_cell(value(gen, 'peak_bytes', 2**30), '.3f', 7)} {_cell(value(dif, 'peak_bytes', 2**30), '.3f', 7)} "
-                f"{_cell(ratio.get('peak_bytes'), '.3f', 5)}x | "
-                f"{_cell(value(gen, 'bytes_per_step', 2**20), '.3f', 7)} "
-                f"{_cell(value(dif, 'bytes_per_step', 2**20), '.3f', 7)} {_cell(ratio.get('bytes_per_step'), '.3f', 5)}x | "
-                f"{_cell(value(gen, 'psnr_db'), '.1f', 7)} {_cell(value(dif, 'psnr_db'), '.1f', 7)}")
+            cells = [f"{record['layout']:20s} {record['ranks']:5d}"]
+            for key, scale, fmt in (("seconds_per_step", 1.0, ".4f"), ("seconds_per_job", 1.0, ".3f"),
+                                    ("peak_bytes", 2**30, ".3f"), ("bytes_per_step", 2**20, ".3f")):
+                cells.append(f"{_cell(value(gen, key, scale), fmt, 7)} {_cell(value(dif, key, scale), fmt, 7)} "
+                             f"{_cell(ratio.get(key), '.3f', 5)}x")
+            cells.append(f"{_cell(value(gen, 'psnr_db'), '.1f', 7)} {_cell(value(dif, 'psnr_db'), '.1f', 7)}")
+            lines.append(" | ".join(cells))
             for side_name, side in (("diffusers", dif), ("genbatch", gen)):
                 if "error" in side:
                     notes.append(f"  {record['layout']}: {side_name} cannot run it: {side['error']}")
