@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# genbatch on one GPU (aimed at about 6 minutes on an H200, cold compiles and the FLUX build included):
+# genbatch on GPUs (steps 1-6 aimed at about 6 minutes on one H200, cold compiles and the FLUX build included; step 7 adds
+# about 5 more on one GPU, and runs every multi-rank layout the GPUs present allow):
 #   1. `gen bench --suite gpu --layouts single`: the GPU suite (Wan 2.1 1.3B architecture, random weights, bf16,
 #      4 clips of 832x480, 33 frames, 10 steps) on one GPU, with its report (Markdown, Parquet, plots);
 #   2. genbatch against the plain diffusers pipeline (WanPipeline.__call__) on the same work, each in a fresh
@@ -14,14 +15,21 @@
 #      genbatch against FluxPipeline.__call__ eager, then compiled (`--compile` against compile_repeated_blocks);
 #   6. batched rows (`--batch-size`) on the same FLUX.1-dev model: batch 1, 4 and 16 at 512x512 and batch 1 and 2
 #      at 1024x1024, 4 steps, jobs per hour and the ratios to batch 1 (bench/batching.py; SGLang measured
-#      Qwen-Image on an H200 at 3.21x for batch 16 at 512x512 and 1.02x for batch 2 at 1024x1024).
+#      Qwen-Image on an H200 at 3.21x for batch 16 at 512x512 and 1.02x for batch 2 at 1024x1024);
+#   7. genbatch's parallel layouts against diffusers' own (`enable_parallelism`: ContextParallelConfig /
+#      TensorParallelConfig), both launched by torchrun, on the Wan 2.1 1.3B architecture at 480p and FLUX.1-dev at
+#      1024x1024, cuDNN attention on both sides, A B B A (bench/versus_parallel.py): one process, ulysses 2 and 4,
+#      ring 2, ulysses 2 x ring 2, tp 2, those that fit the GPUs present, one rank a GPU. On one GPU only the
+#      one-process pairing runs and every multi-rank layout is printed as not run, with why: ranks sharing one GPU
+#      would time-slice its SMs (and NCCL refuses two ranks on one device), which measures neither library's
+#      parallel step. Target: every layout both run at or below 1.00x diffusers' step time.
 # Every step prints its seconds, so a run that overran says which step to trim.
 # Results go to bench/results/gpu/<UTC time>/ (commit them).
 #
 #   bash bench/gpu.sh                        # a machine with one NVIDIA GPU and CUDA torch installed
 #   bash bench/gpu.sh --device cpu --tiny    # the same steps at tiny size on a CPU (the tests run this)
 #
-# Environment: GENBATCH_BENCH_STEPS (the steps to run, default "1 2 3 4 5 6"); PYTHON (default .venv/bin/python when present, else python3); GENBATCH_BENCH_RESULTS (default
+# Environment: GENBATCH_BENCH_STEPS (the steps to run, default "1 2 3 4 5 6 7"); PYTHON (default .venv/bin/python when present, else python3); GENBATCH_BENCH_RESULTS (default
 # bench/results/gpu); GENBATCH_BENCH_BASELINE (an earlier suite report to compare with, optional);
 # GENBATCH_BENCH_ARCHIVE (a .tar.gz path: the results folder is packed there at exit, to copy back from a
 # remote machine, also when a step failed).
@@ -38,7 +46,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --device) device=$2; shift 2 ;;
         --tiny) suite=tiny; shift ;;
-        -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
         *) echo "bench/gpu.sh: unknown argument $1 (use --device cuda|cpu, --tiny)" >&2; exit 2 ;;
     esac
 done
@@ -81,19 +89,19 @@ trap archive EXIT
 
 baseline=()
 if [ -n "${GENBATCH_BENCH_BASELINE:-}" ]; then baseline=(--baseline "$GENBATCH_BENCH_BASELINE"); fi
-steps=" ${GENBATCH_BENCH_STEPS:-1 2 3 4 5 6} "
+steps=" ${GENBATCH_BENCH_STEPS:-1 2 3 4 5 6 7} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 step_started=$SECONDS
 took() { echo "bench/gpu.sh: $1 took $((SECONDS - step_started)) s" >&2; step_started=$SECONDS; }
 status=0
 if want 1; then
-echo "== 1/6 gen bench --suite $suite on one device -> $results/suite" >&2
+echo "== 1/7 gen bench --suite $suite on one device -> $results/suite" >&2
 "$py" -m genbatch bench --suite "$suite" --layouts single --out "$results/suite" "${baseline[@]}" || status=$?
 took "step 1"
 fi
 
 if want 2; then
-echo "== 2/6 genbatch vs diffusers on $device -> $results/versus" >&2
+echo "== 2/7 genbatch vs diffusers on $device -> $results/versus" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus" || status=$?
 took "step 2"
 fi
@@ -101,7 +109,7 @@ fi
 # at tiny size (the tests) aot_eager stands in for inductor and math for the CUDA kernels: the same steps, cheap
 compile_backend=$([ "$suite" = tiny ] && echo aot_eager || echo inductor)
 if want 3; then
-echo "== 3/6 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
+echo "== 3/7 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-compiled" \
     --compile-backend "$compile_backend" || status=$?
 took "step 3"
@@ -112,7 +120,7 @@ kernels=(cudnn)
 if [ "$device" = cpu ]; then kernels=(math); fi
 if [ "$device" != cpu ] && "$py" -c "import flash_attn" >/dev/null 2>&1; then kernels+=(flash-attn); fi
 for kernel in "${kernels[@]}"; do
-    echo "== 4/6 attention $kernel on both sides -> $results/versus-$kernel" >&2
+    echo "== 4/7 attention $kernel on both sides -> $results/versus-$kernel" >&2
     "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-$kernel" \
         --attention "$kernel" || status=$?
 done
@@ -121,7 +129,7 @@ fi
 
 image_suite=$([ "$suite" = tiny ] && echo tiny-flux || echo flux)
 if want 5; then
-echo "== 5/6 $image_suite: genbatch vs diffusers FluxPipeline, eager then compiled ($compile_backend) -> $results/versus-flux*" >&2
+echo "== 5/7 $image_suite: genbatch vs diffusers FluxPipeline, eager then compiled ($compile_backend) -> $results/versus-flux*" >&2
 "$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux" || status=$?
 "$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux-compiled" \
     --compile-backend "$compile_backend" || status=$?
@@ -130,12 +138,21 @@ fi
 
 batch_cases=$([ "$suite" = tiny ] && echo tiny-flux || echo "flux.1-dev-512 flux.1-dev-1024")
 if want 6; then
-echo "== 6/6 batched rows ($batch_cases) -> $results/batching.txt" >&2
+echo "== 6/7 batched rows ($batch_cases) -> $results/batching.txt" >&2
 # shellcheck disable=SC2086
 "$py" bench/batching.py --cases $batch_cases --steps "$([ "$suite" = tiny ] && echo 1 || echo 4)" \
     > "$results/batching.txt" || status=$?
 cat "$results/batching.txt" >&2
 took "step 6"
+fi
+
+if want 7; then
+# at tiny size on a CPU the step stands in for one GPU (--max-ranks 1): the one-process pairings, the rest not run
+parallel_args=(--scale gpu --device "$device" --attention cudnn --rounds 2 --jobs 2)
+if [ "$suite" = tiny ]; then parallel_args=(--scale tiny --device "$device" --max-ranks 1 --rounds 1 --jobs 1); fi
+echo "== 7/7 genbatch vs diffusers' own parallelism (enable_parallelism), the layouts that fit here -> $results/versus-parallel" >&2
+"$py" bench/versus_parallel.py "${parallel_args[@]}" --out "$results/versus-parallel" || status=$?
+took "step 7"
 fi
 
 rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs   # the videos: not results

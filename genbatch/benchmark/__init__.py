@@ -9,4 +9,7 @@
     markdown.py, plots.py, report.py   the report written to OUT
     nightly.py   the whole `gen bench` (and its exit status); cli.py its arguments
     versus.py    genbatch against the plain diffusers pipeline on one device (bench/gpu.sh)
+    versus_parallel.py  genbatch's layouts against diffusers' own `enable_parallelism`, the same ranks
+                 (bench/versus_parallel.py); parallel_sides.py one rank of either side under torchrun;
+                 collective_bytes.py the bytes a peer's torch.distributed calls send, counted from outside
 """

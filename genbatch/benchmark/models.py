@@ -11,6 +11,8 @@ diffusers pipeline takes in `versus`).
                         real width (4096) with 2 of its 24 layers (text encoding runs once a job and is timed
                         apart from the steps); weights saved in bf16
     tiny-flux           the `tiny-flux` preset as it is (FLUX.1 layout: dual- and single-stream blocks)
+    bench-flux          tiny-flux with a 2 dual- + 4 single-stream, 8 x 64-head transformer (FLUX.1's layout at a
+                        width a CPU runs in about a second a step at 256 px)
     flux.1-dev-random   FLUX.1-dev: the real transformer (12B: 19 dual- and 38 single-stream blocks, 24 heads x
                         128) and VAE configs; CLIP-L and T5-XXL at their real widths (768, 4096) with 2 layers
                         each; built on the GPU when there is one (12B parameters take minutes to initialise on
@@ -35,6 +37,9 @@ BENCH_WAN_TRANSFORMER = dict(
     text_dim=32, freq_dim=256, ffn_dim=1536, num_layers=4, cross_attn_norm=True,
     qk_norm="rms_norm_across_heads", rope_max_seq_len=1024,
 )
+
+BENCH_FLUX_TRANSFORMER = {**tiny_configs.TINY_FLUX_TRANSFORMER, "num_layers": 2, "num_single_layers": 4,
+                          "attention_head_dim": 64, "num_attention_heads": 8, "axes_dims_rope": (8, 28, 28)}
 
 # umt5-xxl at its real width, 2 of its 24 layers.
 WAN21_TEXT_ENCODER = dict(
@@ -95,6 +100,16 @@ def _bench_wan():
     pipe = _tiny_wan()
     torch.manual_seed(11)
     pipe.transformer = WanTransformer3DModel(**BENCH_WAN_TRANSFORMER).eval()
+    return pipe
+
+
+def _bench_flux():
+    import torch
+    from diffusers import FluxTransformer2DModel
+
+    pipe = _preset("tiny-flux")()
+    torch.manual_seed(12)
+    pipe.transformer = FluxTransformer2DModel(**BENCH_FLUX_TRANSFORMER).eval()
     return pipe
 
 
@@ -165,6 +180,10 @@ MODELS: dict[str, BenchModel] = {
                    "random weights; CLIP-L and T5-XXL at their widths with 2 layers each",
                    recipe={"transformer": FLUX1_DEV_TRANSFORMER, "vae": FLUX1_VAE, "clip": FLUX1_CLIP,
                            "t5": FLUX1_T5}),
+        BenchModel(name="bench-flux", build=_bench_flux, num_heads=8,
+                   recipe={"preset": "tiny-flux", "transformer": BENCH_FLUX_TRANSFORMER,
+                           "vae": tiny_configs.TINY_FLUX_VAE},
+                   description="FLUX.1 layout, 2 dual- + 4 single-stream layers, 8 heads x 64"),
         BenchModel(name="bench-wan", description="Wan 2.1 layout, 4 layers, 8 heads x 48, ffn 1536, ~11M parameters",
                    build=_bench_wan, recipe={**_TINY_RECIPE, "transformer": BENCH_WAN_TRANSFORMER},
                    num_heads=8),
