@@ -237,10 +237,10 @@ def test_gen_plan_counts_the_published_models_audio_tokens():
     from click.testing import CliRunner
 
     from genbatch.cli import main
-    from genbatch.planner.shapes import resolve_shape
+    from genbatch.planner.shapes import published_shape, resolve_shape
 
     (published,) = family("ltx2").published
-    assert resolve_shape("ltx-2") == published
+    assert resolve_shape("ltx-2") == published_shape(family("ltx2"), published)
     result = CliRunner().invoke(main, ["plan", "--model", "ltx-2", "--gpus", "8", "--json"])
     assert result.exit_code == 0, result.output
     data = json.loads(result.output)

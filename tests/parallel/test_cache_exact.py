@@ -116,7 +116,7 @@ def test_wan_2_2_experts_keep_separate_state(wan):
                        scheduler=base.scheduler, transformer=base.transformer, transformer_2=low_noise,
                        boundary_ratio=0.6)
     spec = resolve_model("tiny-wan")
-    model = JobModel(spec=spec, family=models.family(spec.family).hooks, pipe=pipe)
+    model = JobModel(spec=spec, family_hooks=models.family(spec.family).hooks, pipe=pipe)
     _, _, cache = _run(wan, job("tiny-wan", num_inference_steps=STEPS, cache="fbc:0"), model=model)
     fresh = [step for step, _, value in cache.indicators if value is None]
     # each expert's first step of each branch starts from empty state (the second expert's at the boundary)

@@ -93,7 +93,10 @@ def test_masks_that_are_not_key_padding_are_refused():
     with pytest.raises(ValueError, match="boolean key-padding masks.*--ulysses 1 --ring 1"):
         masks.key_padding(torch.zeros((1, 1, 5, 5)), 1, "blocks.0.attn")
     with pytest.raises(ValueError, match="boolean key-padding masks"):
-        masks.key_padding(torch.ones((1, 1, 5, 5), dtype=torch.bool), 1, "blocks.0.attn")
+        masks.key_padding(torch.ones((1, 1, 3, 5), dtype=torch.bool), 1, "blocks.0.attn")
+    causal = torch.ones((5, 5), dtype=torch.bool).tril()[None, None]  # (1, 1, 5, 5), not one token mask's outer product
+    with pytest.raises(ValueError, match="only as the outer product of one per-token mask.*--ulysses 1 --ring 1"):
+        masks.key_padding(causal, 1, "blocks.0.attn")
     ledger_free = Comm(None, CommLedger())
     with pytest.raises(ValueError, match="covers 7 keys.*must split every input"):
         masks.rank_ordered(torch.ones((1, 7), dtype=torch.bool), (4, 2), SequenceLayout((6,)), ledger_free, "x")
