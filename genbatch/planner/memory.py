@@ -10,7 +10,9 @@ The VAE decode peak is the decoder's own (`vae_memory`: frame-causal, framewise 
 split 1/p with patch parallel over the job's group (§7.1). The VAE encode's is the encoder's own (`vae_encode`:
 Wan's frame-causal chunks, an image VAE whole, beside the input the pipeline built), split 1/p over the job's
 group where the VAE class encodes patch-parallel (the runner's `parallel_encoding` always does, on a group of
-two or more), on one rank otherwise. Both run at the VAE's dtype (`Workload.vae_bytes_per_value`: fp32 for a
+two or more), on one rank otherwise. Under `--quantization fp8|int8` the transformer's weights take 1 byte a
+parameter instead of bf16's 2 (the text encoders' too with `--quantize-text-encoder`): the shape's parameter
+counts times the width, for any model. Both run at the VAE's dtype (`Workload.vae_bytes_per_value`: fp32 for a
 video model, as the runner keeps it, bf16 for an image model). A batch of B rows (`Workload.batch`) holds B times
 the activations and the stale K/V; the weights do not grow, and the VAE encodes and decodes its rows one at a time.
 
@@ -104,7 +106,7 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
     shape = work.shape
     d, layers = shape.hidden_size, shape.num_layers
     patches = layout.pp  # PipeFusion streams as many patches as it has stages (xDiT's default)
-    weight_bytes = shape.parameters * BYTES_PER_VALUE
+    weight_bytes = shape.parameters * work.weight_bytes_per_value  # bf16, or fp8 / int8 under --quantization
     weights = weight_bytes / (layout.fsdp_size * layout.pp * layout.tp)
     if layout.fsdp_size > 1:
         weights += FSDP_PREFETCH_LAYERS * weight_bytes / layers
@@ -124,7 +126,7 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
         "weights": weights / GIB,
         # the runner's FSDP shards the text encoders over the job group too
         "text_encoder": 0.0 if work.offload_text_encoder
-        else shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp_size / GIB,
+        else shape.text_encoder_parameters * work.text_encoder_bytes_per_value / layout.fsdp_size / GIB,
         "vae_weights": shape.vae_parameters * work.vae_bytes_per_value / GIB,  # fp32 for a video model
         "activations": (activations + stale_kv) / GIB,
         "stale_kv": stale_kv / GIB,  # of the activations: the previous step's K/V kept for the other patches

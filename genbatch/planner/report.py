@@ -33,6 +33,8 @@ def rejection_to_dict(rejection: Rejection) -> dict:
     if rejection.over is not None:
         out["over"] = rejection.over.to_dict()
         out["fix"] = rejection.fix.to_dict() if rejection.fix is not None else None
+        fix = rejection.quantization_fix
+        out["quantization_fix"] = fix.to_dict() if fix is not None else None
     return out
 
 
@@ -82,6 +84,8 @@ def plan_to_dict(plan: Plan) -> dict:
             "image_tokens": work.image_tokens,
             "offload_text_encoder": work.offload_text_encoder,
             "batch_size": work.batch,
+            "quantization": work.quantization.kind,
+            "quantize_text_encoder": work.quantization.text_encoders,
             "encode": None if work.encode is None else {
                 "what": work.encode.what, "width": work.encode.width, "height": work.encode.height,
                 "frames": work.encode.frames,

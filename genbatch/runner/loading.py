@@ -4,7 +4,9 @@
 Weights go to this rank's device in the run's dtype; the VAE of video models stays in fp32 (as the Wan
 reference code runs it). Under `--fsdp` the group leader alone reads the weights (`load_sharded_pipeline`);
 under `--tp` from a directory each rank reads only its own shards (`load_tensor_parallel_pipeline`).
-`PipelineCache` keeps the pipelines a process has loaded, by model name.
+`PipelineCache` keeps the pipelines a process has loaded, by model name, and the bytes of each one's transformer
+and text-encoder weights on this rank as loaded (`loaded_weights`: quantized weights at their stored width),
+which run.json records per rank.
 """
 
 from __future__ import annotations
@@ -223,7 +225,7 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
     (`parallelize_pipeline`) apply as on a whole pipeline. `config`: as `load_sharded_pipeline`'s."""
     import os
 
-    from genbatch.parallel.apply import denoisers, parallelize_pipeline
+    from genbatch.parallel.apply import apply_quantization, denoisers, parallelize_pipeline
     from genbatch.parallel.tensor.checkpoint import fill_from_safetensors
 
     path = spec.path or spec.name
@@ -234,12 +236,13 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
 
     pipe = load_skeleton(spec, dtype, meta=split, build=build)
     finish_placement(pipe, spec, ctx.device, skip=split)
-    parallelize_pipeline(pipe, spec, ctx, config)
+    parallelize_pipeline(pipe, spec, ctx, config, quantize=False)  # step 2b waits for the weights, below
     for name in split:
         model = getattr(pipe, name, None)
         if model is not None:
             fill_from_safetensors(model, os.path.join(path, name), dtype, ctx.device,
                                   keep_fp32=keep_in_fp32(model, dtype))
+    apply_quantization(pipe, spec, ctx, config)  # compile traces at the first forward: after this
     if ctx.dims.fsdp and ctx.group.size > 1:  # step 5 on the parts each rank read: no rank held a whole copy
         from genbatch.parallel.apply import shard_loaded
 
@@ -274,6 +277,20 @@ def load_for_group(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, co
     return pipe
 
 
+def loaded_weights(pipe, spec: ModelSpec) -> dict:
+    """Bytes of the weights this rank holds of `pipe`, as loaded and parallelised: `transformer` (every denoiser),
+    `text_encoders` (all of them), and each component's own (`components`); quantized weights count their stored
+    data and scales (`genbatch.parallel.quantize.weight_bytes`), FSDP and tp parts this rank's part only."""
+    from genbatch.parallel.apply import TEXT_ENCODERS, denoisers
+    from genbatch.parallel.quantize import weight_bytes
+
+    components = {name: weight_bytes(module) for name, module in pipe.components.items()
+                  if isinstance(module, torch.nn.Module)}
+    return {"transformer": sum(components.get(name, 0) for name in denoisers(spec)),
+            "text_encoders": sum(components.get(name, 0) for name in TEXT_ENCODERS),
+            "components": components}
+
+
 @dataclass(slots=True)
 class PipelineCache:
     """Pipelines by model name; `get` loads on first use and applies `prepare` (parallelisation) once."""
@@ -284,6 +301,9 @@ class PipelineCache:
     """Pipelines kept loaded; the least recently used goes when a new model is needed (jobs are ordered by
     model, so a group switches models rarely)."""
     loaded: dict[str, object] = field(default_factory=dict)
+    weights: dict[str, dict] = field(default_factory=dict)
+    """Model name -> the bytes of its weights on this rank as it was loaded (`loaded_weights`), for every model
+    this process loaded (kept after the pipeline itself is let go)."""
 
     def get(self, spec: ModelSpec):
         if spec.name in self.loaded:
@@ -291,5 +311,7 @@ class PipelineCache:
         else:
             while len(self.loaded) >= self.keep:
                 self.loaded.pop(next(iter(self.loaded)))
-            self.loaded[spec.name] = self.load(spec)
+            pipe = self.loaded[spec.name] = self.load(spec)
+            if hasattr(pipe, "components"):  # a diffusers pipeline (tests may load stand-ins)
+                self.weights[spec.name] = loaded_weights(pipe, spec)
         return self.loaded[spec.name]
