@@ -92,11 +92,12 @@ def _config(kind: str, device: torch.device, linear: torch.nn.Linear):
 
 
 def kept_names(module: torch.nn.Module) -> tuple[str, ...]:
-    """The name parts whose modules a model keeps in fp32 (diffusers' `_keep_in_fp32_modules`, transformers'
-    `_keep_in_fp32_modules` and `_keep_in_fp32_modules_strict`): precision-sensitive, so never quantized."""
-    names = set(getattr(module, "_keep_in_fp32_modules", None) or ())
-    names |= set(getattr(module, "_keep_in_fp32_modules_strict", None) or ())
-    return tuple(sorted(names))
+    """The name parts whose modules a model keeps in fp32 under bf16 weights: diffusers' `_keep_in_fp32_modules`,
+    transformers' `_keep_in_fp32_modules_strict` (its `_keep_in_fp32_modules`, T5's `wo`, apply to fp16 alone).
+    Precision-sensitive, so never quantized, whatever the run's dtype."""
+    if hasattr(module, "_keep_in_fp32_modules_strict"):  # a transformers model
+        return tuple(sorted(module._keep_in_fp32_modules_strict or ()))
+    return tuple(sorted(getattr(module, "_keep_in_fp32_modules", None) or ()))
 
 
 def targets(module: torch.nn.Module) -> list[tuple[str, torch.nn.Linear]]:
