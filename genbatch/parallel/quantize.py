@@ -150,18 +150,22 @@ def weight_bytes(module: torch.nn.Module | None) -> int:
     return sum(tensor_bytes(param) for param in module.parameters())
 
 
+def _quantize_layer(linear: torch.nn.Linear, kind: str, device: torch.device) -> None:
+    config = _config(kind, device, linear)
+    _torchao().quantize_(linear, config, filter_fn=lambda sub, fqn: sub is linear)
+    CONFIGS.put(linear, config)
+
+
 def quantize(module: torch.nn.Module, kind: str, device: torch.device) -> int:
-    """Quantize `module`'s `targets` in place to `kind` (fp8, int8) for `device`; the number of layers quantized.
-    RuntimeError naming the layers when torchao left any of them unquantized (a flag never silently does
-    nothing)."""
+    """Quantize `module`'s `targets` in place to `kind` (fp8, int8) for `device` (those `as_filled` quantized
+    already are left as they are); the number of targeted layers. RuntimeError naming the layers when torchao
+    left any of them unquantized (a flag never silently does nothing)."""
     import torch
 
-    api = _torchao()
     layers = targets(module)
     for name, linear in layers:
-        config = _config(kind, device, linear)
-        api.quantize_(linear, config, filter_fn=lambda sub, fqn, linear=linear: sub is linear)
-        CONFIGS.put(linear, config)
+        if not is_quantized(linear.weight):
+            _quantize_layer(linear, kind, device)
     missed = [name for name, linear in layers if not is_quantized(linear.weight)]
     if missed:
         raise RuntimeError(f"--quantization {kind}: torchao left {len(missed)} Linear layer(s) of "
@@ -169,6 +173,20 @@ def quantize(module: torch.nn.Module, kind: str, device: torch.device) -> int:
                            "--quantization none, or report the layer's shape")
     torch.nn.Module.eval(module)
     return len(layers)
+
+
+def as_filled(module: torch.nn.Module, kind: str, device: torch.device):
+    """A `filled(name)` callback for `fill_from_safetensors` that quantizes each targeted Linear as soon as its
+    weight is read (its bias, if any, read before or after), so the whole model never sits in memory at the
+    run's dtype: the peak is the quantized model plus one layer."""
+    pending = {f"{name}.weight" if name else "weight": linear for name, linear in targets(module)}
+
+    def filled(name: str) -> None:
+        linear = pending.pop(name, None)
+        if linear is not None:
+            _quantize_layer(linear, kind, device)
+
+    return filled
 
 
 def quantized_components(pipe, components: Iterable[str]) -> dict[str, int]:
@@ -192,5 +210,5 @@ def requantize_into(linear: torch.nn.Linear, values: torch.Tensor) -> None:
         linear.weight.copy_(holder.weight)
 
 
-__all__ = ["CONFIGS", "fp8_gemms", "is_quantized", "method", "quantize", "quantized_components", "requantize_into",
+__all__ = ["CONFIGS", "as_filled", "fp8_gemms", "is_quantized", "method", "quantize", "quantized_components", "requantize_into",
            "targets", "tensor_bytes", "weight_bytes"]

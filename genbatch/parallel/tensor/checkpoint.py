@@ -198,11 +198,12 @@ def whole_load_reason(model: torch.nn.Module, folder: str) -> str | None:
 
 
 def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtype, device: torch.device,
-                          keep_fp32=()) -> None:
+                          keep_fp32=(), filled=None) -> None:
     """Fill `model`'s meta parameters (and the persistent buffers `folder` holds) from `folder`'s safetensors,
     each rank reading only its part of every tensor-parallel split; `keep_fp32`: the module names loading keeps
     in fp32 (diffusers' `_keep_in_fp32_modules`). A transformers model's tied parameters the files leave out are
-    tied again to their sources."""
+    tied again to their sources. `filled(name)`, when given, is called once each parameter is in place (the
+    weight quantization takes each layer as it comes: `genbatch.parallel.quantize.as_filled`)."""
     files = _Files(folder, model)
     keep_fp32 = tuple(keep_fp32 or ())
     tied = tied_targets(model)
@@ -210,6 +211,8 @@ def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtyp
         if name in tied and name not in files.keys:
             continue
         _fill_parameter(model, files, name, param, dtype, device, keep_fp32)
+        if filled is not None:
+            filled(name)
     if tied:
         model.tie_weights()
     for name, buffer in list(model.named_buffers()):
