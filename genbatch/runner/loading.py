@@ -215,6 +215,19 @@ def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dt
     return finish_placement(skeleton, spec, ctx.device, skip=components + tuple(built))
 
 
+def _trim_heap() -> None:
+    """Give the C heap's freed memory back to the system (glibc's malloc_trim; a no-op where there is none).
+    Quantizing layer by layer frees each layer's high-precision weight at once, but glibc raises its mmap
+    threshold after the first large frees and then keeps such buffers in its heap: without a trim after each
+    layer, a 300M-parameter transformer's int8 load peaked 0.9 GiB higher (bench/quantization.py)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _quantized_encoders(path: str, dtype: torch.dtype, config: ParallelizeConfig, skip) -> dict:
     """The text encoders of a pipeline directory `--quantize-text-encoder` quantizes (but those in `skip`), built
     empty by name, whose safetensors hold each parameter as one stored tensor: they are read layer by layer and
@@ -269,7 +282,8 @@ def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: 
     for name in split:
         model = getattr(pipe, name, None)
         if model is not None:
-            filled = as_filled(model, config.quantization.kind, ctx.device) if name in quantized else None
+            filled = (as_filled(model, config.quantization.kind, ctx.device, after=_trim_heap) if name in quantized
+                      else None)
             fill_from_safetensors(model, os.path.join(path, name), dtype, ctx.device,
                                   keep_fp32=keep_in_fp32(model, dtype), filled=filled)
     apply_quantization(pipe, spec, ctx, config)  # the rest (a whole-loaded encoder), and the check of every layer
