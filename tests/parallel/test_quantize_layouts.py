@@ -105,3 +105,33 @@ def test_the_text_encoder_flag_needs_a_quantization(tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox"}])
     result = run_cli("run", manifest, "--out", str(tmp_path / "out"), "--model", "tiny-wan", "--quantize-text-encoder")
     assert result.returncode == 2 and "add --quantization fp8 or int8" in result.stderr, result.stderr
+
+
+def test_run_json_records_each_ranks_weight_bytes_and_each_row_the_quantization(tmp_path):
+    """`gen run --nproc 2 --ulysses 2 --quantization int8`: run.json's `weights` holds each rank's bytes of the
+    transformer and the text encoder as loaded (the transformer quantized, the encoder not), each results row
+    and run.json the quantization."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    from genbatch.models import resolve_model
+    from genbatch.parallel.quantize import weight_bytes
+    from genbatch.runner.loading import load_pipeline
+    from tests.support.runs import run_cli_on_ranks
+
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [{"id": "a", "prompt": "a fox", "seed": 1}])
+    out = tmp_path / "out"
+    result = run_cli_on_ranks(2, "run", manifest, "--out", str(out), "--model", "tiny-wan", "--ulysses", "2",
+                              "--steps", "2", "--quantization", "int8", "-q")
+    assert result.returncode == 0, result.stderr
+    info = json.loads((out / "run.json").read_text())
+    assert info["quantization"] == "int8" and info["options"]["quantization"] == "int8"
+    assert [entry["rank"] for entry in info["weights"]] == [0, 1]
+    whole = load_pipeline(resolve_model("tiny-wan"), torch.device("cpu"), torch.float32)
+    for entry in info["weights"]:
+        assert entry["model"] == "tiny-wan" and entry["transformer"] < 0.5 * weight_bytes(whole.transformer)
+        assert entry["text_encoders"] == weight_bytes(whole.text_encoder)  # not asked for: as loaded
+    assert info["weights"][0]["transformer"] == info["weights"][1]["transformer"]
+    rows = pq.read_table(out / "results").to_pylist()
+    assert [row["quantization"] for row in rows] == ["int8"]
