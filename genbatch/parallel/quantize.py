@@ -18,14 +18,15 @@ under DTensor nor shard under `fully_shard` (torchao 0.18: no `aten.split`/`aten
 them), so `--tp` and `--fsdp` are refused beside a quantization by the axis table's rules
 (`parallel/axes.layout_problems`), for the runner and the planner alike.
 
-A quantized weight keeps its parameter object: a LoRA switch (`parallel/lora.py`) writes base + delta into it in
+The run's setting is `genbatch.jobs.quantization.Quantization`. From a pipeline directory each Linear is quantized
+as soon as its weight is read (`as_filled`, called by `fill_from_safetensors`), a block of rows at a time, so the
+model is never whole at the run's dtype. A quantized weight keeps its parameter object: a LoRA switch (`parallel/lora.py`) writes base + delta into it in
 place by quantizing the sum again (`requantize_into`) and puts the kept quantized base back bit for bit.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from genbatch.parallel.marks import ModuleMark
@@ -233,12 +234,6 @@ def as_filled(module: torch.nn.Module, kind: str, device: torch.device, after=No
     return filled
 
 
-def quantized_components(pipe, components: Iterable[str]) -> dict[str, int]:
-    """Layers quantized by component (0: none), for the components of `pipe` named."""
-    return {name: sum(is_quantized(linear.weight) for _, linear in targets(getattr(pipe, name)))
-            for name in components if getattr(pipe, name, None) is not None}
-
-
 def requantize_into(linear: torch.nn.Linear, values: torch.Tensor) -> None:
     """Write `values` (the whole weight this rank holds, high precision) into `linear`'s quantized weight in
     place: quantized with the layer's own config, then copied into the same parameter (its data and scales)."""
@@ -253,5 +248,5 @@ def requantize_into(linear: torch.nn.Linear, values: torch.Tensor) -> None:
         linear.weight.copy_(quantized if quantized is not None else _quantized(values, config))
 
 
-__all__ = ["CONFIGS", "as_filled", "fp8_gemms", "is_quantized", "method", "quantize", "quantized_components", "requantize_into",
+__all__ = ["CONFIGS", "as_filled", "fp8_gemms", "is_quantized", "method", "quantize", "requantize_into",
            "targets", "tensor_bytes", "weight_bytes"]
