@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# genbatch on GPUs (steps 1-6 aimed at about 6 minutes on one H200, cold compiles and the FLUX build included; step 7 adds
+# genbatch on GPUs (steps 1-6 aimed at about 6 minutes on one H200, cold compiles and the FLUX build included; steps 7 and 8 add
 # about 5 more on one GPU, and runs every multi-rank layout the GPUs present allow):
 #   1. `gen bench --suite gpu --layouts single`: the GPU suite (Wan 2.1 1.3B architecture, random weights, bf16,
 #      4 clips of 832x480, 33 frames, 10 steps) on one GPU, with its report (Markdown, Parquet, plots);
@@ -23,17 +23,21 @@
 #      one-process pairing runs and every multi-rank layout is printed as not run, with why: ranks sharing one GPU
 #      would time-slice its SMs (and NCCL refuses two ranks on one device), which measures neither library's
 #      parallel step. Target: every layout both run at or below 1.00x diffusers' step time.
+#   8. quantized weights (`--quantization`, bench/quantization.py): Wan 2.1 1.3B (832x480, 33 frames) and FLUX.1-dev
+#      (1024x1024), one row each, 4 steps: bf16, fp8 (FP8 GEMMs with dynamic activation scaling on this GPU) and
+#      int8 eager, fp8 compiled (and bf16 compiled on Wan), each in a fresh process: s/step, peak memory and
+#      PSNR / SSIM against bf16 eager (aimed at about 2 minutes; alone: GENBATCH_BENCH_STEPS=8).
 # Every step prints its seconds, so a run that overran says which step to trim.
 # Results go to bench/results/gpu/<UTC time>/ (commit them).
 #
 #   bash bench/gpu.sh                        # a machine with one NVIDIA GPU and CUDA torch installed
 #   bash bench/gpu.sh --device cpu --tiny    # the same steps at tiny size on a CPU (the tests run this)
 #
-# Environment: GENBATCH_BENCH_STEPS (the steps to run, default "1 2 3 4 5 6 7"); PYTHON (default .venv/bin/python when present, else python3); GENBATCH_BENCH_RESULTS (default
+# Environment: GENBATCH_BENCH_STEPS (the steps to run, default "1 2 3 4 5 6 7 8"); PYTHON (default .venv/bin/python when present, else python3); GENBATCH_BENCH_RESULTS (default
 # bench/results/gpu); GENBATCH_BENCH_BASELINE (an earlier suite report to compare with, optional);
 # GENBATCH_BENCH_ARCHIVE (a .tar.gz path: the results folder is packed there at exit, to copy back from a
 # remote machine, also when a step failed).
-# genbatch runs from this checkout. When the interpreter lacks diffusers or imageio-ffmpeg: on a machine with
+# genbatch runs from this checkout. When the interpreter lacks diffusers, imageio-ffmpeg or torchao: on a machine with
 # no package registry, make the wheels here first (bash bench/gpu-wheels.sh -> .whl/), carry .whl, and this
 # script installs them into GENBATCH_SITE (default /tmp/genbatch-site) without touching anything else;
 # without .whl/ it runs `pip install -e .` (pip keeps the installed CUDA torch, which satisfies the requirement).
@@ -46,7 +50,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --device) device=$2; shift 2 ;;
         --tiny) suite=tiny; shift ;;
-        -h|--help) sed -n '2,39p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,43p' "$0"; exit 0 ;;
         *) echo "bench/gpu.sh: unknown argument $1 (use --device cuda|cpu, --tiny)" >&2; exit 2 ;;
     esac
 done
@@ -58,7 +62,7 @@ if [ -z "$py" ]; then
 fi
 # genbatch from this checkout, installed or not (the benchmark's own processes inherit the path)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-if ! "$py" -c "import diffusers, imageio_ffmpeg, genbatch" >/dev/null 2>&1; then
+if ! "$py" -c "import diffusers, imageio_ffmpeg, torchao, genbatch" >/dev/null 2>&1; then
     if compgen -G ".whl/*.whl" >/dev/null; then  # carried from bench/gpu-wheels.sh: no registry needed
         echo "bench/gpu.sh: installing the wheels in .whl/ into $site" >&2
         "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" .whl/*.whl
@@ -80,7 +84,7 @@ mkdir -p "$results"
 started=$SECONDS
 archive() {  # whatever was measured, even when a step failed
     if [ -n "${GENBATCH_BENCH_ARCHIVE:-}" ]; then
-        rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs   # the videos: not results
+        rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs "$results"/quantization/*/*/run/outputs
         tar -czf "$GENBATCH_BENCH_ARCHIVE" -C "$(dirname "$results")" "$(basename "$results")"
         echo "bench/gpu.sh: results archived in $GENBATCH_BENCH_ARCHIVE" >&2
     fi
@@ -89,19 +93,19 @@ trap archive EXIT
 
 baseline=()
 if [ -n "${GENBATCH_BENCH_BASELINE:-}" ]; then baseline=(--baseline "$GENBATCH_BENCH_BASELINE"); fi
-steps=" ${GENBATCH_BENCH_STEPS:-1 2 3 4 5 6 7} "
+steps=" ${GENBATCH_BENCH_STEPS:-1 2 3 4 5 6 7 8} "
 want() { [[ "$steps" == *" $1 "* ]]; }
 step_started=$SECONDS
 took() { echo "bench/gpu.sh: $1 took $((SECONDS - step_started)) s" >&2; step_started=$SECONDS; }
 status=0
 if want 1; then
-echo "== 1/7 gen bench --suite $suite on one device -> $results/suite" >&2
+echo "== 1/8 gen bench --suite $suite on one device -> $results/suite" >&2
 "$py" -m genbatch bench --suite "$suite" --layouts single --out "$results/suite" "${baseline[@]}" || status=$?
 took "step 1"
 fi
 
 if want 2; then
-echo "== 2/7 genbatch vs diffusers on $device -> $results/versus" >&2
+echo "== 2/8 genbatch vs diffusers on $device -> $results/versus" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus" || status=$?
 took "step 2"
 fi
@@ -109,7 +113,7 @@ fi
 # at tiny size (the tests) aot_eager stands in for inductor and math for the CUDA kernels: the same steps, cheap
 compile_backend=$([ "$suite" = tiny ] && echo aot_eager || echo inductor)
 if want 3; then
-echo "== 3/7 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
+echo "== 3/8 compiled ($compile_backend): genbatch --compile vs diffusers compile_repeated_blocks -> $results/versus-compiled" >&2
 "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-compiled" \
     --compile-backend "$compile_backend" || status=$?
 took "step 3"
@@ -120,7 +124,7 @@ kernels=(cudnn)
 if [ "$device" = cpu ]; then kernels=(math); fi
 if [ "$device" != cpu ] && "$py" -c "import flash_attn" >/dev/null 2>&1; then kernels+=(flash-attn); fi
 for kernel in "${kernels[@]}"; do
-    echo "== 4/7 attention $kernel on both sides -> $results/versus-$kernel" >&2
+    echo "== 4/8 attention $kernel on both sides -> $results/versus-$kernel" >&2
     "$py" -m genbatch.benchmark.versus --suite "$suite" --device "$device" --out "$results/versus-$kernel" \
         --attention "$kernel" || status=$?
 done
@@ -129,7 +133,7 @@ fi
 
 image_suite=$([ "$suite" = tiny ] && echo tiny-flux || echo flux)
 if want 5; then
-echo "== 5/7 $image_suite: genbatch vs diffusers FluxPipeline, eager then compiled ($compile_backend) -> $results/versus-flux*" >&2
+echo "== 5/8 $image_suite: genbatch vs diffusers FluxPipeline, eager then compiled ($compile_backend) -> $results/versus-flux*" >&2
 "$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux" || status=$?
 "$py" -m genbatch.benchmark.versus --suite "$image_suite" --device "$device" --out "$results/versus-flux-compiled" \
     --compile-backend "$compile_backend" || status=$?
@@ -138,7 +142,7 @@ fi
 
 batch_cases=$([ "$suite" = tiny ] && echo tiny-flux || echo "flux.1-dev-512 flux.1-dev-1024")
 if want 6; then
-echo "== 6/7 batched rows ($batch_cases) -> $results/batching.txt" >&2
+echo "== 6/8 batched rows ($batch_cases) -> $results/batching.txt" >&2
 # shellcheck disable=SC2086
 "$py" bench/batching.py --cases $batch_cases --steps "$([ "$suite" = tiny ] && echo 1 || echo 4)" \
     > "$results/batching.txt" || status=$?
@@ -150,9 +154,21 @@ if want 7; then
 # at tiny size on a CPU the step stands in for one GPU (--max-ranks 1): the one-process pairings, the rest not run
 parallel_args=(--scale gpu --device "$device" --attention cudnn --rounds 2 --jobs 2)
 if [ "$suite" = tiny ]; then parallel_args=(--scale tiny --device "$device" --max-ranks 1 --rounds 1 --jobs 1); fi
-echo "== 7/7 genbatch vs diffusers' own parallelism (enable_parallelism), the layouts that fit here -> $results/versus-parallel" >&2
+echo "== 7/8 genbatch vs diffusers' own parallelism (enable_parallelism), the layouts that fit here -> $results/versus-parallel" >&2
 "$py" bench/versus_parallel.py "${parallel_args[@]}" --out "$results/versus-parallel" || status=$?
 took "step 7"
+fi
+
+if want 8; then
+# FLUX.1-dev's bf16 compiled step is step 5's; its load is the longest, so it runs four variants, Wan five
+quantized_suites=$([ "$suite" = tiny ] && echo tiny,tiny-flux || echo gpu,flux:none+fp8+int8+fp8-compiled)
+variants=$([ "$suite" = tiny ] && echo none,fp8,fp8-compiled || echo none,fp8,int8,none-compiled,fp8-compiled)
+echo "== 8/8 quantized weights ($quantized_suites: $variants) -> $results/quantization" >&2
+"$py" bench/quantization.py --suites "$quantized_suites" --device "$device" --rows 1 \
+    --steps "$([ "$suite" = tiny ] && echo 2 || echo 4)" --compile-backend "$compile_backend" --variants "$variants" \
+    --out "$results/quantization" || status=$?
+rm -rf "$results"/quantization/*/*/run/outputs   # the media: not results
+took "step 8"
 fi
 
 rm -rf "$results/suite/runs" "$results"/versus*/*-[0-9]*/run/outputs   # the videos: not results

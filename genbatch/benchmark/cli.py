@@ -8,7 +8,7 @@ import click
 
 from genbatch.benchmark.suites import SUITES
 from genbatch.manifests.cli import cache_option
-from genbatch.parallel.flags import kernel_args, kernel_options
+from genbatch.parallel.flags import kernel_args, kernel_options, quantization_options
 from genbatch.planner.memory import DECODE_CHOICES
 
 
@@ -31,6 +31,7 @@ from genbatch.planner.memory import DECODE_CHOICES
               help="fsspec option for OUT and the baseline (repeatable).")
 @click.option("--overwrite", is_flag=True, help="Replace a report already in OUT.")
 @kernel_options
+@quantization_options
 @cache_option
 @click.option("--vae-decode", type=click.Choice(DECODE_CHOICES), default="auto", show_default=True,
               help="How every layout's runs decode (gen run --vae-decode).")
@@ -55,7 +56,7 @@ from genbatch.planner.memory import DECODE_CHOICES
 def bench_command(suite: str, out: str, baseline: str | None, threshold: float, layouts: str | None,
                   model_cache: str | None, dtype: str | None, storage_option: tuple[str, ...], overwrite: bool,
                   compile: bool, compile_backend: str, attention: str, compile_cache: str | None,
-                  cache: str | None, vae_decode: str, batch_size: str, warmup_steps: int | None, patches: int | None,
+                  quantization: str, quantize_text_encoder: bool, cache: str | None, vae_decode: str, batch_size: str, warmup_steps: int | None, patches: int | None,
                   lora: tuple[str, ...], lora_scale: tuple[float, ...], lora_steps: int | None,
                   lora_guidance: float | None) -> None:
     """Run a benchmark suite over parallel layouts and write a report to OUT.
@@ -66,15 +67,17 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
     Report:  OUT/report.md (seconds per step by layout and stage, jobs per hour, efficiency against one
              rank, the comparison), OUT/timings.parquet (every timing row, with a layout column),
              OUT/summary.json, OUT/plots/*.png, OUT/runs/<layout>/ (each whole run, and its `gen report`
-             gallery in OUT/runs/<layout>/report/index.html, linked from report.md); with --cache, stale
-             layouts or --lora: OUT/quality.json (each layout's PSNR / SSIM against OUT/exact/, the exact or
-             base-model run).
+             gallery in OUT/runs/<layout>/report/index.html, linked from report.md); with --cache,
+             --quantization, stale layouts or --lora: OUT/quality.json (each layout's PSNR / SSIM against
+             OUT/exact/, the exact, unquantized or base-model run of the same rows).
     Exit:    0 all layouts ran and nothing regressed, 1 a layout failed, 2 usage error,
              3 a regression beyond --threshold against --baseline.
     \b
     Nightly: gen bench --suite cpu --out runs/bench/$(date +%F) --baseline runs/bench/$(date -d yesterday +%F)
     Few-step: gen bench --suite cpu --out runs/bench/4step --lora loras/wan_4step.safetensors --lora-steps 4
+    Quantized: gen bench --suite cpu --out runs/bench/fp8 --quantization fp8
     """
+    from genbatch.jobs.quantization import parse_quantization
     from genbatch.benchmark.nightly import BenchOptions, run_bench
     from genbatch.benchmark.recipe import FewStepRecipe
     from genbatch.jobs.lora import run_loras
@@ -84,6 +87,10 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
         parse_size(batch_size)  # a bad value fails here, naming the fix, not in every layout
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--batch-size") from None
+    try:
+        quantized = parse_quantization(quantization, quantize_text_encoder)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--quantize-text-encoder") from None
     recipe = None
     if lora or lora_scale or lora_steps is not None or lora_guidance is not None:
         try:
@@ -95,6 +102,7 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
     options = BenchOptions(out=out, suite=suite, layouts=layouts, baseline=baseline, threshold=threshold,
                            model_cache=model_cache, dtype=dtype, storage_args=storage_option, overwrite=overwrite,
                            run_args=(*kernel_args(compile, compile_backend, attention, compile_cache),
+                                     *quantized.flags(),
                                      *(("--cache", cache) if cache else ()),
                                      *(("--vae-decode", vae_decode) if vae_decode != "auto" else ()),
                                      *(("--batch-size", str(batch_size)) if batch_size != "1" else ())),

@@ -44,7 +44,9 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
         f"- work: {manifest['jobs']} jobs of {manifest['width']}x{manifest['height']}{frames}, "
         f"{manifest['num_inference_steps']} steps, guidance {manifest['guidance_scale']}, dtype {info['dtype']}"
         + (f", batches of {info['batch_size']} rows" if info.get("batch_size", 1) != 1 else "")
-        + (f", step cache {info['cache']}" if info.get("cache", "none") != "none" else "") + "  ",
+        + (f", step cache {info['cache']}" if info.get("cache", "none") != "none" else "")
+        + (f", quantized weights {info['quantization']}" if info.get("quantization", "none") != "none" else "")
+        + "  ",
         *([f"- recipe: {info['recipe']}  "] if info.get("recipe") else []),
         f"- machine: {info['host']}, {info['cpus']} CPUs, {info['accelerators']}, load average "
         f"{info['load_average']:.2f} at the end (other work on the machine slows every layout)  ",
@@ -80,12 +82,14 @@ def render(info: dict, metrics: dict[str, LayoutMetrics], comparison: Comparison
                   "PSNR drop of more than 1 dB against the baseline is a regression.", ""]
     elif scored:
         lines += ["## Quality against the exact configuration", "",
-                  "Outputs against those of one exact run (no `--cache`) of the same seeds: mean PSNR (identical "
-                  "outputs count as 100 dB) and SSIM over the jobs. A PSNR drop of more than 1 dB against the "
-                  "baseline is a regression.", ""]
+                  "Outputs against those of one exact run (no `--cache`, no `--quantization`: the weights in the "
+                  "run's dtype) of the same seeds: mean PSNR (identical outputs count as 100 dB) and SSIM over the "
+                  "jobs; `against` says what each layout's outputs approximate the exact ones by. A PSNR drop of "
+                  "more than 1 dB against the baseline is a regression.", ""]
     if scored:
-        lines += _table(["layout", "PSNR dB", "SSIM", "jobs"],
-                        [[name, f"{q['psnr_db']:.2f}", f"{q['ssim']:.4f}", str(q["jobs"])] for name, q in scored.items()])
+        lines += _table(["layout", "PSNR dB", "SSIM", "jobs", "against"],
+                        [[name, f"{q['psnr_db']:.2f}", f"{q['ssim']:.4f}", str(q["jobs"]), q.get("approximation") or "-"]
+                         for name, q in scored.items()])
     if info.get("galleries"):
         lines += ["## Galleries", "", "Each layout's outputs, settings and seconds per stage (`gen report` of its run):",
                   "", *(f"- [{name}]({link})" for name, link in info["galleries"].items()), ""]

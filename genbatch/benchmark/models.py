@@ -7,6 +7,9 @@ diffusers pipeline takes in `versus`).
     tiny-hunyuan-video  the `tiny-hunyuan-video` preset as it is (HunyuanVideo, embedded guidance)
     bench-wan           tiny-wan with a 4-layer, 8 x 48-head, ~11M-parameter transformer (about a second a
                         step on a CPU at 33 frames, 256 px)
+    wan-300m-random     tiny-wan with a transformer of Wan 2.1 1.3B's width (12 heads x 128, FFN 8960) and 6 of its
+                        30 blocks, ~296M parameters, saved in bf16 (bench/quantization.py: what fp8 and int8
+                        weights save on a CPU)
     wan2.1-1.3b-random  Wan 2.1 T2V 1.3B: the real transformer and VAE configs; a UMT5 text encoder of the
                         real width (4096) with 2 of its 24 layers (text encoding runs once a job and is timed
                         apart from the steps); weights saved in bf16
@@ -40,6 +43,20 @@ BENCH_WAN_TRANSFORMER = dict(
 
 BENCH_FLUX_TRANSFORMER = {**tiny_configs.TINY_FLUX_TRANSFORMER, "num_layers": 2, "num_single_layers": 4,
                           "attention_head_dim": 64, "num_attention_heads": 8, "axes_dims_rope": (8, 28, 28)}
+
+# Wan 2.1 1.3B's width with 6 of its 30 blocks and tiny-wan's 32-wide text encoder: ~296M parameters
+WAN_300M_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=32, freq_dim=256, ffn_dim=8960, num_layers=6, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, rope_max_seq_len=1024,
+)
+
+# Wan-AI/Wan2.1-T2V-1.3B-Diffusers transformer/config.json
+WAN21_1_3B_TRANSFORMER = dict(
+    patch_size=(1, 2, 2), num_attention_heads=12, attention_head_dim=128, in_channels=16, out_channels=16,
+    text_dim=4096, freq_dim=256, ffn_dim=8960, num_layers=30, cross_attn_norm=True,
+    qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None, added_kv_proj_dim=None, rope_max_seq_len=1024,
+)
 
 # umt5-xxl at its real width, 2 of its 24 layers.
 WAN21_TEXT_ENCODER = dict(
@@ -110,6 +127,16 @@ def _bench_flux():
     pipe = _preset("tiny-flux")()
     torch.manual_seed(12)
     pipe.transformer = FluxTransformer2DModel(**BENCH_FLUX_TRANSFORMER).eval()
+    return pipe
+
+
+def _wan_300m():
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    pipe = _tiny_wan()
+    torch.manual_seed(13)
+    pipe.transformer = WanTransformer3DModel(**WAN_300M_TRANSFORMER).eval()
     return pipe
 
 
@@ -187,6 +214,10 @@ MODELS: dict[str, BenchModel] = {
         BenchModel(name="bench-wan", description="Wan 2.1 layout, 4 layers, 8 heads x 48, ffn 1536, ~11M parameters",
                    build=_bench_wan, recipe={**_TINY_RECIPE, "transformer": BENCH_WAN_TRANSFORMER},
                    num_heads=8),
+        BenchModel(name="wan-300m-random", build=_wan_300m, save_dtype="bf16", num_heads=12,
+                   description="Wan 2.1 layout at 1.3B's width (12 heads x 128, FFN 8960), 6 blocks, ~296M "
+                   "parameters, random weights; tiny-wan's text encoder and VAE",
+                   recipe={**_TINY_RECIPE, "transformer": WAN_300M_TRANSFORMER}),
         BenchModel(name="wan2.1-1.3b-random", build=_wan21_1_3b,
                    description="Wan 2.1 T2V 1.3B architecture (30 layers, 12 heads x 128), random weights; "
                    "UMT5 at width 4096 with 2 layers", save_dtype="bf16", num_heads=12,

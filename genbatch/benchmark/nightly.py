@@ -86,26 +86,30 @@ BASE_MANIFEST = "base-manifest.parquet"
 
 
 def _quality(options: BenchOptions, runner, layouts, runs: dict, metrics: dict, failures: dict, storage) -> dict:
-    """With an approximate configuration (a `--cache` mode, or layouts on stale K/V: PipeFusion, DistriFusion)
-    or another model (a few-step recipe's LoRA): one exact run (same seeds) under OUT/exact, of the first exact
-    layout (one process when every layout is stale), of the base model at the suite's own steps for a recipe,
-    and each approximate layout's PSNR / SSIM against it, in its metrics and OUT/quality.json. {} when
-    nothing is approximate."""
+    """With an approximate configuration (a `--cache` mode, quantized weights, or layouts on stale K/V:
+    PipeFusion, DistriFusion) or another model (a few-step recipe's LoRA): one exact run (same seeds) under
+    OUT/exact, of the first exact layout (one process when every layout is stale), unquantized, of the base
+    model at the suite's own steps for a recipe, and each approximate layout's PSNR / SSIM against it, in its
+    metrics (with what it approximates: `approximation`) and OUT/quality.json. {} when nothing is
+    approximate."""
     import json
     from dataclasses import replace
 
     from genbatch.benchmark.layouts import layout_name, stale
-    from genbatch.benchmark.quality import cache_mode, output_quality, without_cache
+    from genbatch.benchmark.quality import cache_mode, output_quality, quantization_of, without_cache
     from genbatch.io.options import open_filesystem
     from genbatch.parallel.dims import ParallelDims
 
     mode = cache_mode(options.run_args)
+    quantized = quantization_of(options.run_args)
     approximate = {layout_name(layout) for layout in layouts
-                   if options.recipe is not None or mode is not None or stale(layout)}
+                   if options.recipe is not None or mode is not None or quantized != "none" or stale(layout)}
     if not approximate:
         return {}
     left_out = ", ".join(([] if options.recipe is None else ["the base model at the suite's steps, no LoRA"])
-                         + ([f"--cache {mode} left out"] if mode is not None else []) + ["exact attention"])
+                         + ([f"--cache {mode} left out"] if mode is not None else [])
+                         + ([f"unquantized weights ({quantized} left out)"] if quantized != "none" else [])
+                         + ["exact attention"])
     options.say(f"gen bench: the exact configuration ({left_out}), for the outputs' quality ...")
     reference = next((layout for layout in layouts if not stale(layout)), ParallelDims())
     exact_runner = replace(runner, out=f"{runner.out}/exact", run_args=without_cache(options.run_args),
@@ -119,11 +123,26 @@ def _quality(options: BenchOptions, runner, layouts, runs: dict, metrics: dict, 
         for name, run in runs.items():
             scores = output_quality(exact.url, run.url, storage) if name in metrics and name in approximate else None
             if scores is not None:
+                scores["approximation"] = _approximation(options, mode, quantized, run.layout)
                 quality[name] = scores
                 metrics[name].extra.update(scores)
     fs, root, _ = open_filesystem(options.out, storage)
     fs.pipe_file(f"{root}/quality.json", json.dumps(quality, indent=2).encode())
     return quality
+
+
+def _approximation(options: BenchOptions, mode: str | None, quantized: str, layout) -> str:
+    """What a scored layout's outputs approximate the reference by, for the report: `quantized fp8`, `step cache
+    fbc:0.08`, `stale K/V (PipeFusion)`, `LoRA recipe`, joined by `, `."""
+    from genbatch.benchmark.layouts import stale
+
+    parts = ([f"quantized {quantized}"] if quantized != "none" else []) + (
+        [f"step cache {mode}"] if mode is not None else [])
+    if stale(layout):
+        parts.append("stale K/V (" + ("PipeFusion" if layout.pp > 1 else "DistriFusion") + ")")
+    if options.recipe is not None:
+        parts.append("LoRA recipe")
+    return ", ".join(parts)
 
 
 def _quality_changes(quality: dict, baseline_url: str, storage) -> list:
@@ -163,7 +182,7 @@ def run_bench(options: BenchOptions) -> int:
     from genbatch.benchmark.layouts import layout_name
     from genbatch.benchmark.metrics import report_metrics
     from genbatch.benchmark.models import materialize
-    from genbatch.benchmark.quality import batch_size_of, cache_mode
+    from genbatch.benchmark.quality import batch_size_of, cache_mode, quantization_of
     from genbatch.benchmark.report import machine_info, write_report
     from genbatch.io.options import open_filesystem
     from genbatch.io.tables import concat, records_to_table, to_parquet_bytes
@@ -207,6 +226,7 @@ def run_bench(options: BenchOptions) -> int:
         comparison.changes += _quality_changes(quality, options.baseline, storage)
     info = machine_info(suite=suite, model_dir=model_dir, dtype=options.dtype)
     info["cache"] = cache_mode(options.run_args) or "none"  # the step caching every layout ran with
+    info["quantization"] = quantization_of(options.run_args)  # and the weights' quantization
     info["batch_size"] = batch_size_of(options.run_args)  # and its rows per forward (`--batch-size`)
     if recipe is not None:
         base = info["manifest"]

@@ -6,8 +6,9 @@
 
 Both take images (h, w, c) or videos (frames, h, w, c) as any numeric arrays; `peak` is the data range (255
 for uint8 pixels). `bench/cache.py` scores each cache mode's final latents against the exact run's; `gen bench
---cache MODE` scores every layout's outputs against one exact run of the same seeds (`output_quality`), and a
-PSNR that falls by more than `QUALITY_DROP_DB` against the baseline is a regression (`quality_regressed`).
+--cache MODE` scores every layout's outputs against one exact run of the same seeds (`output_quality`), `gen
+bench --quantization fp8|int8` against one unquantized run of them, and a PSNR that falls by more than
+`QUALITY_DROP_DB` against the baseline is a regression (`quality_regressed`).
 """
 
 from __future__ import annotations
@@ -116,10 +117,21 @@ def batch_size_of(run_args: tuple[str, ...]) -> int | str:
     return value if value == "auto" else int(value)
 
 
-def without_cache(run_args: tuple[str, ...]) -> tuple[str, ...]:
-    """The same `gen run` arguments for the exact configuration: `--cache MODE` left out."""
+def quantization_of(run_args: tuple[str, ...]) -> str:
+    """The quantization among a bench's `gen run` arguments, as run.json records it (`fp8`, `int8+text-encoders`;
+    `none` when there is none)."""
     args = list(run_args)
-    if "--cache" in args[:-1]:
-        index = args.index("--cache")
-        del args[index:index + 2]
-    return tuple(args)
+    kind = args[args.index("--quantization") + 1] if "--quantization" in args[:-1] else "none"
+    return kind + ("+text-encoders" if kind != "none" and "--quantize-text-encoder" in args else "")
+
+
+def without_cache(run_args: tuple[str, ...]) -> tuple[str, ...]:
+    """The same `gen run` arguments for the exact configuration: `--cache MODE` and `--quantization KIND` (with
+    `--quantize-text-encoder`) left out, so the reference runs every step whole with the weights in the run's
+    dtype."""
+    args = list(run_args)
+    for flag in ("--cache", "--quantization"):
+        if flag in args[:-1]:
+            index = args.index(flag)
+            del args[index:index + 2]
+    return tuple(arg for arg in args if arg != "--quantize-text-encoder")

@@ -73,8 +73,8 @@ def write_report(out: str, *, timings: pa.Table, metrics: dict[str, LayoutMetric
         files[STAGE_PLOT] = stage_breakdown_png(metrics, f"Seconds per job by stage ({title})")
         scored = scored_layouts(metrics)
         if scored:
-            files[QUALITY_PLOT] = quality_png(scored, f"--cache {info.get('cache', '?')} against the exact "
-                                                      f"configuration ({title})")
+            approximations = "; ".join(dict.fromkeys(q.get("approximation") or "-" for q in scored.values()))
+            files[QUALITY_PLOT] = quality_png(scored, f"{approximations} against the exact configuration ({title})")
     for name, body in files.items():
         path = f"{root}/{name}"
         fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)

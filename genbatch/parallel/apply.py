@@ -11,6 +11,13 @@ The whole order, fixed: each step is filled in at its place (`apply_before_fsdp`
                            attention (`parallel.sequence`) on each denoiser (ring x ulysses), which then
                            sees each rank's heads/tp; or, under distrifusion, the same hooks over the patch
                            ranks with the stale-K/V strategy (`parallel.patch`)
+    2b. quantization       `--quantization fp8|int8`: torchao quantizes the denoisers' Linear layers (this
+                           stage's blocks only, under pp) and, with `--quantize-text-encoder`, the text
+                           encoders' (`parallel.quantize`), after the plans (the split and gather hooks sit on
+                           modules, not weights) and before compile, which traces the quantized matmuls. Its
+                           tensors do not shard under DTensor or `fully_shard`, so the axis table refuses tp
+                           and fsdp beside it; a pipeline whose weights are filled after the plans
+                           (`runner.loading.load_tensor_parallel_pipeline`) is quantized once filled
     3. cache hooks         not installed here: step caching is per job (`--cache`, a row's `cache`), so
                            `genbatch.parallel.cache.StepCache` hooks the repeated blocks when each job
                            starts and removes the hooks when it ends. They replace the blocks' `forward`
@@ -177,10 +184,31 @@ def apply_compile(pipe, spec: ModelSpec, ctx: ParallelContext, config: CompileCo
         compile_units(model, units, config, fullgraph=opaque_ring and not config.breaks)
 
 
-def apply_before_fsdp(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig = ParallelizeConfig()) -> None:
+def quantized_components(pipe, spec: ModelSpec, config: ParallelizeConfig) -> tuple[str, ...]:
+    """The components step 2b quantizes: the denoisers, and the text encoders with `--quantize-text-encoder`
+    (none without a quantization); names the pipeline lacks are left out."""
+    quantization = config.quantization
+    if not quantization.enabled:
+        return ()
+    names = denoisers(spec) + (TEXT_ENCODERS if quantization.text_encoders else ())
+    return tuple(name for name, _ in _components(pipe, names))
+
+
+def apply_quantization(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig) -> dict[str, int]:
+    """Step 2b: each of `quantized_components` quantized in place on this rank's device (its Linear layers, every
+    one of them or a RuntimeError); the layers quantized by component."""
+    from genbatch.parallel.quantize import quantize
+
+    return {name: quantize(getattr(pipe, name), config.quantization.kind, ctx.device)
+            for name in quantized_components(pipe, spec, config)}
+
+
+def apply_before_fsdp(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig = ParallelizeConfig(),
+                quantize: bool = True) -> None:
     """Steps 1-4 of the order, on every rank's copy of the pipeline (whole, or a meta-built skeleton), with the
-    run's `config`: how step 4 compiles, the attention kernel (checked at start-up) and the text encoders' mode
-    for step 2."""
+    run's `config`: how step 4 compiles, the attention kernel (checked at start-up), the text encoders' mode
+    for step 2 and the quantization of step 2b (`quantize` False: the caller quantizes once it has filled the
+    weights)."""
     compile, attention, text_encoders = config.compile, config.attention_backend, config.text_encoders
     # 1. stage split (pp): each rank keeps its stage's share of the denoisers' repeated blocks
     stages = apply_stage_split(pipe, spec, ctx)
@@ -193,6 +221,9 @@ def apply_before_fsdp(pipe, spec: ModelSpec, ctx: ParallelContext, config: Paral
     #    the stages' point-to-point joins go on after the split hooks: a stage's first block takes the received
     #    activations in place of the inputs the split hooks cut (those of the stage's own embeddings)
     link_stages(stages, ctx)
+    # 2b. quantization: the Linear layers this rank holds (its stage's blocks), before compile traces them
+    if quantize:
+        apply_quantization(pipe, spec, ctx, config)
     # 3. cache hooks: per job, around the compiled blocks (`parallel.cache.StepCache`), not here
     # 4. compile the family's compile units
     if compile is not None:
@@ -200,9 +231,9 @@ def apply_before_fsdp(pipe, spec: ModelSpec, ctx: ParallelContext, config: Paral
 
 
 def parallelize_pipeline(pipe, spec: ModelSpec, ctx: ParallelContext,
-                         config: ParallelizeConfig = ParallelizeConfig()) -> None:
-    """The order on a pipeline loaded whole on every rank (no FSDP, so no step 5)."""
-    apply_before_fsdp(pipe, spec, ctx, config)
+                         config: ParallelizeConfig = ParallelizeConfig(), quantize: bool = True) -> None:
+    """The order on a pipeline loaded whole on every rank (no FSDP, so no step 5); `quantize`: as `apply_before_fsdp`."""
+    apply_before_fsdp(pipe, spec, ctx, config, quantize)
 
 
 def shard_loaded(pipe, spec: ModelSpec, ctx: ParallelContext, config: ParallelizeConfig = ParallelizeConfig()) -> None:

@@ -98,10 +98,33 @@ def degree_problems(degrees: Mapping[str, int]) -> list[str]:
     return problems
 
 
-def layout_problems(degrees: Mapping[str, int], *, fsdp: bool, cache: bool = False) -> list[str]:
+QUANTIZED_SPLIT = ("torchao's quantized weights (Float8Tensor, Int8Tensor) do not split under DTensor or shard under "
+                   "fully_shard")
+"""Why a quantized run refuses tp and fsdp (`genbatch.parallel.quantize`)."""
+
+
+def quantization_problems(degrees: Mapping[str, int], *, fsdp: bool, quantization: str) -> list[str]:
+    """Why a quantized run (`--quantization fp8|int8`) cannot have these degrees: tensor parallelism splits weights
+    as DTensors and FSDP shards them with `fully_shard`, and neither takes torchao's tensors."""
+    if quantization in (None, "none"):
+        return []
+    problems = []
+    if degrees.get("tp", 1) > 1:
+        problems.append(f"--tp {degrees['tp']} with --quantization {quantization}: {QUANTIZED_SPLIT}; give these "
+                        "ranks to --ulysses or --ring (the quantized weights fit whole on each), or run "
+                        "--quantization none")
+    if fsdp:
+        problems.append(f"--fsdp with --quantization {quantization}: {QUANTIZED_SPLIT}; drop --fsdp (each rank then "
+                        "holds the quantized weights whole: half of bf16), or run --quantization none")
+    return problems
+
+
+def layout_problems(degrees: Mapping[str, int], *, fsdp: bool, cache: bool = False,
+                    quantization: str = "none") -> list[str]:
     """Why these degrees cannot run together, whatever the model (empty when they can): the one rule set that
-    `gen run`'s start-up and `gen plan`'s enumeration share. `cache`: a step cache (`--cache`) is on. Each
-    problem names the flags and a fix."""
+    `gen run`'s start-up and `gen plan`'s enumeration share. `cache`: a step cache (`--cache`) is on;
+    `quantization`: the run's `--quantization` (`genbatch.jobs.quantization`). Each problem names the flags and
+    a fix."""
     problems = degree_problems(degrees)
     above = [name for name in AXES if degrees.get(name, 1) > 1]
     for name in above:
@@ -120,6 +143,7 @@ def layout_problems(degrees: Mapping[str, int], *, fsdp: bool, cache: bool = Fal
             problems.append(f"--cache with --{name} {degrees[name]}: step caching does not run with {axis.stale}'s "
                             "stale K/V (a skipped step would leave its buffers a step further behind); use "
                             f"--cache none or --{name} 1")
+    problems += quantization_problems(degrees, fsdp=fsdp, quantization=quantization)
     if fsdp and math.prod(degrees.get(name, 1) for name in GROUP_AXES) < 2:
         problems.append("--fsdp shards weights over a job group's ranks, and this layout's job groups have one "
                         "rank each; drop --fsdp, or give each job group ranks (e.g. --ulysses 2 or --cfg 2)")

@@ -6,6 +6,7 @@ travels from the CLI (`RunOptions.parallelize_config`) through start-up (`World.
     attention      step 2: the attention kernel, as `--attention` spells it
     text_encoders  step 2 and 5: `--text-encoder-parallel`, how the text encoders run over a job group
     cache          step 3: the run's default step cache (`--cache`; a row may set its own), hooked per job
+    quantization   step 2b: `--quantization` and `--quantize-text-encoder` (`genbatch.jobs.quantization`)
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from genbatch.jobs.quantization import Quantization
 from genbatch.parallel.flags import ATTENTION_KERNELS
 
 if TYPE_CHECKING:
@@ -30,6 +32,9 @@ class ParallelizeConfig:
     cache: str | None = None
     """The run's default step cache (`--cache`, `genbatch.jobs.cache`); None: none. Step 3 hooks each job's own
     (`genbatch.parallel.cache.StepCache`); a TaylorSeer cache makes step 4 compile with graph breaks."""
+    quantization: Quantization = Quantization()
+    """What step 2b quantizes (`genbatch.parallel.quantize`): the denoisers' Linear layers to fp8 or int8, and the
+    text encoders' too when asked; `none` leaves every weight in the run's dtype."""
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KERNELS:

@@ -108,14 +108,15 @@ class ParallelDims:
         """(stride, degree) of `axis` on the mesh: its group's members are `stride` ranks apart."""
         return self._product(AXES[AXES.index(axis) + 1 :]), getattr(self, axis)
 
-    def problems(self, *, cache: bool = False) -> list[str]:
+    def problems(self, *, cache: bool = False, quantization: str = "none") -> list[str]:
         """Why these degrees cannot run together, whatever the model (`axes.layout_problems`: the rules the
-        runner's start-up and the planner's enumeration share); `cache`: with a step cache on."""
-        return layout_problems(self.degrees(), fsdp=self.fsdp, cache=cache)
+        runner's start-up and the planner's enumeration share); `cache`: with a step cache on; `quantization`:
+        the run's `--quantization`."""
+        return layout_problems(self.degrees(), fsdp=self.fsdp, cache=cache, quantization=quantization)
 
-    def check(self, *, cache: bool = False) -> None:
+    def check(self, *, cache: bool = False, quantization: str = "none") -> None:
         """ValueError naming every problem of `problems()` and its fix."""
-        problems = self.problems(cache=cache)
+        problems = self.problems(cache=cache, quantization=quantization)
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -156,12 +157,14 @@ class ParallelDims:
 
     @classmethod
     def infer(cls, world_size: int, *, dp: int | None = None, fsdp: bool = False, cache: bool = False,
-              **degrees: int) -> "ParallelDims":
+              quantization: str = "none", **degrees: int) -> "ParallelDims":
         """`gen run`'s layout flags -> ParallelDims, `dp` filled from the world size when it is not given ("dp
         takes the rest"); `degrees`: the job group's axes by name (missing ones 1). ValueError naming the fix: the
-        axis table's rules (`problems`, with a step cache on when `cache`) first, then the world size."""
+        axis table's rules (`problems`, with a step cache on when `cache`, for a run quantized to `quantization`)
+        first, then the world size."""
         _check_group_axes(degrees)
-        problems = layout_problems({"dp": 1 if dp is None else dp, **degrees}, fsdp=fsdp, cache=cache)
+        problems = layout_problems({"dp": 1 if dp is None else dp, **degrees}, fsdp=fsdp, cache=cache,
+                                   quantization=quantization)
         if problems:
             raise ValueError("; ".join(problems))
         group = math.prod(degrees.values())
@@ -232,9 +235,11 @@ class LayoutRequest:
         """From a click command's `layout_options` values (`--dp ... --tp`, `--fsdp`)."""
         return cls.of(dp=options["dp"], fsdp=options["fsdp"], **{axis: options[axis] for axis in GROUP_AXES})
 
-    def resolve(self, world_size: int, *, cache: bool = False) -> ParallelDims:
-        """The run's layout on `world_size` processes (`cache`: with a step cache on); ValueError naming the fix."""
-        return ParallelDims.infer(world_size, dp=self.dp, fsdp=self.fsdp, cache=cache, **self.degrees)
+    def resolve(self, world_size: int, *, cache: bool = False, quantization: str = "none") -> ParallelDims:
+        """The run's layout on `world_size` processes (`cache`: with a step cache on; `quantization`: the run's
+        `--quantization`); ValueError naming the fix."""
+        return ParallelDims.infer(world_size, dp=self.dp, fsdp=self.fsdp, cache=cache, quantization=quantization,
+                                  **self.degrees)
 
     def flags(self) -> dict[str, int | bool | None]:
         """Every axis's value as the flags gave it (dp None when left to the rest), then fsdp: run.json's record."""

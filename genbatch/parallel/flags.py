@@ -91,3 +91,23 @@ def kernel_args(compile: bool, compile_backend: str = "inductor", attention: str
     if not compile:
         return args
     return args + ["--compile"] + ([] if compile_backend == "inductor" else ["--compile-backend", compile_backend])
+
+
+def quantization_options(command):
+    """A decorator adding `--quantization` and `--quantize-text-encoder` to a click command (gen run, gen plan,
+    gen bench); their values reach it as `quantization` and `quantize_text_encoder`
+    (`genbatch.jobs.quantization.parse_quantization` reads them)."""
+    from genbatch.jobs.quantization import QUANTIZATIONS
+
+    command = click.option("--quantize-text-encoder/--no-quantize-text-encoder", "quantize_text_encoder",
+                           default=False, show_default=True,
+                           help="With --quantization: quantize the text encoders' Linear layers too (each rank "
+                                "then holds them whole, at that width: --text-encoder-parallel auto replicates "
+                                "them).")(command)
+    return click.option("--quantization", type=click.Choice(QUANTIZATIONS), default="none", show_default=True,
+                        help="Quantize the transformer's Linear layers at load (torchao): fp8 (e4m3 weights, one "
+                             "scale a row; on GPUs with FP8 GEMMs, compute capability 8.9 or more, each activation "
+                             "is scaled to FP8 too and the matmuls run in FP8; elsewhere weight-only) or int8 "
+                             "(weight-only). The weights take half of bf16's memory; norms, embeddings and the VAE "
+                             "stay in the run's dtype; LoRA deltas are merged into the dequantized weights and "
+                             "quantized again. Not with --tp or --fsdp (torchao's tensors do not shard).")(command)

@@ -49,6 +49,8 @@ class StepShape:
     """e: bytes per value (2 for bf16, 4 for fp32)."""
     all_reduce_tokens: float = 0.0
     """A N: tokens all-reduced by TP per forward, over all blocks (`tp_all_reduce_tokens`; 0 without TP)."""
+    weight_bytes: float | None = None
+    """Bytes per weight value FSDP all-gathers (None: `value_bytes`; 1 for fp8 or int8 weights)."""
 
 
 def tp_all_reduce_tokens(splits: TensorSplits, blocks: Mapping[str, int], *, image_tokens: int, text_tokens: int,
@@ -80,7 +82,8 @@ def bytes_per_step(shape: StepShape, *, cfg: int, ring: int, ulysses: int, fsdp:
         expected["cfg_exchange"] = prediction
     group = cfg * r * u
     if fsdp and group > 1:
-        expected["fsdp_all_gather"] = forwards * (group - 1) / group * shape.parameters / tp * e
+        weight = e if shape.weight_bytes is None else shape.weight_bytes
+        expected["fsdp_all_gather"] = forwards * (group - 1) / group * shape.parameters / tp * weight
     shards = u * r * patches
     if shards > 1:
         expected["sp_gather"] = forwards * (shards - 1) / shards * prediction

@@ -11,6 +11,13 @@ delta of a sharded weight (`local_factors`).
 it this rank holds is kept on the host, and every switch writes base + the new set's deltas over it (never
 `W - delta`), so a job with no adapter after one with an adapter gets the base weights bit for bit, and
 compiled code (whose guards see the same parameter objects) recompiles nothing.
+
+Quantized weights (`--quantization fp8|int8`, `genbatch.parallel.quantize`) take the deltas the same way, merged
+into their dequantized values: the fp32 sum starts from the dequantized base, and the sum is quantized again with
+the layer's own config and written into the same parameter (its data and scales), so the model stays at its
+quantized width and the delta is rounded with it. The base kept on the host is the quantized tensor itself, so
+switching back to no adapter restores it bit for bit. (Running the factors beside the quantized weights, as an
+extra B(Ax) per layer, would keep the delta exact but cost two small matmuls a layer every step.)
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ from torch.distributed.tensor import DTensor
 
 from genbatch.parallel.fsdp import fsdp_part
 from genbatch.parallel.pipeline.stages import stage_name
+from genbatch.parallel.quantize import is_quantized, requantize_into, tensor_bytes
 from genbatch.parallel.tensor.loading import tp_split
 from genbatch.parallel.tensor.styles import SPLIT_OVER, block_slice
 
@@ -114,19 +122,33 @@ class LoraWeights:
 
     @property
     def kept_bytes(self) -> int:
-        """Host bytes of the base parts kept."""
-        return sum(base.numel() * base.element_size() for _, base in self._base.values())
+        """Host bytes of the base parts kept (a quantized base at its stored width)."""
+        return sum(tensor_bytes(base) for _, base in self._base.values())
 
     def _keep(self, key: tuple[str, str], local: torch.Tensor) -> torch.Tensor:
-        if key not in self._base:
-            self._base[key] = (local, local.detach().to("cpu", copy=True))
+        if key not in self._base:  # a quantized tensor's `to` shares its data on the same device: clone it first
+            kept = local.detach().clone().to("cpu") if is_quantized(local) else local.detach().to("cpu", copy=True)
+            self._base[key] = (local, kept)
         return self._base[key][1]
 
     def _total(self, merged: dict, index: tuple[str, str], local: torch.Tensor) -> torch.Tensor:
-        """The fp32 sum being built for one parameter: its base (kept on first use), then each delta added."""
+        """The fp32 sum being built for one parameter: its base (kept on first use; a quantized one dequantized),
+        then each delta added."""
         if index not in merged:
-            merged[index] = self._keep(index, local).to(local.device, torch.float32, copy=True)
+            base = self._keep(index, local)
+            values = base.dequantize(torch.float32) if is_quantized(base) else base
+            merged[index] = values.to(local.device, torch.float32, copy=True)
         return merged[index]
+
+    @staticmethod
+    def _write(pipe, index: tuple[str, str], local: torch.Tensor, value: torch.Tensor) -> None:
+        """`value` into the parameter whose local tensor is `local`: copied, or quantized again into a quantized
+        weight (its layer's own config)."""
+        if is_quantized(local):
+            component, name = index
+            requantize_into(getattr(pipe, component).get_submodule(name.rpartition(".")[0]), value)
+        else:
+            local.copy_(value)
 
     @torch.no_grad()
     def switch(self, pipe, key: object, layers: Sequence[LoraLayer]) -> bool:
@@ -164,7 +186,7 @@ class LoraWeights:
             local, base = self._base[index]
             local.copy_(base)
         for index, value in merged.items():
-            self._base[index][0].copy_(value)
+            self._write(pipe, index, self._base[index][0], value)
         self._changed = set(merged)
         self.elements = sum(value.numel() for value in merged.values())
         self.active = key

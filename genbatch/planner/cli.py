@@ -9,7 +9,8 @@ import click
 
 from genbatch.jobs.exit_codes import USAGE
 from genbatch.models.spec import UnknownModelError
-from genbatch.parallel.flags import layout_options
+from genbatch.jobs.quantization import parse_quantization
+from genbatch.parallel.flags import layout_options, quantization_options
 from genbatch.planner.calibrate import calibrate_runs, format_fit
 from genbatch.planner.constraints import LayoutConstraints
 from genbatch.planner.hardware import GPUS, NETWORKS, NODE_LINKS
@@ -69,6 +70,7 @@ def _size(text: str | None) -> tuple[int, int] | None:
 @click.option("--vae-decode", "decode", type=click.Choice(DECODE_CHOICES), default="auto", show_default=True,
               help="How each job's VAE decodes (as gen run): auto takes an exact mode that fits (parallel over the "
               "job group, else full on its leader) and tiled only when none does.")
+@quantization_options
 @layout_options(constraints=True)
 @click.option("--top", type=int, default=10, show_default=True, help="Layouts the table shows.")
 @click.option("--json", "as_json", is_flag=True, help="Print the whole plan as JSON.")
@@ -82,8 +84,9 @@ def _size(text: str | None) -> tuple[int, int] | None:
               help="Price layouts with this calibration profile (NAME or PATH) where it measured, published "
               "figures elsewhere.")
 def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
-                 steps, guidance, image, input_size, batch_size, offload_text_encoder, objective, max_latency, decode, top, as_json, calibrate, profile_out,
-                 profile_name, **layout) -> None:
+                 steps, guidance, image, input_size, batch_size, offload_text_encoder, objective, max_latency, decode,
+                 quantization, quantize_text_encoder, top, as_json, calibrate, profile_out, profile_name,
+                 **layout) -> None:
     """Rank every legal parallel layout (dp, cfg, distrifusion, pp, ring, ulysses, tp, fsdp) by
     estimated seconds per job and jobs per hour, showing compute, communication and memory per rank.
 
@@ -114,7 +117,8 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
                       network_gbps=network_gbps, gpu=gpu, gpu_mem=gpu_mem, width=width, height=height, frames=frames,
                       steps=steps, guidance=guidance, offload_text_encoder=offload_text_encoder, objective=objective,
                       max_latency=max_latency, constraints=LayoutConstraints(**layout), profile=profile,
-                      decode=decode, image=image, input_size=_size(input_size), batch_size=batch_size)
+                      decode=decode, image=image, input_size=_size(input_size), batch_size=batch_size,
+                      quantization=parse_quantization(quantization, quantize_text_encoder))
     except (UnknownModelError, ValueError) as error:
         click.echo(f"gen plan: {error}", err=True)
         raise SystemExit(USAGE) from None

@@ -24,6 +24,12 @@ per row (B times one row's N^2), the activation messages carry B rows, and the f
 weight gathers are paid once a batch. A job's seconds are its batch's over B; its VAE encode and decode run row
 by row, so they stay one row's.
 
+Under `--quantization fp8` on a GPU with FP8 GEMMs (`GpuType.fp8_tflops`: compute capability 8.9 or more) the
+linear layers run at the FP8 rate (the runner scales each activation to FP8 as it comes); anywhere else, and
+for int8, the weights are dequantized into bf16 GEMMs, priced at the bf16 rate. A profile's measured GEMM rate
+is taken as bf16's and scaled by the GPU's FP8 / BF16 ratio. The weights are held and all-gathered at their
+width (`Workload.weight_bytes_per_value`).
+
 An image-conditioned job's VAE encode (`Workload.encode`) is priced as the decode is: the encoder's FLOPs
 (`vae_encode`) at the VAE efficiency, split over the job's group where the VAE encodes patch-parallel, plus the
 all-gather of the latent's mean and log variance to every rank.
@@ -253,16 +259,25 @@ def core_slowdown(sharing: float | None, ranks: int, cores: int | None = None) -
     return time_slicing(ranks, cores) * (1.0 + sharing * (min(ranks, cores) - 1))
 
 
+def fp8_speedup(work: Workload, cluster: Cluster) -> float:
+    """How much faster the linear layers' GEMMs run than in bf16: the GPU's FP8 / BF16 peak for fp8 weights on
+    a GPU with FP8 GEMMs, else 1 (weight-only quantization dequantizes into bf16 GEMMs)."""
+    fp8 = cluster.gpu.fp8_tflops
+    if work.quantization.kind != "fp8" or not fp8:
+        return 1.0
+    return fp8 / cluster.gpu.bf16_tflops
+
+
 def _compute(layout: ParallelDims, work: Workload, cluster: Cluster, *, patches: int,
              profile: Profile | None = None) -> _Compute:
     """Linear and attention seconds when the rank's N/sp tokens go through its layers in `patches` pieces."""
     linear, attention, rows = _flops(layout, work, patches=patches)
     peak = cluster.gpu.bf16_tflops * 1e12
-    gemm, share = peak, GEMM_EFFICIENCY  # large-GEMM rate = gemm x share
+    gemm, share = peak * fp8_speedup(work, cluster), GEMM_EFFICIENCY  # large-GEMM rate = gemm x share
     half_rows, attention_rate = GEMM_HALF_ROWS, peak * ATTENTION_EFFICIENCY
     if profile is not None:
         if profile.gemm_tflops is not None:
-            gemm, share = profile.gemm_tflops * 1e12, 1.0
+            gemm, share = profile.gemm_tflops * 1e12 * fp8_speedup(work, cluster), 1.0
         half_rows = profile.gemm_half_rows if profile.gemm_half_rows is not None else half_rows
         if profile.attention_tflops is not None:
             attention_rate = profile.attention_tflops * 1e12
@@ -293,7 +308,8 @@ def _step_bytes(layout: ParallelDims, work: Workload, compute: _Compute) -> dict
     step = StepShape(tokens=tokens, width=shape.hidden_size, layers=compute.layers,
                      parameters=shape.parameters,
                      prediction_values=work.batch * work.prediction_bytes / BYTES_PER_VALUE,
-                     value_bytes=BYTES_PER_VALUE, all_reduce_tokens=shape.tp_all_reduces * compute.layers * tokens)
+                     value_bytes=BYTES_PER_VALUE, all_reduce_tokens=shape.tp_all_reduces * compute.layers * tokens,
+                     weight_bytes=work.weight_bytes_per_value)
     return bytes_per_step(step, cfg=layout.cfg, ring=layout.ring, ulysses=layout.ulysses, fsdp=layout.fsdp_size > 1,
                           uses_cfg=shape.uses_cfg, tp=layout.tp, patches=layout.distrifusion)
 
@@ -406,7 +422,7 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Pr
     mode = choose_decode(layout, work, cluster.memory_gib, decode)
     decode_s = _decode_seconds(layout, work, cluster, mode)
     if work.offload_text_encoder:  # loaded from host memory for each batch, over the GPU's PCIe link
-        decode_s += work.shape.text_encoder_parameters * BYTES_PER_VALUE / (PCIE.gbs * 1e9) / work.batch
+        decode_s += work.shape.text_encoder_parameters * work.text_encoder_bytes_per_value / (PCIE.gbs * 1e9) / work.batch
     encode_s = encode_seconds(layout, work, cluster)
     per_job = denoise / work.batch  # the batch's rows share its steps
     return Estimate(

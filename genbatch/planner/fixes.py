@@ -9,6 +9,9 @@ seconds per job.
 The changes tried, each from the layout as it is: another decode mode (an exact one, or tiling), FSDP over the
 job group, tensor parallel, and more ranks per job (fewer data-parallel groups, the job split over more sequence
 ranks, or more DistriFusion patches). Each is priced by the cost model as a layout of its own; the fastest that fits wins.
+Beside it, the same layout with quantized weights (`quantization_fix`: `--quantization fp8`, then with
+`--quantize-text-encoder` too; only the latter when the plan is quantized already) is named when it fits, so a
+rejection says both what another layout and what fp8 weights would do.
 An image-conditioned job whose VAE encode sets the peak (`vae_encode`) is fitted the same way: more ranks per
 job encode it patch-parallel over more ranks (1/p each), and FSDP or TP leave it more room.
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from genbatch.jobs.quantization import Quantization
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.cost import Estimate
 from genbatch.planner.hardware import Cluster
@@ -46,16 +50,19 @@ class Overage:
     decode_mode: str
     """The decode mode the peak was priced with."""
 
-    def describe(self, fix: Fix | None, wider: str | None = None) -> str:
-        """The overage, and `fix`; without one, the way out, and `wider` (where more GPUs fit: `rank.more_gpus`)."""
+    def describe(self, fix: Fix | None, quantized: Fix | None = None, wider: str | None = None) -> str:
+        """The overage, then the layout change that fits (`fix`) and the quantization that fits (`quantized`);
+        without either, the way out, and `wider` (where more GPUs fit: `rank.more_gpus`)."""
         detail = ", ".join(f"{name} {self.parts[name]:.1f}" for name in _PARTS
                            if name != "vae_encode" or self.parts.get(name))  # an encode only where a job has one
         text = (f"needs {self.needs_gib:.2f} GiB per rank > {self.limit_gib:.2f} GiB ({detail}, with a "
                 f"{self.decode_mode} decode; {self.part} sets the peak)")
+        if fix is None and quantized is None:
+            return text + "; no change of decode, FSDP, TP, ranks per job or quantization fits on these GPUs: use " \
+                          "more GPUs, a larger --gpu-mem or a smaller size" + (f"; {wider}" if wider else "")
         if fix is None:
-            return text + "; no change of decode, FSDP, TP or ranks per job fits on these GPUs: use more GPUs, a " \
-                          "larger --gpu-mem or a smaller size" + (f"; {wider}" if wider else "")
-        return text + f"; fits with {fix.describe()}"
+            return text + f"; fits with {quantized.describe()}"
+        return text + f"; fits with {fix.describe()}" + (f"; or with {quantized.describe()}" if quantized else "")
 
     def to_dict(self) -> dict:
         return {"needs_gib": round(self.needs_gib, 3), "limit_gib": round(self.limit_gib, 3), "part": self.part,
@@ -144,4 +151,36 @@ def memory_fix(layout: ParallelDims, cost: Estimate, modes: tuple[str, ...], leg
     return best
 
 
-__all__ = ["Fix", "Overage", "memory_fix", "overage"]
+def quantization_changes(current: Quantization) -> list[tuple[str, Quantization]]:
+    """The quantizations to try beyond `current`, least change first, with the flags that ask for them."""
+    if not current.enabled:
+        return [("--quantization fp8", Quantization(kind="fp8")),
+                ("--quantization fp8 --quantize-text-encoder", Quantization(kind="fp8", text_encoders=True))]
+    if not current.text_encoders:
+        return [("--quantize-text-encoder", Quantization(kind=current.kind, text_encoders=True))]
+    return []
+
+
+def quantization_fix(layout: ParallelDims, current: Quantization, cluster: Cluster, max_latency: float | None,
+                     price: Callable[[Quantization], Estimate],
+                     runs: Callable[[Quantization], bool]) -> Fix | None:
+    """The least quantization beyond `current` with which `layout` fits (and `max_latency`): `price` prices the
+    layout under a quantization, `runs` says whether the layout runs with it at all (the axis table refuses tp
+    and FSDP beside a quantization); None when none fits."""
+    for change, quantization in quantization_changes(current):
+        if not runs(quantization):
+            continue
+        try:
+            priced = price(quantization)
+        except ValueError:
+            continue
+        if overage(priced, cluster) is not None:
+            continue
+        if max_latency is not None and priced.seconds_per_job > max_latency:
+            continue
+        return Fix(change=change, layout=layout, decode_mode=priced.decode_mode,
+                   seconds_per_job=priced.seconds_per_job, memory_gib=priced.memory["total"])
+    return None
+
+
+__all__ = ["Fix", "Overage", "memory_fix", "overage", "quantization_fix"]

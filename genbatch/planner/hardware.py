@@ -28,6 +28,9 @@ class GpuType:
     """The GPU-to-GPU link of its usual 8-GPU server: `nvlink` or `pcie`."""
     nvlink_gbs: float = 0.0
     """Effective per-GPU NVLink bandwidth for collectives, GB/s (0 without NVLink)."""
+    fp8_tflops: float | None = None
+    """Dense FP8 tensor-core peak, TFLOP/s, for GPUs that run FP8 GEMMs (compute capability 8.9 or more: Ada,
+    Hopper, Blackwell); None for those that do not (their fp8 weights are dequantized into bf16 GEMMs)."""
     source: str = ""
     """Where the figures come from."""
 
@@ -36,29 +39,35 @@ class GpuType:
 GPUS: dict[str, GpuType] = {
     gpu.name: gpu
     for gpu in (
-        GpuType(name="h100", bf16_tflops=989.4, memory_gib=79.6, link="nvlink", nvlink_gbs=300.0,
-                source="NVIDIA H100 SXM5 datasheet (989 TFLOP/s BF16 dense, 80 GB); NVLink 300 GB/s: seed 000 §3.2"),
-        GpuType(name="h200", bf16_tflops=989.4, memory_gib=140.4, link="nvlink", nvlink_gbs=300.0,
-                source="NVIDIA H200 SXM datasheet (989 TFLOP/s BF16 dense, 141 GB, NVLink 900 GB/s as H100)"),
-        GpuType(name="b200", bf16_tflops=2250.0, memory_gib=179.0, link="nvlink", nvlink_gbs=600.0,
-                source="NVIDIA HGX B200 datasheet (2.25 PFLOP/s BF16 dense, 180 GB, NVLink5 1.8 TB/s)"),
-        GpuType(name="h20", bf16_tflops=148.0, memory_gib=95.6, link="nvlink", nvlink_gbs=300.0,
-                source="NVIDIA H20 spec sheet (148 TFLOP/s BF16 dense, 96 GB, NVLink 900 GB/s)"),
+        GpuType(name="h100", bf16_tflops=989.4, memory_gib=79.6, link="nvlink", nvlink_gbs=300.0, fp8_tflops=1978.9,
+                source="NVIDIA H100 SXM5 datasheet (989 TFLOP/s BF16 and 1,979 FP8 dense, 80 GB); NVLink 300 GB/s: "
+                "seed 000 §3.2"),
+        GpuType(name="h200", bf16_tflops=989.4, memory_gib=140.4, link="nvlink", nvlink_gbs=300.0, fp8_tflops=1978.9,
+                source="NVIDIA H200 SXM datasheet (989 TFLOP/s BF16 and 1,979 FP8 dense, 141 GB, NVLink 900 GB/s as "
+                "H100)"),
+        GpuType(name="b200", bf16_tflops=2250.0, memory_gib=179.0, link="nvlink", nvlink_gbs=600.0, fp8_tflops=4500.0,
+                source="NVIDIA HGX B200 datasheet (2.25 PFLOP/s BF16 and 4.5 FP8 dense, 180 GB, NVLink5 1.8 TB/s)"),
+        GpuType(name="h20", bf16_tflops=148.0, memory_gib=95.6, link="nvlink", nvlink_gbs=300.0, fp8_tflops=296.0,
+                source="NVIDIA H20 spec sheet (148 TFLOP/s BF16 and 296 FP8 dense, 96 GB, NVLink 900 GB/s)"),
         GpuType(name="a100", bf16_tflops=312.0, memory_gib=80.0, link="nvlink", nvlink_gbs=200.0,
                 source="NVIDIA A100 SXM 80GB datasheet (312 TFLOP/s BF16 dense, NVLink3 600 GB/s); "
                 "seed 003 measured ~268 GB/s P2P on 8xA100 NVLink"),
         GpuType(name="v100", bf16_tflops=125.0, memory_gib=31.7, link="nvlink", nvlink_gbs=100.0,
                 source="NVIDIA V100 SXM2 32GB datasheet (125 TFLOP/s FP16 tensor, NVLink2 300 GB/s)"),
-        GpuType(name="l40", bf16_tflops=181.0, memory_gib=45.0, link="pcie",
-                source="NVIDIA L40 datasheet (362 TFLOP/s BF16 with sparsity -> 181 dense, 48 GB, PCIe Gen4)"),
-        GpuType(name="l40s", bf16_tflops=362.0, memory_gib=45.0, link="pcie",
-                source="NVIDIA L40S datasheet (733 TFLOP/s BF16 with sparsity -> 362 dense, 48 GB, PCIe Gen4)"),
-        GpuType(name="l20", bf16_tflops=119.5, memory_gib=45.0, link="pcie",
-                source="NVIDIA L20 spec sheet (239 TFLOP/s FP16 with sparsity -> 119.5 dense, 48 GB, PCIe Gen4)"),
+        GpuType(name="l40", bf16_tflops=181.0, memory_gib=45.0, link="pcie", fp8_tflops=362.0,
+                source="NVIDIA L40 datasheet (362 TFLOP/s BF16 and 724 FP8 with sparsity -> 181 and 362 dense, 48 GB, "
+                "PCIe Gen4)"),
+        GpuType(name="l40s", bf16_tflops=362.0, memory_gib=45.0, link="pcie", fp8_tflops=733.0,
+                source="NVIDIA L40S datasheet (733 TFLOP/s BF16 and 1,466 FP8 with sparsity -> 362 and 733 dense, "
+                "48 GB, PCIe Gen4)"),
+        GpuType(name="l20", bf16_tflops=119.5, memory_gib=45.0, link="pcie", fp8_tflops=239.0,
+                source="NVIDIA L20 spec sheet (239 TFLOP/s FP16 and 478 FP8 with sparsity -> 119.5 and 239 dense, "
+                "48 GB, PCIe Gen4)"),
         GpuType(name="a10", bf16_tflops=125.0, memory_gib=22.5, link="pcie",
                 source="NVIDIA A10 datasheet (125 TFLOP/s BF16 dense, 24 GB, PCIe Gen4)"),
-        GpuType(name="rtx4090", bf16_tflops=165.2, memory_gib=24.0, link="pcie",
-                source="NVIDIA Ada whitepaper (RTX 4090: 165.2 TFLOP/s BF16 dense with FP32 accumulate, 24 GB)"),
+        GpuType(name="rtx4090", bf16_tflops=165.2, memory_gib=24.0, link="pcie", fp8_tflops=330.3,
+                source="NVIDIA Ada whitepaper (RTX 4090: 165.2 TFLOP/s BF16 and 330.3 FP8 dense with FP32 "
+                "accumulate, 24 GB)"),
     )
 }
 

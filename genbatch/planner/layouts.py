@@ -56,14 +56,15 @@ def _factorings(gpus: int, axes: tuple[str, ...]) -> list[dict[str, int]]:
             for rest in _factorings(gpus // degree, axes[1:])]
 
 
-def enumerate_layouts(gpus: int, *, cache: bool = False) -> list[ParallelDims]:
+def enumerate_layouts(gpus: int, *, cache: bool = False, quantization: str = "none") -> list[ParallelDims]:
     """Every factoring of `gpus` into the axes, each with and without FSDP, that the axis table's rules admit
-    (`ParallelDims.problems`: what the runner's start-up refuses); `cache`: with a step cache on."""
+    (`ParallelDims.problems`: what the runner's start-up refuses); `cache`: with a step cache on;
+    `quantization`: the run's `--quantization` (no tp or FSDP beside fp8 or int8)."""
     layouts = []
     for degrees in _factorings(gpus, AXES):
         for fsdp in (False, True):
             layout = ParallelDims(fsdp=fsdp, **degrees)
-            if not layout.problems(cache=cache):
+            if not layout.problems(cache=cache, quantization=quantization):
                 layouts.append(layout)
     return layouts
 

@@ -10,7 +10,9 @@ The VAE decode peak is the decoder's own (`vae_memory`: frame-causal, framewise 
 split 1/p with patch parallel over the job's group (§7.1). The VAE encode's is the encoder's own (`vae_encode`:
 Wan's frame-causal chunks, an image VAE whole, beside the input the pipeline built), split 1/p over the job's
 group where the VAE class encodes patch-parallel (the runner's `parallel_encoding` always does, on a group of
-two or more), on one rank otherwise. Both run at the VAE's dtype (`Workload.vae_bytes_per_value`: fp32 for a
+two or more), on one rank otherwise. Under `--quantization fp8|int8` the transformer's weights take 1 byte a
+parameter instead of bf16's 2 (the text encoders' too with `--quantize-text-encoder`): the shape's parameter
+counts times the width, for any model. Both run at the VAE's dtype (`Workload.vae_bytes_per_value`: fp32 for a
 video model, as the runner keeps it, bf16 for an image model). A batch of B rows (`Workload.batch`) holds B times
 the activations and the stale K/V; the weights do not grow, and the VAE encodes and decodes its rows one at a time.
 
@@ -97,15 +99,16 @@ def choose_decode(layout: ParallelDims, work: Workload, limit_gib: float, wanted
 
 
 def text_encoder_gib(layout: ParallelDims, work: Workload) -> float:
-    """The text encoders' weights per rank, GiB, as the runner's `--text-encoder-parallel auto` holds them: the
+    """The text encoders' weights per rank, GiB (at their width: `--quantize-text-encoder`), as the runner's
+    `--text-encoder-parallel auto` holds them: the
     layers of an encoder at least 4096 wide split over the job group, its other weights (embeddings, output head,
     a vision tower) whole on every rank; a narrower encoder sharded by FSDP over the job group, else whole."""
     shape = work.shape
     split = shape.text_encoder_split_parameters
     if split:
         whole = shape.text_encoder_parameters - split
-        return (split / layout.group_size + whole) * BYTES_PER_VALUE / GIB
-    return shape.text_encoder_parameters * BYTES_PER_VALUE / layout.fsdp_size / GIB
+        return (split / layout.group_size + whole) * work.text_encoder_bytes_per_value / GIB
+    return shape.text_encoder_parameters * work.text_encoder_bytes_per_value / layout.fsdp_size / GIB
 
 
 def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") -> dict[str, float]:
@@ -114,7 +117,7 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
     shape = work.shape
     d, layers = shape.hidden_size, shape.num_layers
     patches = layout.pp  # PipeFusion streams as many patches as it has stages (xDiT's default)
-    weight_bytes = shape.parameters * BYTES_PER_VALUE
+    weight_bytes = shape.parameters * work.weight_bytes_per_value  # bf16, or fp8 / int8 under --quantization
     weights = weight_bytes / (layout.fsdp_size * layout.pp * layout.tp)
     if layout.fsdp_size > 1:
         weights += FSDP_PREFETCH_LAYERS * weight_bytes / layers

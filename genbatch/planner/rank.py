@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from genbatch.jobs.quantization import Quantization
 from genbatch.models.spec import ModelSpec
 from genbatch.parallel.axes import layout_problems
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.conditioning import encode_input
 from genbatch.planner.constraints import LayoutConstraints, nearest_fixes
 from genbatch.planner.cost import Estimate, estimate
-from genbatch.planner.fixes import Fix, Overage, memory_fix, overage
+from genbatch.planner.fixes import Fix, Overage, memory_fix, overage, quantization_fix
 from genbatch.planner.hardware import GIB, GPUS, Cluster, cpu_cluster, make_cluster
 from genbatch.planner.layouts import (
     enumerate_layouts,
@@ -61,6 +62,9 @@ class Rejection:
     """For a layout too big for memory: the number that broke the limit."""
     fix: Fix | None = None
     """For a layout too big for memory: the change that fits with the fewest seconds per job (None: none does)."""
+    quantization_fix: Fix | None = None
+    """For a layout too big for memory: the least quantization (`--quantization fp8`, `--quantize-text-encoder`)
+    with which the same layout fits (None: none does, or the plan quantizes everything already)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -160,7 +164,8 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
         raise ValueError(f"--max-latency {max_latency} must be positive seconds")
     ranked, rejected, illegal, too_big = [], [], [], []
     legal = []
-    for layout in enumerate_layouts(cluster.gpus, cache=cache):
+    quantization = work.quantization.kind
+    for layout in enumerate_layouts(cluster.gpus, cache=cache, quantization=quantization):
         problems = structural_problems(layout, work.shape, work.sequence, work.steps, cluster)
         if problems:
             illegal.append(Rejection(layout=layout, reasons=tuple(problems)))
@@ -184,21 +189,27 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
             too_big.append((layout, cost, over, problems))
             continue
         ranked.append(Candidate(layout=layout, estimate=cost, jobs_per_hour=layout.dp * 3600 / cost.seconds_per_job))
-    fixes = {}
+    fixes, quantized_fixes = {}, {}
     for layout, cost, over, _ in too_big:
         if over is not None:
             fixes[layout] = memory_fix(layout, cost, decode_modes(layout, work), legal, cluster, max_latency,
                                        lambda other, mode: estimate(other, work, cluster, profile, mode), decode)
+            quantized_fixes[layout] = quantization_fix(
+                layout, work.quantization, cluster, max_latency,
+                lambda changed, layout=layout: estimate(layout, replace(work, quantization=changed), cluster, profile,
+                                                        decode),
+                lambda changed, layout=layout: not layout.problems(cache=cache, quantization=changed.kind))
     more = None
-    if wider and not ranked and fixes and not any(fixes.values()):
+    if wider and not ranked and fixes and not any(fixes.values()) and not any(quantized_fixes.values()):
         more = more_gpus(cluster, lambda bigger: rank(work, bigger, objective=objective, max_latency=max_latency,
                                                       profile=profile, decode=decode, cache=cache,
                                                       wider=False).ranked)
     for layout, cost, over, problems in too_big:
-        fix = fixes.get(layout)
+        fix, quantized = fixes.get(layout), quantized_fixes.get(layout)
         if over is not None:
-            problems.insert(0, over.describe(fix, more))
-        rejected.append(Rejection(layout=layout, reasons=tuple(problems), over=over, fix=fix))
+            problems.insert(0, over.describe(fix, quantized, more))
+        rejected.append(Rejection(layout=layout, reasons=tuple(problems), over=over, fix=fix,
+                                  quantization_fix=quantized))
     ranked.sort(key=lambda candidate: rank_key(candidate, objective))
     rejected += illegal
     constraints = constraints or LayoutConstraints()
@@ -212,12 +223,12 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
                 rejected=tuple(rejected), constraints=constraints, profile=profile)
 
 
-def _combination_problem(constraints: LayoutConstraints) -> str | None:
+def _combination_problem(constraints: LayoutConstraints, quantization: str = "none") -> str | None:
     """Why the axis table's rules refuse the constrained axes together (DistriFusion beside an axis it does not
     compose with), which is why no layout was built with them; None when they do not."""
     given = constraints.given
     problems = layout_problems({name: value for name, value in given.items() if name != "fsdp"},
-                               fsdp=bool(given.get("fsdp")))
+                               fsdp=bool(given.get("fsdp")), quantization=quantization)
     return "; ".join(problems) or None
 
 
@@ -228,7 +239,8 @@ def _unmet(constraints: LayoutConstraints, work: Workload, cluster: Cluster, ran
     reasons = list(dict.fromkeys(reason for rejection in rejected if constraints.admits(rejection.layout)
                                  for reason in rejection.reasons))[:3]
     if not reasons:
-        reasons = [_combination_problem(constraints) or f"no way to factor {cluster.gpus} GPUs has {flags}"]
+        reasons = [_combination_problem(constraints, work.quantization.kind)
+                   or f"no way to factor {cluster.gpus} GPUs has {flags}"]
     fixes = nearest_fixes(constraints, [candidate.layout for candidate in ranked])
     nearest = f"; nearest that fit: {' | '.join(fixes)}" if fixes else "; no layout fits even without them"
     return (f"no layout with {flags} fits {work.describe()} on {cluster.gpus} x {cluster.gpu.name}: "
@@ -260,13 +272,15 @@ def plan(
     image: bool | None = None,
     input_size: tuple[int, int] | None = None,
     batch_size: int = 1,
+    quantization: Quantization | None = None,
 ) -> Plan:
     """The ranked plan for a model (published name, preset, pipeline directory, spec or shape) on some GPUs,
     priced with `profile`'s fitted parameters where it has them, the VAE decoded in mode `decode`. `steps` and
     `guidance` are the jobs' (None: the model's); a guidance of 1 or less runs one branch a step (a distilled
     LoRA's recipe), so no layout splits CFG. `image`: whether the jobs start from an image (None: as the model
     does, with one if it takes one), whose VAE encode is priced; `input_size`: an edit model's resized input
-    image, (width, height); `batch_size`: rows denoised together in one forward."""
+    image, (width, height); `batch_size`: rows denoised together in one forward; `quantization`: the weights'
+    width (`--quantization`, `--quantize-text-encoder`; None: bf16)."""
     if profile is not None and profile.device in GPUS and profile.device != gpu.lower():
         raise ValueError(f"profile {profile.name!r} was measured on {profile.device}, not {gpu}; "
                          f"plan with --gpu {profile.device}, or calibrate on {gpu}")
@@ -282,7 +296,7 @@ def plan(
         shape = replace(shape, uses_cfg=False)  # one forward a step, as the model runs such a row
     work = workload_for(shape, width=width, height=height, frames=frames, steps=steps,
                         offload_text_encoder=offload_text_encoder, image=image, input_size=input_size,
-                        batch_size=batch_size)
+                        batch_size=batch_size, quantization=quantization)
     return rank(work, cluster, objective=objective, max_latency=max_latency, constraints=constraints, profile=profile,
                 decode=decode, cache=cache)
 
@@ -290,14 +304,15 @@ def plan(
 def workload_for(shape: ModelShape, *, width: int | None = None, height: int | None = None,
                  frames: int | None = None, steps: int | None = None, offload_text_encoder: bool = False,
                  image: bool | None = None, input_size: tuple[int, int] | None = None,
-                 batch_size: int = 1) -> Workload:
+                 batch_size: int = 1,
+                 quantization: Quantization | None = None) -> Workload:
     """One job of the model of `shape` as `plan` prices it: the model's defaults filling what is not given, the
     VAE encode its image needs (`conditioning.encode_input`), `batch_size` rows a forward. An edit model's jobs
     without an image (`image=False`) attend over the output's tokens alone."""
     if image is False and shape.joins_image_tokens:
         shape = replace(shape, joins_image_tokens=False)
     work = make_workload(shape, width=width, height=height, frames=frames, steps=steps,
-                         offload_text_encoder=offload_text_encoder, batch=batch_size)
+                         offload_text_encoder=offload_text_encoder, batch=batch_size, quantization=quantization)
     encode = encode_input(shape, width=work.width, height=work.height, frames=work.frames, image=image,
                           input_size=input_size)
     return replace(work, encode=encode)

@@ -8,7 +8,7 @@ from genbatch.planner.explain import explain, round_figures as _round
 from genbatch.planner.layouts import plan_degrees
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan, Rejection
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 """Bumped when a field of `plan_to_dict` changes meaning, goes away or is added (2: PipeFusion's degree is `pp`,
 the runner's axis name, and every layout carries its `layout` name; 3: the plan names its `profile` and every
 layout carries `explain`: its inputs, parameters and their sources, and the terms of its sum; 4: every layout
@@ -19,7 +19,8 @@ fits with the fewest seconds per job, or null); 5: every layout carries its `dis
 layout the planner ranks (the axis table's one rule set, `parallel/axes.py`); 7: the workload carries its
 `batch_size` and the `encode` its VAE runs first (null for a job from noise alone), `memory_gib` a `vae_encode`
 part, the breakdown `encode_s_per_job`, and `explain` its `encode_s` term and `vae_encode` and `batch_size`
-inputs)."""
+inputs; 8: the workload carries its `quantization` and `quantize_text_encoder`, and a layout rejected for memory
+its `quantization_fix`, the least quantization with which it fits, or null)."""
 
 
 def layout_to_dict(layout: ParallelDims, decode_mode: str = "parallel") -> dict:
@@ -33,6 +34,8 @@ def rejection_to_dict(rejection: Rejection) -> dict:
     if rejection.over is not None:
         out["over"] = rejection.over.to_dict()
         out["fix"] = rejection.fix.to_dict() if rejection.fix is not None else None
+        fix = rejection.quantization_fix
+        out["quantization_fix"] = fix.to_dict() if fix is not None else None
     return out
 
 
@@ -82,6 +85,8 @@ def plan_to_dict(plan: Plan) -> dict:
             "image_tokens": work.image_tokens,
             "offload_text_encoder": work.offload_text_encoder,
             "batch_size": work.batch,
+            "quantization": work.quantization.kind,
+            "quantize_text_encoder": work.quantization.text_encoders,
             "encode": None if work.encode is None else {
                 "what": work.encode.what, "width": work.encode.width, "height": work.encode.height,
                 "frames": work.encode.frames,

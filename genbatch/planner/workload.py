@@ -3,8 +3,9 @@ first when it starts from an image, and the rows batched into each forward."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from genbatch.jobs.quantization import Quantization
 from genbatch.planner.shapes import ModelShape
 
 BYTES_PER_VALUE = 2
@@ -56,6 +57,22 @@ class Workload:
     batch: int = 1
     """Rows denoised together in one forward (`--batch-size`): GEMM rows and activations grow by it; the
     weights, and the VAE encode and decode (which run row by row), do not."""
+    quantization: Quantization = field(default_factory=Quantization)
+    """`--quantization` and `--quantize-text-encoder`: the width the transformer's (and the text encoders')
+    weights are held and all-gathered at, and, for fp8 on a GPU with FP8 GEMMs, the rate its linear layers run
+    at (`genbatch.planner.cost`)."""
+
+    @property
+    def weight_bytes_per_value(self) -> float:
+        """Bytes of one transformer weight: bf16's 2, or 1 quantized (fp8, int8). The rule is the shape's
+        parameter count times this, for any model: a DiT's parameters are nearly all in its Linear layers (its
+        norms and embeddings, left unquantized, are under 1%)."""
+        return self.quantization.weight_bytes(BYTES_PER_VALUE)
+
+    @property
+    def text_encoder_bytes_per_value(self) -> float:
+        """Bytes of one text-encoder weight: 1 with `--quantize-text-encoder`, else bf16's 2."""
+        return self.quantization.text_encoder_bytes(BYTES_PER_VALUE)
 
     @property
     def vae_bytes_per_value(self) -> int:
@@ -92,7 +109,11 @@ class Workload:
         branches = "2 branches (CFG)" if self.shape.uses_cfg else "1 branch"
         batch = f", batches of {self.batch}" if self.batch > 1 else ""
         encode = f", VAE-encoding its {self.encode.describe()}" if self.encode is not None else ""
-        return f"{self.shape.name} {size} {self.steps} steps x {branches} ({self.sequence} tokens){batch}{encode}"
+        quantized = self.quantization
+        weights = (f", {quantized.kind} weights" + (" (text encoders too)" if quantized.text_encoders else "")
+                   if quantized.enabled else "")
+        return (f"{self.shape.name} {size} {self.steps} steps x {branches} ({self.sequence} tokens){batch}{encode}"
+                f"{weights}")
 
 
 def make_workload(
@@ -105,9 +126,11 @@ def make_workload(
     offload_text_encoder: bool = False,
     encode: EncodeInput | None = None,
     batch: int = 1,
+    quantization: Quantization | None = None,
 ) -> Workload:
     """The workload at the given size, the model's defaults filling what is not given; `encode`: what its VAE
-    encodes first (`conditioning.encode_input`), `batch`: rows per forward."""
+    encodes first (`conditioning.encode_input`), `batch`: rows per forward, `quantization`: the weights' width
+    (None: the run's dtype)."""
     width = shape.width if width is None else width
     height = shape.height if height is None else height
     steps = shape.steps if steps is None else steps
@@ -125,4 +148,5 @@ def make_workload(
     else:
         frames = None
     return Workload(shape=shape, width=width, height=height, frames=frames, steps=steps,
-                    offload_text_encoder=offload_text_encoder, encode=encode, batch=batch)
+                    offload_text_encoder=offload_text_encoder, encode=encode, batch=batch,
+                    quantization=quantization or Quantization())

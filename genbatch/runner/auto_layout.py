@@ -7,6 +7,7 @@ import sys
 
 import torch
 
+from genbatch.jobs.quantization import Quantization
 from genbatch.parallel.dims import ParallelDims
 
 
@@ -21,11 +22,12 @@ def _gpu_key(name: str) -> str | None:
 
 def auto_dims(model: str | None, world_size: int, device: torch.device, profile: str | None = None,
               decode: str = "auto", cache: bool = False, steps: int | None = None,
-              guidance: float | None = None) -> ParallelDims:
+              guidance: float | None = None, quantization: Quantization | None = None) -> ParallelDims:
     """The best runnable layout for `model` on `world_size` processes of this kind of device, priced with the
     calibration `profile` (name or path) when given and the VAE decoded in mode `decode` (`--vae-decode`), among
     the layouts a step cache runs with when `cache` is on, for jobs of `steps` steps at `guidance` (the run's
-    `--steps` / `--guidance`; None: the model's). On CPUs without a CPU profile: data parallelism."""
+    `--steps` / `--guidance`; None: the model's), its weights at `quantization`'s width (no tp or FSDP beside
+    it). On CPUs without a CPU profile: data parallelism."""
     speak = os.environ.get("RANK", "0") == "0"
     from genbatch.planner.profile import load_profile
 
@@ -45,7 +47,7 @@ def auto_dims(model: str | None, world_size: int, device: torch.device, profile:
         machine = dict(gpu=_gpu_key(properties.name) or "h100", gpu_mem=properties.total_memory / 2**30)
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     best = plan(model, world_size, nodes=max(1, world_size // per_node), profile=calibrated, decode=decode,
-                cache=cache, steps=steps, guidance=guidance, **machine).best
+                cache=cache, steps=steps, guidance=guidance, quantization=quantization, **machine).best
     if speak:
         using = f" with profile {calibrated.name}" if calibrated is not None else ""
         print(f"genbatch: --layout auto picked {best.layout.describe()} on {world_size} x "

@@ -14,7 +14,7 @@ from genbatch.manifests.cli import (
     media_options,
     storage_options_from,
 )
-from genbatch.parallel.flags import kernel_options, layout_options
+from genbatch.parallel.flags import kernel_options, layout_options, quantization_options
 from genbatch.parallel.tensor.encoders import MODES as TEXT_ENCODER_MODES
 from genbatch.planner.memory import DECODE_CHOICES
 
@@ -82,6 +82,7 @@ def _layout_options(command):
               help="Keep each rank's prompt encodes up to this many GiB, so a prompt shared by many rows is encoded "
                    "once per job group (0: encode every row).")
 @kernel_options
+@quantization_options
 @media_options
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE",
               help="fsspec option for the manifest and output filesystems (repeatable).")
@@ -118,6 +119,9 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, flags: dict) -> N
     # process at once (75, SIGINT 130), and a rank ends with its launcher (runner/signals.py)
     stop = StopRequest().install().watch(parent_pid=launcher_pid())
     with stop.waiting("start-up"):
+        from genbatch.parallel.quantize import quiet_torchao_import
+
+        quiet_torchao_import()  # diffusers imports torchao whenever it is installed
         from genbatch.io import StorageError
         from genbatch.parallel.teardown import exit_process
         from genbatch.runner.options import RunOptions, UsageError

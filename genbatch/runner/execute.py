@@ -97,8 +97,9 @@ class BatchResult:
 
 def fingerprint(job: PreparedJob, approximation: str = EXACT) -> dict:
     """The settings a checkpoint must match to be resumed (a changed row, or a run under another attention
-    approximation, `genbatch.parallel.stale.label`, restarts the job): the row's own, and what each of its
-    inputs adds (`genbatch.jobs.inputs`: its cache mode, its images' and adapters' sha256)."""
+    approximation, `genbatch.parallel.stale.label`, or another weight quantization, restarts the job): the row's
+    own, and what each of its inputs adds (`genbatch.jobs.inputs`: its cache mode, its images' and adapters'
+    sha256)."""
     return {
         "approximation": approximation,
         "model": job.model,
@@ -143,6 +144,9 @@ class JobExecutor:
     """Prepares a job's LoRA adapters once each and switches them into its pipeline."""
     embeddings: EmbeddingCache = field(default_factory=lambda: EmbeddingCache(max_bytes=int(DEFAULT_GIB * 2**30)))
     """This rank's prompt encodes, kept while they fit (`--embedding-cache-gib`)."""
+    quantization: str = "none"
+    """The run's weight quantization as recorded (`genbatch.jobs.quantization.Quantization.label`): each results
+    row carries it, and a checkpoint taken under another is not resumed."""
 
     def __post_init__(self) -> None:
         features = self.features or RunFeatures()
@@ -155,6 +159,13 @@ class JobExecutor:
         """The run's stale-K/V attention (None: exact)."""
         return self.features.stale
 
+    @property
+    def approximation(self) -> str:
+        """What a checkpoint's fingerprint records of the run's approximations: the attention's
+        (`genbatch.parallel.stale.label`), and the weights' quantization when there is one."""
+        attention = label(self.stale)
+        return attention if self.quantization == "none" else f"{attention}, {self.quantization} weights"
+
     def _shared_checkpoint(self, jobs: list[JobSpec]) -> DenoiseCheckpoint | None:
         """The leader reads the batch's checkpoint (kept under its first job's id); the group receives the same
         bytes (or None)."""
@@ -164,7 +175,7 @@ class JobExecutor:
         if payload is None:
             return None
         checkpoint = DenoiseCheckpoint.from_bytes(payload)
-        if checkpoint.fingerprint != batch_fingerprint(jobs, label(self.stale)):
+        if checkpoint.fingerprint != batch_fingerprint(jobs, self.approximation):
             return None  # a row changed since the checkpoint was taken (or the batch is another): start over
         return checkpoint
 
@@ -185,7 +196,7 @@ class JobExecutor:
         states = [generator.get_state() for generator in generators]
         checkpoint = DenoiseCheckpoint(
             job_id=jobs[0].id,
-            fingerprint=batch_fingerprint(jobs, label(self.stale)),
+            fingerprint=batch_fingerprint(jobs, self.approximation),
             steps_done=steps_done,
             latents=latents.detach().to("cpu", copy=True),
             scheduler=scheduler_state(model.pipe.scheduler),
@@ -317,7 +328,8 @@ class JobExecutor:
             raise
         batch = {"batch_id": batch_id([job.id for job in jobs]), "batch_size": len(jobs)}
         records = [{**job.record(), "status": "done", "run_id": self.run_id, "rank": self.ctx.rank,
-                    "vae_decode": self.decoder.last_mode, "attention_approximation": label(self.stale), **batch,
+                    "vae_decode": self.decoder.last_mode, "attention_approximation": label(self.stale),
+                    "quantization": self.quantization, **batch,
                     **{f"{column}_sha256": media.sha256 for column, media in job.media.items()}} for job in jobs]
         if not self.ctx.is_leader:
             return BatchResult(records=records, timings=self._timing_rows(timer, jobs), failures=prepared.failures)

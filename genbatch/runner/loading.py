@@ -4,7 +4,9 @@
 Weights go to this rank's device in the run's dtype; the VAE of video models stays in fp32 (as the Wan
 reference code runs it). Under `--fsdp` the group leader alone reads the weights (`load_sharded_pipeline`);
 under `--tp` from a directory each rank reads only its own shards (`load_tensor_parallel_pipeline`).
-`PipelineCache` keeps the pipelines a process has loaded, by model name.
+`PipelineCache` keeps the pipelines a process has loaded, by model name, and the bytes of each one's transformer
+and text-encoder weights on this rank as loaded (`loaded_weights`: quantized weights at their stored width),
+which run.json records per rank.
 """
 
 from __future__ import annotations
@@ -213,33 +215,78 @@ def load_sharded_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dt
     return finish_placement(skeleton, spec, ctx.device, skip=components + tuple(built))
 
 
-def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype,
-                                  config: ParallelizeConfig = ParallelizeConfig()):
-    """`--tp` loading from a pipeline directory (with `--fsdp` too: FSDP then shards the parts read, step 5): the
-    denoisers (and the text encoders `--text-encoder-parallel` splits, when their safetensors hold each parameter
-    as one stored tensor, renamed keys included: `_split_encoders`) built with their parameters on the meta device
-    and split by their tensor splits, then filled from their safetensors, each rank reading only its own part of
-    every split tensor, straight to its device; the other components load whole and the other
-    parallel methods (`parallelize_pipeline`) apply as on a whole pipeline. `config`: as `load_sharded_pipeline`'s."""
+def _trim_heap() -> None:
+    """Give the C heap's freed memory back to the system (glibc's malloc_trim; a no-op where there is none).
+    Quantizing layer by layer frees each layer's high-precision weight at once, but glibc raises its mmap
+    threshold after the first large frees and then keeps such buffers in its heap: without a trim after each
+    layer, a 300M-parameter transformer's int8 load peaked 0.9 GiB higher (bench/quantization.py)."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(None).malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _quantized_encoders(path: str, dtype: torch.dtype, config: ParallelizeConfig, skip) -> dict:
+    """The text encoders of a pipeline directory `--quantize-text-encoder` quantizes (but those in `skip`), built
+    empty by name, whose safetensors hold each parameter as one stored tensor: they are read layer by layer and
+    quantized as they come (the others load whole, then quantize)."""
+    import json
     import os
 
-    from genbatch.parallel.apply import denoisers, parallelize_pipeline
+    from genbatch.parallel.apply import TEXT_ENCODERS
+    from genbatch.parallel.tensor.checkpoint import whole_load_reason
+
+    if not config.quantization.text_encoders:
+        return {}
+    with open(os.path.join(path, "model_index.json"), encoding="utf-8") as handle:
+        index = json.load(handle)
+    found = {}
+    for name in TEXT_ENCODERS:
+        if name in skip or not (isinstance(index.get(name), list) and index[name][0] == "transformers"):
+            continue
+        module = empty_component(path, name, dtype)
+        if whole_load_reason(module, os.path.join(path, name)) is None:
+            found[name] = module
+    return found
+
+
+def load_tensor_parallel_pipeline(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype,
+                                  config: ParallelizeConfig = ParallelizeConfig()):
+    """`--tp` loading from a pipeline directory (with `--fsdp` too: FSDP then shards the parts read, step 5), and
+    quantized loading (`--quantization`): the denoisers (and the text encoders `--text-encoder-parallel` splits,
+    or `--quantize-text-encoder` quantizes, when their safetensors hold each parameter as one stored tensor,
+    renamed keys included: `_split_encoders`) built with their parameters on the meta device and split by their
+    tensor splits, then filled from their safetensors, each rank reading only its own part of every split tensor,
+    straight to its device, each Linear quantized as soon as its weight is read (the model never whole at the
+    run's dtype); the other components load whole and the other parallel methods (`parallelize_pipeline`) apply as on a whole
+    pipeline. `config`: as `load_sharded_pipeline`'s."""
+    import os
+
+    from genbatch.parallel.apply import apply_quantization, denoisers, parallelize_pipeline, quantized_components
+    from genbatch.parallel.quantize import as_filled
     from genbatch.parallel.tensor.checkpoint import fill_from_safetensors
 
     path = spec.path or spec.name
     built = _split_encoders(path, ctx, dtype, config.text_encoders)
+    built.update(_quantized_encoders(path, dtype, config, skip=built))
     split = denoisers(spec) + tuple(built)
     def build(where: str, name: str, load: torch.dtype):
         return built[name] if name in built else empty_component(where, name, load)
 
     pipe = load_skeleton(spec, dtype, meta=split, build=build)
     finish_placement(pipe, spec, ctx.device, skip=split)
-    parallelize_pipeline(pipe, spec, ctx, config)
+    parallelize_pipeline(pipe, spec, ctx, config, quantize=False)  # step 2b as the weights are read, below
+    quantized = quantized_components(pipe, spec, config)
     for name in split:
         model = getattr(pipe, name, None)
         if model is not None:
+            filled = (as_filled(model, config.quantization.kind, ctx.device, after=_trim_heap) if name in quantized
+                      else None)
             fill_from_safetensors(model, os.path.join(path, name), dtype, ctx.device,
-                                  keep_fp32=keep_in_fp32(model, dtype))
+                                  keep_fp32=keep_in_fp32(model, dtype), filled=filled)
+    apply_quantization(pipe, spec, ctx, config)  # the rest (a whole-loaded encoder), and the check of every layer
     if ctx.dims.fsdp and ctx.group.size > 1:  # step 5 on the parts each rank read: no rank held a whole copy
         from genbatch.parallel.apply import shard_loaded
 
@@ -262,16 +309,32 @@ def _reads_encoder_parts(spec: ModelSpec, ctx: ParallelContext, config: Parallel
 
 def load_for_group(spec: ModelSpec, ctx: ParallelContext, dtype: torch.dtype, config: ParallelizeConfig):
     """`spec`'s pipeline loaded and parallelised for this rank's job group: a directory's shards read by the
-    rank that holds them under tensor parallelism, the leader's weights spread under FSDP, else whole."""
+    rank that holds them under tensor parallelism, a directory's quantized components read and quantized layer
+    by layer, the leader's weights spread under FSDP, else whole."""
     from genbatch.parallel.apply import parallelize_pipeline
 
-    if spec.name not in PRESETS and (ctx.dims.tp > 1 or _reads_encoder_parts(spec, ctx, config)):
+    if spec.name not in PRESETS and (ctx.dims.tp > 1 or config.quantization.enabled
+                                     or _reads_encoder_parts(spec, ctx, config)):
         return load_tensor_parallel_pipeline(spec, ctx, dtype, config)
     if ctx.dims.fsdp and ctx.group.size > 1:
         return load_sharded_pipeline(spec, ctx, dtype, config)
     pipe = load_pipeline(spec, ctx.device, dtype)
     parallelize_pipeline(pipe, spec, ctx, config)
     return pipe
+
+
+def loaded_weights(pipe, spec: ModelSpec) -> dict:
+    """Bytes of the weights this rank holds of `pipe`, as loaded and parallelised: `transformer` (every denoiser),
+    `text_encoders` (all of them), and each component's own (`components`); quantized weights count their stored
+    data and scales (`genbatch.parallel.quantize.weight_bytes`), FSDP and tp parts this rank's part only."""
+    from genbatch.parallel.apply import TEXT_ENCODERS, denoisers
+    from genbatch.parallel.quantize import weight_bytes
+
+    components = {name: weight_bytes(module) for name, module in pipe.components.items()
+                  if isinstance(module, torch.nn.Module)}
+    return {"transformer": sum(components.get(name, 0) for name in denoisers(spec)),
+            "text_encoders": sum(components.get(name, 0) for name in TEXT_ENCODERS),
+            "components": components}
 
 
 @dataclass(slots=True)
@@ -284,6 +347,9 @@ class PipelineCache:
     """Pipelines kept loaded; the least recently used goes when a new model is needed (jobs are ordered by
     model, so a group switches models rarely)."""
     loaded: dict[str, object] = field(default_factory=dict)
+    weights: dict[str, dict] = field(default_factory=dict)
+    """Model name -> the bytes of its weights on this rank as it was loaded (`loaded_weights`), for every model
+    this process loaded (kept after the pipeline itself is let go)."""
 
     def get(self, spec: ModelSpec):
         if spec.name in self.loaded:
@@ -291,5 +357,7 @@ class PipelineCache:
         else:
             while len(self.loaded) >= self.keep:
                 self.loaded.pop(next(iter(self.loaded)))
-            self.loaded[spec.name] = self.load(spec)
+            pipe = self.loaded[spec.name] = self.load(spec)
+            if hasattr(pipe, "components"):  # a diffusers pipeline (tests may load stand-ins)
+                self.weights[spec.name] = loaded_weights(pipe, spec)
         return self.loaded[spec.name]

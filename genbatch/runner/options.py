@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
+from genbatch.jobs.quantization import Quantization, parse_quantization
 from genbatch.jobs.spec import JobOverrides
 from genbatch.parallel.dims import LayoutRequest
 from genbatch.runner.checkpoint import CheckpointPolicy
@@ -54,6 +55,24 @@ class ModelOptions:
     """Where compiled artifacts are kept across runs (any fsspec URL; None: OUT/compile-cache)."""
     text_encoder_parallel: str = "auto"
     """How the text encoders run over a job group (`genbatch.parallel.tensor.encoders.MODES`)."""
+    quantization: Quantization = field(default_factory=Quantization)
+    """`--quantization` and `--quantize-text-encoder`: the weights torchao quantizes at load
+    (`genbatch.parallel.quantize`)."""
+
+    def __post_init__(self) -> None:
+        if self.quantization.text_encoders and self.text_encoder_parallel in ("tp", "fsdp"):
+            raise ValueError(f"--quantize-text-encoder with --text-encoder-parallel {self.text_encoder_parallel}: "
+                             "torchao's quantized weights do not split under DTensor or shard under FSDP; use "
+                             "--text-encoder-parallel replicate (or auto, which replicates quantized encoders), or "
+                             "drop --quantize-text-encoder")
+
+    @property
+    def text_encoders(self) -> str:
+        """How the text encoders run: `--text-encoder-parallel`, with `auto` as `replicate` for quantized encoders
+        (whole on every rank, at the quantized width)."""
+        if self.quantization.text_encoders and self.text_encoder_parallel == "auto":
+            return "replicate"
+        return self.text_encoder_parallel
 
     def row_defaults(self) -> JobOverrides:
         """The defaults for rows that leave a setting empty: the run-level overrides, with `model` as the model
@@ -75,7 +94,8 @@ class ModelOptions:
         from genbatch.parallel.config import ParallelizeConfig
 
         return ParallelizeConfig(compile=self.compile_config(), attention=self.attention,
-                                 text_encoders=self.text_encoder_parallel, cache=self.overrides.cache)
+                                 text_encoders=self.text_encoders, cache=self.overrides.cache,
+                                 quantization=self.quantization)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -197,6 +217,7 @@ class RunOptions:
                 "share": self.resume.share, "vae_decode": layout.vae_decode, "vae_memory_gib": layout.vae_memory_gib,
                 "compile": model.compile, "compile_backend": model.compile_backend, "attention": model.attention,
                 "compile_cache": model.compile_cache, "text_encoder_parallel": model.text_encoder_parallel,
+                "quantization": model.quantization.kind, "quantize_text_encoder": model.quantization.text_encoders,
                 "media_allow": self.storage.media_allow, "media_max_mib": self.storage.media_max_mib,
                 "media_refuse": self.storage.media_refuse, "batch_size": self.features.batch_size,
                 "embedding_cache_gib": self.features.embedding_cache_gib}
@@ -215,7 +236,8 @@ class RunOptions:
                     "model": "model", "dtype": "dtype", "download": "download", "attention": "attention",
                     "compile": "compile", "compile_backend": "compile_backend", "compile_cache": "compile_cache",
                     "text_encoder_parallel": "text_encoder_parallel"},
-                    overrides=overrides_from_options(dict(flags))),
+                    overrides=overrides_from_options(dict(flags)),
+                    quantization=parse_quantization(get("quantization"), get("quantize_text_encoder", False))),
                 layout=_group(LayoutOptions, flags, {
                     "profile": "profile", "backend": "backend", "collective_timeout": "collective_timeout",
                     "warmup_steps": "warmup_steps", "patches": "patches", "vae_decode": "vae_decode",

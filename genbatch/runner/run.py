@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
@@ -83,6 +84,17 @@ def _save_compiled(cache) -> None:
               "again", file=sys.stderr)
 
 
+def _weights_by_rank(store, key: str, world_size: int) -> list[dict]:
+    """run.json's `weights`: each rank's bytes of each model's transformer and text-encoder weights as it loaded
+    them (`genbatch.runner.loading.loaded_weights`), one entry per rank and model, read from the coordination
+    store where every rank put its own before the end barrier."""
+    entries = []
+    for rank in range(world_size):
+        for model, weights in json.loads(store.get(f"{key}/{rank}")).items():
+            entries.append({"rank": rank, "model": model, **weights})
+    return entries
+
+
 def _run(context: RunContext, stop: StopRequest) -> int:
     """The run loop on this rank: batches from the hand-out until none is left, a stop is agreed or the group
     cannot go on; then rank 0's results, run.json and summary."""
@@ -145,6 +157,8 @@ def _run(context: RunContext, stop: StopRequest) -> int:
             print("genbatch: stopped by signal; state checkpointed. Rerun the same command to continue "
                   f"(exit {exit_codes.REQUEUE}).", file=sys.stderr)
         return exit_codes.REQUEUE
+    weights_key = f"genbatch/{run_id}/weights"
+    coordination.set(f"{weights_key}/{ctx.rank}", json.dumps(context.pipelines.weights))  # before the count
     with stop.waiting("the wait for the other ranks"):
         world.wait_for_all_ranks(run_id, coordination)
     if ctx.rank != 0:
@@ -155,6 +169,7 @@ def _run(context: RunContext, stop: StopRequest) -> int:
     info = run_info(options, world, run_id, started)
     info["ended"] = time.time()
     info["summary"] = summary
+    info["weights"] = _weights_by_rank(coordination, weights_key, world.world_size)
     store.write_run_info(info)
     if not options.quiet:
         progress.print_summary(summary, wall_seconds=time.time() - started, out=store.url)

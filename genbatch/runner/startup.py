@@ -88,6 +88,7 @@ def build_executor(options: RunOptions, world: World, store: RunStore, writer: B
         media=MediaReader(storage_options=storage, retry=RetryPolicy(timeout_s=options.storage.timeout), policy=policy),
         adapters=Adapters(policy=policy, storage_options=storage, timeout_s=options.storage.timeout),
         embeddings=EmbeddingCache(max_bytes=int(options.features.embedding_cache_gib * 2**30)),
+        quantization=options.model.quantization.label,
     )
 
 
@@ -108,6 +109,7 @@ def run_info(options: RunOptions, world: World, run_id: str, started: float) -> 
         "world_size": world.world_size,
         "device": str(world.ctx.device),
         "dtype": str(world.dtype).removeprefix("torch."),
+        "quantization": options.model.quantization.label,
         "options": options.recorded(),
         "overrides": options.model.overrides.record(),
         "versions": {"genbatch": __version__, "torch": torch.__version__, "diffusers": diffusers.__version__,

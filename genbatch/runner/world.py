@@ -220,6 +220,7 @@ def start_world(options: RunOptions, stop: StopRequest | None = None) -> World:
     try:
         parallelize = options.model.parallelize_config()
         cache = parallelize.caches_steps
+        quantization = parallelize.quantization.kind
         layout = options.layout
         # however the layout is chosen, the axis table's rules (parallel/axes.py) judge it: `resolve` applies
         # them to the flags, and the planner's choice is checked here
@@ -229,10 +230,10 @@ def start_world(options: RunOptions, stop: StopRequest | None = None) -> World:
             overrides = options.model.overrides
             dims = auto_dims(options.model.model, world_size, device, profile=layout.profile,
                              decode=layout.vae_decode, cache=cache, steps=overrides.num_inference_steps,
-                             guidance=overrides.guidance_scale)
-            dims.check(cache=cache)
+                             guidance=overrides.guidance_scale, quantization=parallelize.quantization)
+            dims.check(cache=cache, quantization=quantization)
         else:
-            dims = layout.request.resolve(world_size, cache=cache)
+            dims = layout.request.resolve(world_size, cache=cache, quantization=quantization)
         stale = stale_config(dims.distrifusion, layout.warmup_steps, dims.pp, layout.patches)
         if dims.world_size != world_size:
             raise ValueError(

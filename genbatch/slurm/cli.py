@@ -16,13 +16,21 @@ def _local_abspath(path: str) -> str:
 
 
 def _check_run_args(manifest: str, out: str, run_args: list[str]) -> None:
-    """Parse the options meant for `gen run` with gen run's own parser, so a typo fails now, not in the queue."""
+    """Parse the options meant for `gen run` with gen run's own parser, so a typo fails now, not in the queue; and
+    a `--quantization` beside a layout it does not run with (`parallel/axes.quantization_problems`)."""
+    from genbatch.parallel.axes import quantization_problems
     from genbatch.runner.cli import run_command
 
     try:
-        run_command.make_context("gen run", [manifest, "--out", out, *run_args], parent=click.get_current_context())
+        context = run_command.make_context("gen run", [manifest, "--out", out, *run_args],
+                                           parent=click.get_current_context())
     except click.UsageError as error:
         raise click.UsageError(f"gen run would refuse these options: {error.format_message()}") from None
+    params = context.params
+    problems = quantization_problems({"tp": params.get("tp") or 1}, fsdp=bool(params.get("fsdp")),
+                                     quantization=params.get("quantization") or "none")
+    if problems:
+        raise click.UsageError(f"gen run would refuse these options: {'; '.join(problems)}")
 
 
 def _carry_profile(run_args: list[str]) -> list[str]:

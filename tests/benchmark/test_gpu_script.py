@@ -71,3 +71,15 @@ def test_gpu_script_runs_both_sides_and_prints_ratios(tiny_report, tmp_path):
         assert records and all("not_run" in record for record in records.values()), family
     assert "ulysses 2: not run on either side: needs 2 ranks" in result.stdout
     assert "bench/gpu.sh: step 7 took" in result.stderr
+    # quantized weights: each suite's variants against its unquantized run, with the media left out
+    quantized = json.loads((results / "quantization" / "quantization.json").read_text())
+    assert set(quantized) == {"tiny", "tiny-flux"}
+    for name, suite_result in quantized.items():
+        variants = suite_result["variants"]
+        assert set(variants) == {"none", "fp8", "fp8-compiled"}, name
+        assert variants["fp8"]["method"] == "fp8 weight-only" and variants["fp8-compiled"]["compiled"] == "yes"
+        assert all(v["seconds_per_step"] > 0 and v["peak_bytes"] > 0 for v in variants.values()), name
+        assert 20 < variants["fp8"]["psnr_db"] < 100 and variants["none"]["psnr_db"] >= 100, name
+    assert "| fp8-compiled | fp8 weight-only |" in (results / "quantization" / "quantization.md").read_text()
+    assert not list((results / "quantization").glob("*/*/run/outputs"))
+    assert "bench/gpu.sh: step 8 took" in result.stderr

@@ -25,12 +25,13 @@ def _factorings(world_size: int, axes: tuple[str, ...]):
             yield {axes[0]: degree, **rest}
 
 
-def _runner_takes(world_size: int, degrees: dict, fsdp: bool, cache: bool) -> bool:
+def _runner_takes(world_size: int, degrees: dict, fsdp: bool, cache: bool, quantization: str = "none") -> bool:
     """What `gen run`'s start-up makes of these flags on `world_size` processes (runner/world.py's steps)."""
     group = {axis: degrees[axis] for axis in GROUP_AXES}
     try:
-        dims = LayoutRequest.of(dp=degrees["dp"], fsdp=fsdp, **group).resolve(world_size, cache=cache)
-        dims.check(cache=cache)
+        dims = LayoutRequest.of(dp=degrees["dp"], fsdp=fsdp, **group).resolve(world_size, cache=cache,
+                                                                            quantization=quantization)
+        dims.check(cache=cache, quantization=quantization)
     except ValueError as error:
         assert str(error).startswith("--"), error  # every refusal names a flag first
         return False
@@ -38,20 +39,24 @@ def _runner_takes(world_size: int, degrees: dict, fsdp: bool, cache: bool) -> bo
     return True
 
 
-@pytest.mark.parametrize("cache", [False, True], ids=["exact", "with-a-step-cache"])
-def test_the_planner_ranks_every_layout_the_runner_runs_and_none_it_refuses(cache):
+@pytest.mark.parametrize("cache, quantization", [(False, "none"), (True, "none"), (False, "fp8")],
+                         ids=["exact", "with-a-step-cache", "quantized"])
+def test_the_planner_ranks_every_layout_the_runner_runs_and_none_it_refuses(cache, quantization):
     every = set()
     for world_size in range(1, 9):
-        planned = set(enumerate_layouts(world_size, cache=cache))
+        planned = set(enumerate_layouts(world_size, cache=cache, quantization=quantization))
         runs = {ParallelDims(fsdp=fsdp, **degrees)
                 for degrees in _factorings(world_size, AXES) for fsdp in (False, True)
-                if _runner_takes(world_size, degrees, fsdp, cache)}
+                if _runner_takes(world_size, degrees, fsdp, cache, quantization)}
         assert planned == runs, (world_size, planned ^ runs)
-        assert len(enumerate_layouts(world_size, cache=cache)) == len(planned)  # each layout once
+        assert len(enumerate_layouts(world_size, cache=cache, quantization=quantization)) == len(planned)
         assert ParallelDims(dp=world_size) in runs
         every |= runs
-    assert ParallelDims(tp=2, ulysses=2, fsdp=True) in every  # tp and pp with FSDP
-    assert (ParallelDims(pp=2, cfg=2, fsdp=True) in every) is not cache  # a step cache never beside stale K/V
+    quantized = quantization != "none"
+    assert (ParallelDims(tp=2, ulysses=2, fsdp=True) in every) is not quantized  # tp and pp with FSDP
+    assert (ParallelDims(pp=2, cfg=2, fsdp=True) in every) is not (cache or quantized)  # no cache beside stale K/V
+    assert not quantized or not any(layout.tp > 1 or layout.fsdp for layout in every)  # torchao's tensors
+    assert ParallelDims(pp=2, ulysses=2, cfg=2) in every or cache  # the rest composes (pp: not with a cache)
 
 
 def test_each_rule_names_the_flags_and_a_fix():
@@ -66,6 +71,11 @@ def test_each_rule_names_the_flags_and_a_fix():
             dims.check()
     with pytest.raises(ValueError, match="--cache with --pp 2: step caching does not run with PipeFusion"):
         ParallelDims(pp=2).check(cache=True)
+    with pytest.raises(ValueError, match="--tp 2 with --quantization int8: torchao's quantized weights .* give these "
+                                         "ranks to --ulysses or --ring"):
+        ParallelDims(tp=2).check(quantization="int8")
+    with pytest.raises(ValueError, match="--fsdp with --quantization fp8: .*; drop --fsdp"):
+        ParallelDims(ulysses=2, fsdp=True).check(quantization="fp8")
     ParallelDims(cfg=2, distrifusion=2, dp=2).check()
 
 

@@ -28,11 +28,11 @@ def _json(*args: str) -> dict:
 
 def test_json_schema_best_first_with_rejections():
     data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
-    assert data["schema"] == 7 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["schema"] == 8 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
     assert data["profile"] is None
     assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
                                 "image_tokens": 75600, "offload_text_encoder": False, "batch_size": 1,
-                                "encode": None}
+                                "quantization": "none", "quantize_text_encoder": False, "encode": None}
     assert data["cluster"]["gpu"] == "h100" and data["cluster"]["gpus"] == 8 and data["cluster"]["network"] is None
     layouts = data["layouts"]
     for layout in layouts:
@@ -51,7 +51,7 @@ def test_json_schema_best_first_with_rejections():
     assert {key: layouts[0][key] for key in LAYOUT_KEYS} == data["best"]
     assert data["best"]["cfg"] == 2 and data["best"]["ulysses"] == 4
     for r in data["rejected"]:  # those too big for memory (DistriFusion's K/V here) name the overage and a fix
-        assert set(r) - {"over", "fix"} == LAYOUT_KEYS | {"reasons"} and r["reasons"]
+        assert set(r) - {"over", "fix", "quantization_fix"} == LAYOUT_KEYS | {"reasons"} and r["reasons"]
         assert ("over" in r) == ("fix" in r)
     stale = [r for r in data["rejected"] if r["distrifusion"] > 1 and r["cfg"] == 1]
     assert stale and all(any("61.9 GB per CFG branch x 2" in reason for reason in r["reasons"]) for r in stale)
@@ -140,10 +140,11 @@ def test_vae_decode_option_prices_every_layout_in_that_mode_and_the_table_names_
 
 
 def test_no_runnable_layout_still_prints_the_plan():
-    data = _json("-m", "wan2.1-14b", "-g", "1", "--gpu-mem", "40")
+    data = _json("-m", "wan2.1-14b", "-g", "1", "--gpu-mem", "24")  # not even with fp8 weights
     assert data["best"] is None and data["layouts"] == [] and "GiB per rank" in data["rejected"][0]["reasons"][0]
     assert data["rejected"][0]["fix"] is None and "use more GPUs" in data["rejected"][0]["reasons"][0]
-    assert "no runnable layout" in _gen("-m", "wan2.1-14b", "-g", "1", "--gpu-mem", "40").output
+    assert data["rejected"][0]["quantization_fix"] is None
+    assert "no runnable layout" in _gen("-m", "wan2.1-14b", "-g", "1", "--gpu-mem", "24").output
 
 
 @pytest.mark.parametrize(

@@ -103,7 +103,7 @@ def test_best_layout_returns_degrees_for_the_runner():
 
 def test_nothing_fits_names_the_way_out():
     with pytest.raises(ValueError, match="no runnable layout.*GiB per rank.*use more GPUs"):
-        best_layout("wan2.1-14b", 1, gpu_mem=40)
+        best_layout("wan2.1-14b", 1, gpu_mem=24)  # at 40 GiB fp8 weights fit: tests/planner/test_quantization.py
     with pytest.raises(ValueError, match="max-latency"):
         best_layout("flux.1-dev", 2, max_latency=0.5)
 

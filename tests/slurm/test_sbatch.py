@@ -162,3 +162,14 @@ def test_submit_without_sbatch_names_the_fix(tmp_path, monkeypatch):
                                        "--gpus-per-node", "1", "--log-dir", str(tmp_path / "logs")])
     assert result.exit_code == 1
     assert "sbatch is not on PATH" in result.output and "--dry-run" in result.output
+
+
+def test_submit_carries_the_quantization_and_refuses_it_beside_tp(tmp_path):
+    manifest, out = str(tmp_path / "m.parquet"), str(tmp_path / "run")
+    common = (manifest, "--out", out, "--nodes", "1", "--gpus-per-node", "2", "--python", PY, "--dry-run")
+    result = _submit(*common, "--ulysses", "2", "--quantization", "fp8", "--quantize-text-encoder")
+    assert result.exit_code == 0, result.output
+    assert "--quantization fp8 --quantize-text-encoder" in " ".join(result.output.replace("\\\n", " ").split())
+    refused = _submit(*common, "--tp", "2", "--quantization", "int8")
+    assert refused.exit_code == 2 and "--tp 2 with --quantization int8: torchao's quantized weights" in refused.output
+    assert _submit(*common, "--quantization", "int4").exit_code == 2  # gen run's parser: not a choice

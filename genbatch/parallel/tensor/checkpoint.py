@@ -30,6 +30,11 @@ from torch.distributed.tensor import DTensor
 
 from genbatch.parallel.tensor.loading import tp_split
 
+RELEASE_BYTES = 16 * 2**20
+"""With a `filled` callback (each layer quantized as it is read), the files are closed and reopened after this many
+bytes are read: a safetensors file is read through a memory mapping, whose pages stay resident in the process
+until it is closed, and the whole file's pages would otherwise add to the load's peak."""
+
 WEIGHT_NAMES = ("diffusion_pytorch_model.safetensors", "model.safetensors")
 """The weight file names diffusers and transformers save (each may instead be sharded under an index)."""
 
@@ -120,6 +125,13 @@ class _Files:
         self.where = weight_map(folder)
         self.keys = checkpoint_names(model, self.where)
         self.open: dict[str, object] = {}
+        self.read = 0
+        """Bytes read since the files were last opened."""
+
+    def release(self) -> None:
+        """Close every open file (their mappings' pages leave the process); they reopen on demand."""
+        self.open.clear()
+        self.read = 0
 
     def handle(self, name: str) -> tuple[object, str]:
         """(the open file holding module tensor `name`, its key in that file)."""
@@ -153,6 +165,7 @@ def _fill_parameter(model, files: _Files, name: str, param, dtype, device, keep_
     mesh = param.device_mesh if isinstance(param, DTensor) else None
     rank, size = (mesh.get_local_rank(), mesh.size()) if mesh is not None else (0, 1)
     raw = read_part(*files.handle(name), split if mesh is not None else None, rank, size)
+    files.read += raw.numel() * raw.element_size()
     local = _copied(raw, device, load_dtype(name, raw.dtype, dtype, keep_fp32))
     expected = param.to_local().shape if mesh is not None else param.shape
     if local.shape != expected:
@@ -198,11 +211,12 @@ def whole_load_reason(model: torch.nn.Module, folder: str) -> str | None:
 
 
 def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtype, device: torch.device,
-                          keep_fp32=()) -> None:
+                          keep_fp32=(), filled=None) -> None:
     """Fill `model`'s meta parameters (and the persistent buffers `folder` holds) from `folder`'s safetensors,
     each rank reading only its part of every tensor-parallel split; `keep_fp32`: the module names loading keeps
     in fp32 (diffusers' `_keep_in_fp32_modules`). A transformers model's tied parameters the files leave out are
-    tied again to their sources."""
+    tied again to their sources. `filled(name)`, when given, is called once each parameter is in place (the
+    weight quantization takes each layer as it comes: `genbatch.parallel.quantize.as_filled`)."""
     files = _Files(folder, model)
     keep_fp32 = tuple(keep_fp32 or ())
     tied = tied_targets(model)
@@ -210,6 +224,10 @@ def fill_from_safetensors(model: torch.nn.Module, folder: str, dtype: torch.dtyp
         if name in tied and name not in files.keys:
             continue
         _fill_parameter(model, files, name, param, dtype, device, keep_fp32)
+        if filled is not None:
+            filled(name)
+            if files.read >= RELEASE_BYTES:
+                files.release()
     if tied:
         model.tie_weights()
     for name, buffer in list(model.named_buffers()):
