@@ -12,7 +12,8 @@ from genbatch.planner.catalog import catalog, catalog_lines
 LEGEND = (
     "published: --model takes the name or its hub id; gen run reads it from the Hugging Face cache and",
     "  downloads it when missing (gen validate checks it against its published configs when not cached).",
-    "preset: built in, small random weights, no download, seconds on a CPU. plan only: gen plan prices it.",
+    "preset: built in, small random weights, no download, seconds on a CPU.",
+    "plan only: gen plan prices it; no family runs it.",
     "--model also takes any other hub id (org/name[@revision]) and any diffusers pipeline directory.",
 )
 """What the kinds mean, printed below the table."""
