@@ -28,9 +28,6 @@ PUBLISHED = "published"
 """A published model: `gen run` reads it from the Hugging Face cache by its hub id, downloading it when missing."""
 PRESET = "preset"
 """A built-in tiny model: real diffusers classes with small random weights, built in memory."""
-PLAN_ONLY = "plan only"
-"""A model `gen plan` prices and no family runs."""
-
 TRUE_CFG, CFG, EMBEDDED, DISTILLED = "true CFG", "CFG", "embedded", "distilled"
 """How a model uses `guidance_scale` (`guidance_of`)."""
 
@@ -42,7 +39,8 @@ class CatalogEntry:
     name: str
     """The name to pass (`flux.1-dev`, `tiny-wan`)."""
     kind: str
-    """`PUBLISHED`, `PRESET` or `PLAN_ONLY`."""
+    """`PUBLISHED`, `PRESET`, or `plan only` (a model the planner prices and no family runs:
+    `genbatch.planner.catalog`)."""
     family: str
     """The model family (`ModelSpec.family`)."""
     hub_id: str | None
@@ -132,4 +130,4 @@ def family_entries() -> list[CatalogEntry]:
     return entries
 
 
-__all__ = ["CFG", "DISTILLED", "EMBEDDED", "PLAN_ONLY", "PRESET", "PUBLISHED", "TRUE_CFG", "CatalogEntry", "entry", "family_entries", "guidance_of", "task_of"]
+__all__ = ["CFG", "DISTILLED", "EMBEDDED", "PRESET", "PUBLISHED", "TRUE_CFG", "CatalogEntry", "entry", "family_entries", "guidance_of", "task_of"]

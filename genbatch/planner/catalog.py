@@ -10,9 +10,11 @@ two equal).
 from __future__ import annotations
 
 from genbatch.models import families
-from genbatch.models.catalog import PLAN_ONLY, CatalogEntry, entry, family_entries
+from genbatch.models.catalog import CatalogEntry, entry, family_entries
 from genbatch.planner.shapes import PUBLISHED
 
+PLAN_ONLY = "plan only"
+"""The kind of a model `gen plan` prices and no family runs (`CatalogEntry.kind`)."""
 WIDTH = 100
 """The text table's widest line."""
 HEADINGS = ("NAME", "KIND", "TASK", "GUIDANCE", "SIZE", "STEPS")
@@ -60,4 +62,4 @@ def catalog_lines(entries: list[CatalogEntry]) -> list[str]:
     return lines
 
 
-__all__ = ["HEADINGS", "WIDTH", "catalog", "catalog_lines"]
+__all__ = ["HEADINGS", "PLAN_ONLY", "WIDTH", "catalog", "catalog_lines"]
