@@ -1,7 +1,7 @@
 """The commands the documents show work as written. Every `gen` command in a code block of README.md and docs/
 (alone, after `torchrun ... -m genbatch` or after `srun ...`) parses: its command exists and takes those options and
-values. docs/getting-started.md runs as a newcomer follows it (slow): every code block, as written and in order, in
-one clean bash (no virtual environment on `PATH`) in a fresh clone of this tree.
+values. docs/getting-started.md, then docs/questions.md, run as a newcomer follows them (slow): every code block, as
+written and in order, in one clean bash (no virtual environment on `PATH`) in a fresh clone of this tree.
 
 The clone holds this tree's committed files and its uncommitted changes to them (`git stash create`). Its `.venv`
 is a link to the environment the tests run in, standing for `make setup`, so nothing is downloaded; `make demo`
@@ -29,6 +29,8 @@ from genbatch.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDE = "docs/getting-started.md"
+WALKTHROUGH = (GUIDE, "docs/questions.md")
+"""The pages whose blocks run in one shell, in this order: the questions' commands look at the guide's demo."""
 SET_UP = "make demo"
 """The one set-up command: the clone's `.venv` stands for its `make setup` part."""
 BLOCK = re.compile(r"^```([\w-]*)\n(.*?)^```", re.M | re.S)
@@ -102,7 +104,7 @@ def shell_script(blocks: list[tuple[str, str]], scratch: Path) -> str:
         elif language in ("", "bash", "sh", "console"):
             lines += ["make -o setup demo" if line.strip() == SET_UP else line for line in body.splitlines()]
         else:
-            raise AssertionError(f"{GUIDE} has a {language!r} block; the test runs shell and python blocks only")
+            raise AssertionError(f"a {language!r} block in {WALKTHROUGH}: the test runs shell and python blocks only")
     return "\n".join(lines) + "\n"
 
 
@@ -118,8 +120,8 @@ def fresh_clone(target: Path) -> Path:
     return target
 
 
-def test_the_blocks_of_the_guide_parse_as_shell_and_python():
-    blocks = code_blocks((ROOT / GUIDE).read_text(encoding="utf-8"))
+def test_the_walkthrough_parses_as_shell_and_python():
+    blocks = [block for page in WALKTHROUGH for block in code_blocks((ROOT / page).read_text(encoding="utf-8"))]
     commands = [line for language, body in blocks if language != "python" for line in body.splitlines()]
     assert commands[0] == SET_UP, f"{GUIDE}'s first command is the set-up command, {SET_UP!r}"
     assert "source .venv/bin/activate" in commands, f"{GUIDE} says how its shell finds gen"
@@ -134,19 +136,20 @@ def test_the_blocks_of_the_guide_parse_as_shell_and_python():
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_the_getting_started_guide_runs_as_written_in_a_fresh_clone(tmp_path):
+def test_the_walkthrough_runs_as_written_in_a_fresh_clone(tmp_path):
     if sys.prefix == sys.base_prefix:
         pytest.skip("the tests run outside a virtual environment: there is no .venv to stand for make setup")
     clone = fresh_clone(tmp_path / "genbatch")
     (clone / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
     home = tmp_path / "home"
     home.mkdir()
-    script = shell_script(code_blocks((clone / GUIDE).read_text(encoding="utf-8")), tmp_path)
+    blocks = [block for page in WALKTHROUGH for block in code_blocks((clone / page).read_text(encoding="utf-8"))]
+    script = shell_script(blocks, tmp_path)
     environment = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(home), "LANG": "C.UTF-8",
                    "PYTHONPATH": str(clone), "HF_HUB_OFFLINE": "1", "TMPDIR": str(tmp_path)}
     result = subprocess.run(["bash", "-c", script], cwd=clone, env=environment, capture_output=True, text=True,
                             timeout=850)
-    assert result.returncode == 0, f"{GUIDE} failed at the last command shown:\n{result.stderr[-6000:]}"
+    assert result.returncode == 0, f"{WALKTHROUGH} failed at the last command shown:\n{result.stderr[-6000:]}"
 
     demo = pq.read_table(clone / "runs/example/results/results.parquet").to_pylist()
     assert demo and {row["status"] for row in demo} == {"done"}
@@ -155,3 +158,5 @@ def test_the_getting_started_guide_runs_as_written_in_a_fresh_clone(tmp_path):
     assert {row["status"] for row in mine} == {"done"}
     assert (clone / "runs/v1/report/index.html").is_file()
     assert "tiny-wan" in result.stdout and "wan2.1-1.3b" in result.stdout, "gen models printed its list"
+    assert (clone / "runs/example/report/index.html").is_file(), "the questions' gen report wrote the demo's report"
+    assert "best runnable" in result.stdout and "no failed jobs" in result.stdout
