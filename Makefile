@@ -24,6 +24,7 @@ setup-test: $(BIN)/python
 
 demo: setup
 	$(BIN)/gen run examples/manifest.parquet --out runs/example --model tiny-wan
+	@echo "gen is in $(BIN): run 'source $(BIN)/activate' to put it on this shell's PATH"
 
 test: setup-test
 	$(BIN)/python -m pytest -q -m "not slow" --durations=40

@@ -19,6 +19,7 @@ def main() -> None:
     gen report OUT                    a static HTML gallery of a run, OUT/report/index.html
     gen submit MANIFEST --out OUT     render and submit an sbatch script
     gen plan --model M --gpus G       rank parallel layouts by estimated speed
+    gen models                        every name --model takes: family, task, guidance, default size
     gen bench --out OUT               nightly throughput run with a report
     """
     _quiet_libraries()
@@ -36,12 +37,13 @@ def _register() -> None:
     from genbatch.benchmark.cli import bench_command
     from genbatch.manifests.cli import validate_command
     from genbatch.planner.cli import plan_command
+    from genbatch.planner.models_cli import models_command
     from genbatch.report.cli import report_command
     from genbatch.runner.cli import run_command, status_command
     from genbatch.slurm.cli import submit_command
 
     for command in (run_command, validate_command, status_command, report_command, submit_command, plan_command,
-                    bench_command):
+                    models_command, bench_command):
         main.add_command(command)
 
 

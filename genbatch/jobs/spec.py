@@ -120,7 +120,7 @@ class JobOverrides:
             parse_cache(self.cache)  # ValueError naming the value and the modes that run
         if self.model is not None and not self.model.strip():
             raise ValueError(
-                "run-level model is empty; pass a preset name (tiny-wan, tiny-flux) or a pipeline directory"
+                "run-level model is empty; pass a name `gen models` lists, a hub id or a pipeline directory"
             )
 
     def record(self) -> dict[str, object]:

@@ -42,9 +42,9 @@ def job_override_options(command: Callable) -> Callable:
     options = [
         click.option(
             "--model",
-            help="Model for rows without a `model` value: a preset name (tiny-wan, tiny-flux, tiny-sd3, "
-            "tiny-qwen-image, tiny-hunyuan-video) or a "
-            "diffusers pipeline directory. Required unless every row names its model.",
+            help="Model for rows without a `model` value: a name `gen models` lists (a published model, which "
+            "stands for its hub id, or a tiny preset), a hub id (org/name[@revision]) or a diffusers pipeline "
+            "directory. Required unless every row names its model.",
         ),
         click.option("--width", type=click.IntRange(min=1), help="Width in pixels for rows without one."),
         click.option("--height", type=click.IntRange(min=1), help="Height in pixels for rows without one."),

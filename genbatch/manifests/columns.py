@@ -25,10 +25,12 @@ from genbatch.jobs.inputs.base import flags as _flags
 from genbatch.jobs.inputs.media import MEDIA_COLUMNS
 from genbatch.jobs.inputs.num_outputs import expand
 from genbatch.jobs.resolve import Resolved, resolve_model_name
+from genbatch.jobs.schedule import SpecOf
 from genbatch.jobs.spec import SETTINGS, VIDEO_SETTINGS, JobOverrides
 from genbatch.jobs.table import COLUMNS
 from genbatch.manifests import validate
 from genbatch.manifests.validate import MAX_ID_BYTES, ModelRules, Rejection
+from genbatch.models import resolve_model
 
 WHITESPACE = (
     "\t\n\x0b\x0c\r\x1c\x1d\x1e\x1f \x85\xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008\u2009"
@@ -108,6 +110,7 @@ class ColumnChecker:
     def __init__(
         self, *, overrides: JobOverrides, extra_columns: Sequence[str], first_use: tuple[np.ndarray, np.ndarray],
         media_base: str | None = None, collisions: dict[int, list[tuple[str, str]]] | None = None,
+        spec_of: SpecOf = resolve_model,
     ) -> None:
         self.overrides = overrides
         """The run-level options."""
@@ -119,7 +122,8 @@ class ColumnChecker:
         """Where a relative media path points from: the manifest's directory (`jobs.media.manifest_base`)."""
         self.collisions = collisions or {}
         """Row -> its (column, reason) job-id collisions over the whole manifest (`id_space.collisions`)."""
-        self._rules = ModelRules(overrides)
+        self._rules = ModelRules(overrides, spec_of)
+        """The models rows name, resolved by `spec_of` once each."""
 
     def check(self, first_row: int, batch: pa.RecordBatch) -> tuple[pa.RecordBatch, list[Rejection]]:
         """The batch's valid rows' jobs as resolved columns (one per output of a row's `num_outputs`), and one

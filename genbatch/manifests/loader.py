@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from genbatch.jobs.media import manifest_base
+from genbatch.jobs.schedule import SpecOf
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.jobs.table import JobTable
 from genbatch.jobs.inputs import num_outputs as outputs
@@ -23,6 +24,7 @@ from genbatch.manifests import id_space
 from genbatch.manifests.columns import ColumnChecker, first_uses
 from genbatch.manifests.reader import DEFAULT_BATCH_ROWS, ManifestReader
 from genbatch.manifests.validate import Rejection
+from genbatch.models import resolve_model
 
 
 @dataclass(kw_only=True, slots=True)
@@ -47,8 +49,10 @@ class ManifestJobs:
         return sorted({rejection.row for rejection in self.rejected})
 
 
-def checked_batches(reader: ManifestReader, overrides: JobOverrides) -> Iterator[tuple[pa.RecordBatch, list[Rejection]]]:
-    """Each record batch of an open manifest, checked: (its valid rows' resolved columns, its rejections)."""
+def checked_batches(reader: ManifestReader, overrides: JobOverrides,
+                    spec_of: SpecOf = resolve_model) -> Iterator[tuple[pa.RecordBatch, list[Rejection]]]:
+    """Each record batch of an open manifest, checked: (its valid rows' resolved columns, its rejections); `spec_of`
+    resolves the models rows name."""
     ids = reader.column("id")
     collisions = {}
     if outputs.COLUMN in reader.schema.columns:
@@ -56,7 +60,7 @@ def checked_batches(reader: ManifestReader, overrides: JobOverrides) -> Iterator
         collisions = id_space.collisions(ids, counts)
     checker = ColumnChecker(
         overrides=overrides, extra_columns=reader.schema.extra_columns, first_use=first_uses(ids),
-        media_base=manifest_base(reader.url), collisions=collisions,
+        media_base=manifest_base(reader.url), collisions=collisions, spec_of=spec_of,
     )
     first = 0
     for batch in reader.record_batches():
@@ -64,11 +68,11 @@ def checked_batches(reader: ManifestReader, overrides: JobOverrides) -> Iterator
         first += batch.num_rows
 
 
-def iter_checked(reader: ManifestReader,
-                 overrides: JobOverrides) -> Iterator[tuple[JobSpec, ...] | list[Rejection]]:
+def iter_checked(reader: ManifestReader, overrides: JobOverrides,
+                 spec_of: SpecOf = resolve_model) -> Iterator[tuple[JobSpec, ...] | list[Rejection]]:
     """Each row of an open manifest, in order: its jobs (a tuple of `JobSpec`: one, or one per output of its
-    `num_outputs`), or its list of `Rejection`s."""
-    for accepted, rejected in checked_batches(reader, overrides):
+    `num_outputs`), or its list of `Rejection`s; `spec_of` resolves the models rows name."""
+    for accepted, rejected in checked_batches(reader, overrides, spec_of):
         jobs = iter(JobTable(pa.Table.from_batches([accepted])))
         rows = Counter(accepted.column("row").to_pylist())  # a row's jobs are consecutive
         by_row: dict[int, list[Rejection]] = {}

@@ -18,8 +18,9 @@ from genbatch.jobs.cache import TEACACHE, parse_cache
 from genbatch.models.spec import ModelSpec
 from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests.reader import ManifestReader
+from genbatch.jobs.schedule import SpecOf
 from genbatch.models.teacache import covered_model, not_covered
-from genbatch.models import preset_names, registry, resolve_model
+from genbatch.models import known_names, published_model, registry, resolve_model
 
 _SIZE_FLAGS = {"width": "--width", "height": "--height", "num_frames": "--frames"}
 """The run-level size settings and the flags that set them."""
@@ -35,15 +36,16 @@ class RunOptionError(ValueError):
 
 
 def _suggestion(name: str) -> str:
-    """`; did you mean 'tiny-wan'?` for a near miss of a preset name, else empty."""
-    close = difflib.get_close_matches(name, preset_names(), n=3, cutoff=0.8)
+    """`; did you mean 'tiny-wan'?` for a near miss of a preset's or published model's name, else empty."""
+    close = difflib.get_close_matches(name, known_names(), n=3, cutoff=0.8)
     return f"; did you mean {' or '.join(repr(preset) for preset in close)}?" if close else ""
 
 
-def check_model(name: str) -> ModelSpec:
-    """The run's `--model`, resolved; `RunOptionError` naming `--model`, the cause and the closest presets."""
+def check_model(name: str, spec_of: SpecOf = resolve_model) -> ModelSpec:
+    """The run's `--model`, resolved by `spec_of`; `RunOptionError` naming `--model`, the cause and the closest
+    names."""
     try:
-        return resolve_model(name)
+        return spec_of(name)
     except (ValueError, OSError) as error:  # UnknownModelError, and whatever resolving a hub id raises
         raise RunOptionError("--model", f"--model {name!r}: {error}{_suggestion(name)}") from None
 
@@ -67,20 +69,21 @@ def check_sizes(spec: ModelSpec, overrides: JobOverrides) -> None:
         )
 
 
-def check_options(overrides: JobOverrides) -> None:
-    """The checks that need no file: the run's model exists and takes the run-level sizes."""
+def check_options(overrides: JobOverrides, spec_of: SpecOf = resolve_model) -> None:
+    """The checks that need no file: the run's model exists (`spec_of` resolves it) and takes the run-level
+    sizes."""
     if overrides.model is not None:
-        spec = check_model(overrides.model)
+        spec = check_model(overrides.model, spec_of)
         check_sizes(spec, overrides)
         check_cache(spec, overrides)
 
 
 def _transformer_config(spec: ModelSpec) -> tuple[str, dict, int]:
-    """(transformer class, its config, the pipeline's denoisers) from the small JSON files (a preset: its
-    family's first transformer class and the preset's config)."""
+    """(transformer class, its config, the pipeline's denoisers) from the small JSON files (a preset, or a published
+    model read from its published configs: its family's first transformer class and that config)."""
     if spec.path is None:
-        family, preset = registry.presets()[spec.name]
-        return next(iter(family.transformers)), dict(preset.transformer), 1
+        family, configs = registry.presets().get(spec.name) or published_model(spec.name)
+        return next(iter(family.transformers)), dict(configs.transformer), 1
     with open(os.path.join(spec.path, "model_index.json"), encoding="utf-8") as handle:
         index = json.load(handle)
     with open(os.path.join(spec.path, "transformer", "config.json"), encoding="utf-8") as handle:
@@ -112,8 +115,8 @@ def check_rows_have_model(reader: ManifestReader, overrides: JobOverrides) -> No
         raise RunOptionError(
             "--model",
             f"{missing} of {reader.rows} rows have no `model` value and no --model was given; pass --model "
-            f"with a preset ({', '.join(preset_names())}) or a diffusers pipeline directory, or fill the "
-            "manifest's `model` column",
+            "with a preset or published model (`gen models` lists them), a hub id or a diffusers pipeline "
+            "directory, or fill the manifest's `model` column",
         )
 
 

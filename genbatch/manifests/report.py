@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from genbatch.jobs.media import MEDIA_COLUMNS
+from genbatch.jobs.schedule import SpecOf
 from genbatch.jobs.spec import JobOverrides, JobSpec
 from genbatch.manifests.causes import cause_lines
 from genbatch.manifests.loader import iter_checked
@@ -12,6 +13,7 @@ from genbatch.manifests.preflight import RunOptionError, check_options, check_ro
 from genbatch.manifests.reader import DEFAULT_BATCH_ROWS, ManifestReader
 from genbatch.manifests.schema import ManifestFileError
 from genbatch.manifests.validate import Rejection
+from genbatch.models import resolve_model_or_published
 from genbatch.jobs import exit_codes
 
 
@@ -104,23 +106,26 @@ def validate_manifest(
     batch_rows: int = DEFAULT_BATCH_ROWS,
     check_media: bool = True,
     media_policy=None,
+    spec_of: SpecOf = resolve_model_or_published,
 ) -> ValidationReport:
     """Check every row of a manifest without keeping its jobs: memory grows with the problems (and the rows
     that name images), not the rows.
 
     Run-level options are checked first (see `genbatch.manifests.preflight`): one that cannot work for any
     row is reported alone, as `option_error`, and no row is checked. `check_media`: the rows' images must
-    exist (one listing per distinct folder, `genbatch.manifests.media_check`)."""
+    exist (one listing per distinct folder, `genbatch.manifests.media_check`). `spec_of` resolves the models: by
+    default a published model missing from the Hugging Face cache is checked against its published configs, which
+    give the spec its own would (`genbatch.models.resolve_model_or_published`)."""
     overrides = overrides or JobOverrides()
     report = ValidationReport(url=str(url))
     try:
-        check_options(overrides)
+        check_options(overrides, spec_of)
         with ManifestReader(url, storage_options=storage_options, batch_rows=batch_rows) as reader:
             check_rows_have_model(reader, overrides)
             report.rows = reader.rows
             report.extra_columns = list(reader.schema.extra_columns)
             with_media = []  # the valid rows that name images (their jobs): checked together at the end
-            for outcome in iter_checked(reader, overrides):
+            for outcome in iter_checked(reader, overrides, spec_of):
                 if isinstance(outcome, tuple):
                     job = outcome[0]
                     report.valid += 1

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from genbatch.jobs.resolve import SOURCES, Resolved, SettingResolver
+from genbatch.jobs.schedule import SpecOf
 from genbatch.jobs.seeds import row_seed_problem
 from genbatch.jobs.ids import MAX_ID_BYTES
 from genbatch.jobs.spec import JobOverrides
@@ -112,8 +113,10 @@ class Model:
 class ModelRules:
     """The models rows name, resolved once each, and the sizes they are checked at, once per distinct size."""
 
-    def __init__(self, overrides: JobOverrides) -> None:
+    def __init__(self, overrides: JobOverrides, spec_of: SpecOf = resolve_model) -> None:
         self.overrides = overrides
+        self.spec_of = spec_of
+        """Resolves a model name to its spec (`resolve_model`; `gen validate`: `resolve_model_or_published`)."""
         self._models: dict[str | None, Model | str] = {}
         self._geometry: dict[tuple, list[tuple[str, str]]] = {}
 
@@ -126,7 +129,7 @@ class ModelRules:
                 self._models[name] = "empty model name; leave it null to use the run's model"
             else:
                 try:
-                    spec = resolve_model(name)
+                    spec = self.spec_of(name)
                     self._models[name] = Model(name=name, spec=spec, resolver=SettingResolver(self.overrides, spec))
                 except UnknownModelError as error:
                     self._models[name] = str(error)

@@ -16,26 +16,35 @@ The API a family module is written against (`genbatch/models/wan.py` is the mode
 Adding a family is its module, one line in `registry.FAMILY_MODULES`, and its tests; or, from an installed
 package, an entry point in the group `genbatch.families` (`registry.ENTRY_POINT_GROUP`).
 
-Lookups: `family(name)`, `families()`, `family_for_pipeline(class_name)`, `presets()`; `resolve_model(name)`
-resolves a preset, a pipeline directory or a cached hub id to its `genbatch.models.spec.ModelSpec`, once per
-name. Nothing in this package imports torch at module level (`gen validate` and `gen plan` stay torch-free),
+Lookups: `family(name)`, `families()`, `family_for_pipeline(class_name)`, `presets()`, `published()`;
+`resolve_model(name)` resolves a preset, a pipeline directory, or a published model or hub id in the Hugging Face
+cache to its `genbatch.models.spec.ModelSpec`, once per name (`resolve_model_or_published` also a published model
+not in the cache, from its published configs). Nothing in this package imports torch at module level (`gen validate` and `gen plan` stay torch-free),
 and it imports only `genbatch.io` and `genbatch.jobs` from the rest of genbatch.
 """
 
 from genbatch.models.spec import ModelSpec, UnknownModelError
 from genbatch.models.base import ModelFamily
-from genbatch.models.registry import families, family, family_for_pipeline, presets
-from genbatch.models.resolve import model_directory, preset_names, resolve_model
+from genbatch.models.registry import families, family, family_for_pipeline, presets, published
+from genbatch.models.resolve import (ModelNotCached, known_names, model_directory, model_hub_id, preset_names,
+                                     published_model, published_spec, resolve_model, resolve_model_or_published)
 
 __all__ = [
     "ModelFamily",
+    "ModelNotCached",
     "ModelSpec",
     "UnknownModelError",
     "families",
     "family",
     "family_for_pipeline",
+    "known_names",
     "model_directory",
+    "model_hub_id",
     "preset_names",
     "presets",
+    "published",
+    "published_model",
+    "published_spec",
     "resolve_model",
+    "resolve_model_or_published",
 ]

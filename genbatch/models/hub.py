@@ -43,18 +43,22 @@ class HubModelMissing(LookupError):
     """A hub model is not in the local cache (and was not downloaded)."""
 
 
-def miss_message(hub: HubId, cache: str, incomplete: bool = False) -> str:
+def miss_message(hub: HubId, cache: str, incomplete: bool = False, published: str | None = None) -> str:
+    """Why `hub` cannot be read, and the fix; `published`: the published model's name that stands for it."""
     revision = f" at revision {hub.revision!r}" if hub.revision else ""
     state = "is only partly in" if incomplete else "is not in"  # partly: a download that was cut off
+    what = (f"model {hub.name!r} is not a local directory, and hub model {hub.repo}{revision}" if published is None
+            else f"published model {published!r}, hub model {hub.repo}{revision},")
     return (
-        f"model {hub.name!r} is not a local directory, and hub model {hub.repo}{revision} {state} the "
+        f"{what} {state} the "
         f"Hugging Face cache {cache} (searched offline; set by HF_HUB_CACHE or HF_HOME); fill the cache with "
         f"`{hub.fill_command()}` (same HF_HUB_CACHE/HF_HOME), or let `gen run` download it with --download"
     )
 
 
-def cached_snapshot(hub: HubId, cache: str | None = None) -> str:
-    """The snapshot directory of `hub` in the cache; raises `HubModelMissing` naming the cache and the fix."""
+def cached_snapshot(hub: HubId, cache: str | None = None, published: str | None = None) -> str:
+    """The snapshot directory of `hub` in the cache; raises `HubModelMissing` naming the cache and the fix (and
+    `published`, the published model's name that stands for `hub`, when given)."""
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import IncompleteSnapshotError, LocalEntryNotFoundError
 
@@ -63,7 +67,7 @@ def cached_snapshot(hub: HubId, cache: str | None = None) -> str:
         return snapshot_download(hub.repo, revision=hub.revision, cache_dir=cache, local_files_only=True,
                                  allow_patterns=list(hub.files) or None)
     except LocalEntryNotFoundError as error:  # IncompleteSnapshotError too: files of the listing are missing
-        raise HubModelMissing(miss_message(hub, cache, isinstance(error, IncompleteSnapshotError))) from None
+        raise HubModelMissing(miss_message(hub, cache, isinstance(error, IncompleteSnapshotError), published)) from None
 
 
 def fetch_snapshot(hub: HubId, cache: str | None = None) -> str:

@@ -18,6 +18,7 @@ import types
 from functools import cache
 
 from genbatch.models.base import Blocks, ModelFamily, TinyPreset, TransformerParts
+from genbatch.models.shapes import Published
 from genbatch.models.vae_costs import IMAGE_DEFAULT, VIDEO_DEFAULT, VaeCosts
 
 FAMILY_MODULES = (
@@ -101,6 +102,11 @@ def pipeline_classes() -> list[str]:
 def presets() -> dict[str, tuple[ModelFamily, TinyPreset]]:
     """Every tiny preset, by name, with its family."""
     return {preset.name: (candidate, preset) for candidate in families().values() for preset in candidate.presets}
+
+
+def published() -> dict[str, tuple[ModelFamily, Published]]:
+    """Every published model a family runs (`ModelFamily.published`), by name, with its family."""
+    return {model.name: (candidate, model) for candidate in families().values() for model in candidate.published}
 
 
 def transformer_parts(class_name: str) -> TransformerParts | None:

@@ -18,7 +18,6 @@ from genbatch.planner.memory import DECODE_CHOICES
 from genbatch.planner.profile import load_profile, save_profile
 from genbatch.planner.rank import OBJECTIVES, plan
 from genbatch.planner.report import format_table, plan_to_dict
-from genbatch.planner.shapes import PUBLISHED
 
 
 def _size(text: str | None) -> tuple[int, int] | None:
@@ -33,7 +32,8 @@ def _size(text: str | None) -> tuple[int, int] | None:
 
 @click.command("plan")
 @click.option("--model", "-m", default=None,
-              help=f"Published model ({', '.join(PUBLISHED)}), preset, or diffusers pipeline directory.")
+              help="Model: a name `gen models` lists (a published model, a preset or a model gen plan alone "
+              "prices), a hub id (priced as the published model it is) or a diffusers pipeline directory.")
 @click.option("--gpus", "-g", type=int, default=None, help="GPUs in total.")
 @click.option("--nodes", type=int, default=1, show_default=True, help="Machines the GPUs are spread over.")
 @click.option("--interconnect", type=click.Choice(NODE_LINKS + NETWORKS), default=None,

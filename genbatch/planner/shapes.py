@@ -15,7 +15,7 @@ import os
 import struct
 from dataclasses import replace
 
-from genbatch.models import families, resolve_model
+from genbatch.models import families, published_spec, resolve_model
 from genbatch.models.base import ModelFamily
 from genbatch.models.shapes import ModelShape, Published
 from genbatch.models.spec import ModelSpec, UnknownModelError
@@ -57,7 +57,7 @@ def vae_costs_of(spec: ModelSpec) -> VaeCosts:
 def published_shape(family: ModelFamily, model: Published) -> ModelShape:
     """A published model's shape: the family's `read_spec` of its configs (as a pipeline directory's), with its
     sizes and the family's VAE costs."""
-    spec = replace(family.read_spec(model.name, model.transformer, model.vae, model.defaults, None), **model.spec_facts)
+    spec = published_spec(family, model)
     return ModelShape.of(spec, parameters=model.parameters, text_encoder_parameters=model.text_encoder_parameters,
                          text_encoder_split_parameters=model.text_encoder_split_parameters,
                          vae_parameters=model.vae_parameters, vae_costs=vae_costs_of(spec), hub_id=model.hub_id,

@@ -1,7 +1,7 @@
 """Hub models into each node's cache before the manifest is validated: one rank per node downloads.
 
-    rank 0        names = the hub ids among --model and the manifest's `model` column, and the adapters' (only
-                  their `weight_name` file when a row names one) -> store
+    rank 0        names = the hub ids among --model and the manifest's `model` column (a published model's name:
+                  its hub id), and the adapters' (only their `weight_name` file when a row names one) -> store
     LOCAL_RANK 0  (one per node) for each name not in this node's cache: fetch (huggingface_hub), if allowed
     every rank    waits on the store until every rank is ready, then resolves offline from the cache
 
@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
-from genbatch.models.hub import HubId, HubModelMissing, cached_snapshot, download_allowed, fetch_snapshot, parse_hub_id
+from genbatch.models.hub import HubId, HubModelMissing, cached_snapshot, download_allowed, fetch_snapshot
 
 if TYPE_CHECKING:
     from genbatch.parallel.context import ParallelContext
@@ -35,19 +35,16 @@ class DownloadStopped(Exception):
 
 
 def hub_ids(names: Iterable[str | HubId | None]) -> list[HubId]:
-    """The distinct hub ids among `names` (spelled, or already parsed), in first-seen order (presets and
-    existing directories are none)."""
-    from genbatch.models import preset_names
+    """The distinct hub ids among `names` (spelled, stood for by a published model's name, or already parsed), in
+    first-seen order (presets and existing directories are none)."""
+    from genbatch.models import model_hub_id
 
-    presets = set(preset_names())
     found: dict[HubId, None] = {}
     for name in names:
         if isinstance(name, HubId):
             found.setdefault(name)
             continue
-        if not name or name in presets or os.path.isdir(os.path.expanduser(name)):
-            continue
-        hub = parse_hub_id(name)
+        hub = model_hub_id(name) if name else None
         if hub is not None:
             found.setdefault(hub)
     return list(found)

@@ -1,6 +1,7 @@
 """Models named by hub id: resolved offline from a cache laid out as huggingface_hub lays it out, an existing
-directory of that name winning, a miss naming the cache and the fill command, `gen run` of a hub id, and one
-downloader per node with the other ranks waiting past a short collective timeout."""
+directory of that name winning, a miss naming the cache and the fill command, a published model's name read as its
+hub id, `gen run` of both, and one downloader per node with the other ranks waiting past a short collective
+timeout."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from tests.support.runs import write_manifest
 
 MAIN = "0123456789abcdef0123456789abcdef01234567"
 V2 = "89abcdef0123456789abcdef0123456789abcdef"
+WAN = "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"
+"""The published model wan2.1-1.3b's hub id (the fixture's cache holds tiny-wan's files under it)."""
 
 
 @pytest.fixture(scope="module")
@@ -29,12 +32,13 @@ def tiny_wan_dir(tmp_path_factory) -> str:
 
 @pytest.fixture
 def hub_cache(tmp_path, tiny_wan_dir, monkeypatch):
-    """HF_HUB_CACHE with org/tiny-wan at MAIN (refs/main) and at V2 (refs/v2)."""
+    """HF_HUB_CACHE with org/tiny-wan at MAIN (refs/main) and at V2 (refs/v2), and tiny-wan as `WAN` at MAIN."""
     from genbatch.models import resolve_model
 
     cache = str(tmp_path / "hub")
     add_snapshot(cache, "org/tiny-wan", tiny_wan_dir, MAIN)
     add_snapshot(cache, "org/tiny-wan", tiny_wan_dir, V2, refs=("v2",))
+    add_snapshot(cache, WAN, tiny_wan_dir, MAIN)
     monkeypatch.setenv("HF_HUB_CACHE", cache)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     resolve_model.cache_clear()  # specs are cached by name; each test has its own cache
@@ -49,6 +53,16 @@ def test_a_hub_id_resolves_offline_from_the_cache(hub_cache):
     assert spec.name == "org/tiny-wan" and spec.family == "wan" and spec.is_video
     assert spec.path == os.path.join(hub_cache, "models--org--tiny-wan", "snapshots", MAIN)
     assert resolve_model("org/tiny-wan").path == spec.path  # resolved once per name
+
+
+def test_a_published_name_is_read_from_its_hub_id_in_the_cache(hub_cache):
+    from genbatch.models import resolve_model, resolve_model_or_published
+
+    spec = resolve_model("wan2.1-1.3b")
+    snapshot = os.path.join(hub_cache, "models--Wan-AI--Wan2.1-T2V-1.3B-Diffusers", "snapshots", MAIN)
+    assert spec.name == "wan2.1-1.3b" and spec.path == snapshot
+    assert resolve_model_or_published("wan2.1-1.3b") == spec  # the cached model's own configs, not the published
+    assert spec.num_heads == resolve_model("tiny-wan").num_heads != 12
 
 
 @pytest.mark.parametrize("revision", ["v2", V2])
@@ -103,17 +117,18 @@ def test_gen_validate_takes_hub_ids(hub_cache, tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_gen_run_of_a_hub_id_makes_outputs(hub_cache, tmp_path):
+def test_gen_run_of_a_hub_id_or_a_published_name_makes_outputs(hub_cache, tmp_path):
     from genbatch.io import decode_mp4
 
     manifest = write_manifest(str(tmp_path / "m.parquet"), [
         {"id": "main", "prompt": "a fox", "num_inference_steps": 2},
         {"id": "v2", "prompt": "an owl", "model": "org/tiny-wan@v2", "num_inference_steps": 2},
+        {"id": "published", "prompt": "a cat", "model": "wan2.1-1.3b", "num_inference_steps": 2},
     ])
     result = gen("run", manifest, "--out", str(tmp_path / "out"), "--model", "org/tiny-wan", "--no-download",
                  "--width", "64", "--height", "48", "--frames", "9")  # a saved directory has the family's defaults
     assert result.returncode == 0, result.stderr
-    for job in ("main", "v2"):
+    for job in ("main", "v2", "published"):
         assert decode_mp4((tmp_path / "out" / "outputs" / f"{job}.mp4").read_bytes()).shape == (9, 48, 64, 3)
 
 
