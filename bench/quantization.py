@@ -14,7 +14,7 @@ the outputs' PSNR / SSIM against the bf16 run's (the same rows and seeds). Then 
 recorded bytes at most 0.55x of bf16, and the peak falling by at least a third of the bf16 transformer's bytes.
 Nothing is asserted: the numbers are for bench/results/cpu/quantization.txt.
 
-Suites (bench/gpu.sh's step 7): each suite's work (`gpu`: Wan 2.1 1.3B's architecture at 832x480, 33 frames;
+Suites (bench/gpu.sh's step 8): each suite's work (`gpu`: Wan 2.1 1.3B's architecture at 832x480, 33 frames;
 `flux`: FLUX.1-dev's at 1024x1024; `tiny`, `tiny-flux`: the same steps at tiny size, on the CPU) under bf16, fp8
 and int8 weights, eager, and bf16 and fp8 compiled (`--variants`: some of them), each variant in a fresh process (genbatch's own `gen run`,
 in process): seconds a step (the median over jobs of the interval between two steps' first transformer calls,
@@ -196,7 +196,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--model-cache", default=None)
     parser.add_argument("--suites", default=None,
-                        help="Run these suites' variants (bench/gpu.sh's step 7): NAME or NAME:V1+V2 (its variants).")
+                        help="Run these suites' variants (bench/gpu.sh's step 8): NAME or NAME:V1+V2 (its variants).")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--out", default=None)
