@@ -37,8 +37,17 @@ def cache_option(command: Callable) -> Callable:
     )(command)
 
 
+def size_option(what: str) -> Callable:
+    """`--size NAME|WxH` (`genbatch.jobs.frame_size`): `what` it sets, as the help's first words. The command
+    resolves it against --width and --height with `frame_size`."""
+    from genbatch.jobs.frame_size import ACCEPTED
+
+    return click.option("--size", metavar="NAME|WxH", help=f"{what}: {ACCEPTED}; 720p is 1280x720 (not with "
+                        "--width or --height).")
+
+
 def job_override_options(command: Callable) -> Callable:
-    """Add --model --width --height --frames --steps --guidance --fps --cache (run-level job settings)."""
+    """Add --model --width --height --size --frames --steps --guidance --fps --cache (run-level job settings)."""
     options = [
         click.option(
             "--model",
@@ -48,6 +57,7 @@ def job_override_options(command: Callable) -> Callable:
         ),
         click.option("--width", type=click.IntRange(min=1), help="Width in pixels for rows without one."),
         click.option("--height", type=click.IntRange(min=1), help="Height in pixels for rows without one."),
+        size_option("Width and height for rows without them"),
         click.option(
             "--frames", "num_frames", type=click.IntRange(min=1), help="Frames for video rows without `num_frames`."
         ),
@@ -79,12 +89,18 @@ def overrides_from_options(options: dict) -> JobOverrides:
     """The `JobOverrides` of the options `job_override_options` added (other keys are ignored)."""
     from genbatch.jobs.lora import run_loras
 
-    names = ("model", "width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps", "cache")
+    from genbatch.jobs.frame_size import frame_size
+
+    names = ("model", "num_frames", "num_inference_steps", "guidance_scale", "fps", "cache")
     try:
         adapters = run_loras(options.get("lora") or (), options.get("lora_scale") or ())
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--lora") from None
-    return JobOverrides(**{name: options.get(name) for name in names}, lora=adapters)
+    try:
+        width, height = frame_size(options.get("size"), options.get("width"), options.get("height"))
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--size") from None
+    return JobOverrides(**{name: options.get(name) for name in names}, width=width, height=height, lora=adapters)
 
 
 def media_options(command: Callable) -> Callable:

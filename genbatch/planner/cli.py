@@ -8,6 +8,8 @@ import os
 import click
 
 from genbatch.jobs.exit_codes import USAGE
+from genbatch.jobs.frame_size import frame_size
+from genbatch.manifests.cli import size_option
 from genbatch.models.spec import UnknownModelError
 from genbatch.parallel.flags import layout_options
 from genbatch.planner.calibrate import calibrate_runs, format_fit
@@ -46,6 +48,7 @@ def _size(text: str | None) -> tuple[int, int] | None:
 @click.option("--gpu-mem", type=float, default=None, help="GiB per GPU the run may use (default: the GPU's).")
 @click.option("--width", type=int, default=None, help="Output width (default: the model's).")
 @click.option("--height", type=int, default=None, help="Output height (default: the model's).")
+@size_option("Output width and height")
 @click.option("--frames", type=int, default=None, help="Video frames (default: the model's).")
 @click.option("--steps", type=int, default=None, help="Denoising steps (default: the model's).")
 @click.option("--guidance", type=float, default=None,
@@ -81,7 +84,7 @@ def _size(text: str | None) -> tuple[int, int] | None:
 @click.option("--profile", "profile_name", default=None,
               help="Price layouts with this calibration profile (NAME or PATH) where it measured, published "
               "figures elsewhere.")
-def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
+def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, size, frames,
                  steps, guidance, image, input_size, batch_size, offload_text_encoder, objective, max_latency, decode, top, as_json, calibrate, profile_out,
                  profile_name, **layout) -> None:
     """Rank every legal parallel layout (dp, cfg, distrifusion, pp, ring, ulysses, tp, fsdp) by
@@ -108,6 +111,7 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
             profile = load_profile(profile_name)
         if model is None or gpus is None:
             raise ValueError("give --model and --gpus (or --calibrate OUT... alone to make a profile)")
+        width, height = frame_size(size, width, height)
         if gpu is None:
             gpu = profile.device if profile is not None and profile.device in GPUS else "h100"
         result = plan(model, gpus, nodes=nodes, interconnect=interconnect, intra_node=intra_node,
@@ -119,6 +123,6 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
         click.echo(f"gen plan: {error}", err=True)
         raise SystemExit(USAGE) from None
     if as_json:
-        click.echo(json.dumps(plan_to_dict(result), indent=1))
+        click.echo(json.dumps(plan_to_dict(result, model=model), indent=1))
     else:
-        click.echo(format_table(result, top=top))
+        click.echo(format_table(result, top=top, model=model))

@@ -6,6 +6,7 @@ import sys
 
 import click
 
+from genbatch.jobs.counts import counted
 from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import storage_options_from
 from genbatch.report.config import MAX_PAGE_SIZE
@@ -76,5 +77,5 @@ def describe(result) -> str:
     """One line saying what a report holds and where it is."""
     previews = result.previews
     unavailable = f", {previews.failed} unavailable" if previews.failed else ""
-    return (f"genbatch: report of {result.jobs} jobs on {result.pages} pages (previews: {previews.made} made, "
+    return (f"genbatch: report of {counted(result.jobs, 'job')} on {counted(result.pages, 'page')} (previews: {previews.made} made, "
             f"{previews.reused} reused{unavailable}) in {result.seconds:.1f} s -> {result.url}")

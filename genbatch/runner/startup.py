@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from genbatch.jobs.counts import counted
 from genbatch.io import BackgroundWriter, RunStore
 from genbatch.runner.execute import JobExecutor
 from genbatch.runner.loading import PipelineCache, load_for_group
@@ -133,8 +134,8 @@ def _print_rejections(rejected, out: str, shown: int = 5) -> None:
     for cause in causes[:shown]:
         print(f"genbatch: rejected {cause.message()}", file=sys.stderr)
     rows = len({rejection.row for rejection in rejected})
-    more = f" ({len(causes) - shown} more cause(s) not shown)" if len(causes) > shown else ""
-    print(f"genbatch: {rows} rejected row(s){more}, each with its reason, in {out}/rejected/; "
+    more = f" ({counted(len(causes) - shown, 'more cause')} not shown)" if len(causes) > shown else ""
+    print(f"genbatch: {counted(rows, 'rejected row')}{more}, each with its reason, in {out}/rejected/; "
           "`gen validate MANIFEST` lists them all", file=sys.stderr)
 
 
