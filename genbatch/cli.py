@@ -7,19 +7,20 @@ import click
 from genbatch import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+class CommandsInOrder(click.Group):
+    """A group whose help lists its commands in the order they were added (the order of a run's life), each
+    once, with its short help."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+
+@click.group(cls=CommandsInOrder, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="gen")
 def main() -> None:
     """genbatch: turn a Parquet manifest of prompts into images and videos, on one GPU or a cluster.
 
-    \b
-    gen run MANIFEST --out OUT        generate every row (resumes: done rows are skipped)
-    gen validate MANIFEST             check a manifest without running it
-    gen status OUT                    done / failed / rejected / pending counts of a run
-    gen report OUT                    a static HTML gallery of a run, OUT/report/index.html
-    gen submit MANIFEST --out OUT     render and submit an sbatch script
-    gen plan --model M --gpus G       rank parallel layouts by estimated speed
-    gen bench --out OUT               nightly throughput run with a report
+    `gen COMMAND --help` says what a command takes; the docs say more.
     """
     _quiet_libraries()
 

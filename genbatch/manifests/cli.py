@@ -144,7 +144,7 @@ def storage_options_from(pairs: Iterable[str]) -> dict[str, object]:
         raise click.BadParameter(str(error), param_hint="--storage-option") from None
 
 
-@click.command("validate")
+@click.command("validate", short_help="Check a manifest without running it.")
 @click.argument("manifest")
 @job_override_options
 @click.option(

@@ -32,7 +32,7 @@ def _size(text: str | None) -> tuple[int, int] | None:
     return int(width), int(height)
 
 
-@click.command("plan")
+@click.command("plan", short_help="Rank parallel layouts by speed; print the best one's command.")
 @click.option("--model", "-m", default=None,
               help=f"Published model ({', '.join(PUBLISHED)}), preset, or diffusers pipeline directory.")
 @click.option("--gpus", "-g", type=int, default=None, help="GPUs in total.")

@@ -12,7 +12,7 @@ from genbatch.manifests.cli import storage_options_from
 from genbatch.report.config import MAX_PAGE_SIZE
 
 
-@click.command("report")
+@click.command("report", short_help="Write a static HTML gallery of a run (OUT/report/index.html).")
 @click.argument("out")
 @click.option("--to", metavar="DIR|URL",
               help="Where the report goes: a folder or any fsspec URL [default: OUT/report].")

@@ -17,6 +17,7 @@ from genbatch.manifests.cli import (
 from genbatch.parallel.flags import kernel_options, layout_options
 from genbatch.parallel.tensor.encoders import MODES as TEXT_ENCODER_MODES
 from genbatch.planner.memory import DECODE_CHOICES
+from genbatch.runner.help_sections import RUN_SECTIONS, SectionedCommand
 
 
 def _layout_options(command):
@@ -29,7 +30,8 @@ def _layout_options(command):
     return layout_options(constraints=False)(command)
 
 
-@click.command("run")
+@click.command("run", cls=SectionedCommand, sections=RUN_SECTIONS,
+               short_help="Generate every row of MANIFEST into OUT (a rerun resumes).")
 @click.argument("manifest")
 @click.option("--out", required=True, help="Where outputs, timings and resume state go: a path or any fsspec URL (s3://...).")
 @job_override_options
@@ -171,7 +173,7 @@ def _args_without_nproc(argv: list[str]) -> list[str]:
     return kept
 
 
-@click.command("status")
+@click.command("status", short_help="Done / failed / rejected / pending counts of a run, and its ETA.")
 @click.argument("out")
 @click.option("--manifest", help="Count pending jobs against this manifest (default: the one in OUT/run.json).")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE")
