@@ -171,7 +171,7 @@ def run_bench(options: BenchOptions) -> int:
     try:
         suite, layouts, baseline, storage = _prepare(options)
     except BenchUsageError as error:
-        options.say(f"gen bench: {error}")
+        options.say(f"error: {error}")
         return exit_codes.USAGE
     say = options.say
     say(f"gen bench: suite {suite.name}: model {suite.model.name}, {suite.jobs} jobs, layouts "

@@ -42,8 +42,20 @@ def size_option(what: str) -> Callable:
     resolves it against --width and --height with `frame_size`."""
     from genbatch.jobs.frame_size import ACCEPTED
 
-    return click.option("--size", metavar="NAME|WxH", help=f"{what}: {ACCEPTED}; 720p is 1280x720 (not with "
-                        "--width or --height).")
+    return click.option("--size", metavar="NAME|WxH", callback=_checked_size,
+                        help=f"{what}: {ACCEPTED}; 720p is 1280x720 (not with --width or --height).")
+
+
+def _checked_size(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--size` as given, once it reads as a size (a usage error naming the accepted forms otherwise)."""
+    from genbatch.jobs.frame_size import parse_frame_size
+
+    if value is not None:
+        try:
+            parse_frame_size(value)
+        except ValueError as error:
+            raise click.BadParameter(str(error)) from None
+    return value
 
 
 def job_override_options(command: Callable) -> Callable:
@@ -86,20 +98,15 @@ def job_override_options(command: Callable) -> Callable:
 
 
 def overrides_from_options(options: dict) -> JobOverrides:
-    """The `JobOverrides` of the options `job_override_options` added (other keys are ignored)."""
+    """The `JobOverrides` of the options `job_override_options` added (other keys are ignored); ValueError naming
+    the flags when --lora and --lora-scale do not pair up, or `--size` comes with --width or --height (`gen run`
+    and `gen validate` say it as a usage error, exit 2)."""
+    from genbatch.jobs.frame_size import frame_size
     from genbatch.jobs.lora import run_loras
 
-    from genbatch.jobs.frame_size import frame_size
-
     names = ("model", "num_frames", "num_inference_steps", "guidance_scale", "fps", "cache")
-    try:
-        adapters = run_loras(options.get("lora") or (), options.get("lora_scale") or ())
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--lora") from None
-    try:
-        width, height = frame_size(options.get("size"), options.get("width"), options.get("height"))
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--size") from None
+    adapters = run_loras(options.get("lora") or (), options.get("lora_scale") or ())
+    width, height = frame_size(options.get("size"), options.get("width"), options.get("height"))
     return JobOverrides(**{name: options.get(name) for name in names}, width=width, height=height, lora=adapters)
 
 

@@ -120,7 +120,7 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
                       max_latency=max_latency, constraints=LayoutConstraints(**layout), profile=profile,
                       decode=decode, image=image, input_size=_size(input_size), batch_size=batch_size)
     except (UnknownModelError, ValueError) as error:
-        click.echo(f"gen plan: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         raise SystemExit(USAGE) from None
     if as_json:
         click.echo(json.dumps(plan_to_dict(result, model=model), indent=1))

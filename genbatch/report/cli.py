@@ -57,10 +57,10 @@ def report_command(out: str, to: str | None, page_size: int, thumb_px: int, prev
                                 storage_timeout=storage_timeout)
         result = write_report(options)
     except StorageError as error:
-        click.echo(f"genbatch: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         sys.exit(exit_codes.for_storage_error(error))
     except (FileNotFoundError, ValueError) as error:
-        click.echo(f"genbatch: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         sys.exit(exit_codes.USAGE)
     if as_json:
         import json

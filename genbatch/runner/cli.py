@@ -129,7 +129,7 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, flags: dict) -> N
         status = run(RunOptions.from_flags(manifest, out, flags), stop)
     except UsageError as error:  # nothing could start: bad options (every rank knows; the first says it)
         if int(os.environ.get("RANK", "0")) == 0:
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
         status = exit_codes.USAGE
     except StorageError as error:  # the store failed: for good (2), or past --storage-timeout (75, state kept)
         click.echo(f"genbatch: {error}", err=True)
@@ -201,10 +201,10 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
         try:
             jobs = failed_jobs(out, storage_options=options, storage_timeout=storage_timeout)
         except StorageError as error:
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
             sys.exit(exit_codes.for_storage_error(error))
         except (FileNotFoundError, ValueError) as error:
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
             sys.exit(exit_codes.USAGE)
         if as_json:
             import json
@@ -217,10 +217,10 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
         try:
             counts = run_status(out, manifest=manifest, storage_options=options, storage_timeout=storage_timeout)
         except StorageError as error:  # down past the bound: 75, try again later; refused for good: 2
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
             sys.exit(exit_codes.for_storage_error(error))
         except (FileNotFoundError, ValueError) as error:
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
             sys.exit(exit_codes.USAGE)
         if as_json:
             import json

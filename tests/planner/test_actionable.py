@@ -127,6 +127,11 @@ def test_gen_run_and_validate_take_the_same_size_shorthand():
     overrides = RunOptions.from_flags("MANIFEST", "OUT", params).model.overrides
     assert (overrides.width, overrides.height) == (832, 480)
     assert overrides_from_options({"size": "540p"}).height == 540
+    from genbatch.runner.options import UsageError
+
+    both = _run_params(("MANIFEST", "--out", "OUT", "--size", "480p", "--width", "640"))
+    with pytest.raises(UsageError, match="drop --width or --size"):
+        RunOptions.from_flags("MANIFEST", "OUT", both)
     result = _gen("validate", "no-such.parquet", "--model", "tiny-wan", "--size", "720p", "--height", "480")
     assert result.exit_code == USAGE and "--size 720p sets the width and the height; drop --height" in result.stderr
     result = _gen("validate", "no-such.parquet", "--model", "tiny-wan", "--size", "720")
