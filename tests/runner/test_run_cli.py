@@ -56,7 +56,7 @@ def test_every_denoising_step_is_timed(finished_run):
     steps = {(row["job_id"], row["step"]) for row in timings if row["stage"] == "denoise_step"}
     assert steps == {("fox", 0), ("fox", 1), ("fox", 2), ("owl", 0), ("owl", 1)}
     stages = {row["stage"] for row in timings if row["job_id"] == "fox"}
-    assert {"text_encode", "denoise_step", "vae_decode", "encode_media", "write"} <= stages
+    assert {"text_encode", "denoise_step", "vae_decode", "compress", "write"} <= stages
     assert all(row["seconds"] >= 0 and row["start"] > 1.7e9 for row in timings)
     assert {row["layout"] for row in timings} == {"single"}  # the layout's name (`ParallelDims.name`)
 
