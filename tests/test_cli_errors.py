@@ -44,3 +44,16 @@ def test_status_on_a_mistyped_path_says_it_does_not_exist(tmp_path):
     empty = _gen("status", str(tmp_path))
     assert empty.exit_code == USAGE and "holds no run (no run.json)" in empty.stderr
     assert "--manifest MANIFEST" in empty.stderr
+
+
+def test_counts_agree_in_number(tmp_path):
+    from genbatch.jobs.counts import counted
+    from tests.support.runs import write_manifest
+
+    assert (counted(1, "problem"), counted(2, "problem"), counted(0, "layout")) == ("1 problem", "2 problems",
+                                                                                    "0 layouts")
+    manifest = write_manifest(str(tmp_path / "m.parquet"), [
+        {"id": "a", "prompt": "a fox", "model": "tiny-wan"}, {"id": "b", "prompt": "an owl", "model": "tiny-wan",
+                                                              "width": 60}])
+    result = _gen("validate", manifest)
+    assert result.exit_code == 1 and "2 rows, 1 valid, 1 rejected (1 problem)" in result.stdout

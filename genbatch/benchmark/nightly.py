@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from genbatch.benchmark.recipe import FewStepRecipe
 from genbatch.jobs import exit_codes
+from genbatch.jobs.counts import counted
 
 REGRESSION = 3
 """Exit status when a metric got worse than the baseline by more than the threshold."""
@@ -223,7 +224,7 @@ def run_bench(options: BenchOptions) -> int:
             say(f"gen bench: {line}")
     say(f"gen bench: report: {report_url}")
     if failures:
-        say(f"gen bench: {len(failures)} layout(s) failed: {', '.join(failures)}")
+        say(f"gen bench: {counted(len(failures), 'layout')} failed: {', '.join(failures)}")
         return exit_codes.JOBS_FAILED
     if comparison is not None and comparison.regressions:
         return REGRESSION

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from genbatch.jobs.counts import counted
 from genbatch.io import BackgroundWriter, RunStore
+from genbatch.jobs.counts import counted
 from genbatch.runner.execute import JobExecutor
 from genbatch.runner.loading import PipelineCache, load_for_group
 from genbatch.runner.options import RunOptions, UsageError
@@ -169,9 +169,9 @@ def _first_writes(options: RunOptions, world: World, store: RunStore, manifest: 
 
 
 def _print_given_up(given_up: dict[str, int], max_attempts: int, out: str, shown: int = 5) -> None:
-    names = ", ".join(f"{job_id} ({runs} runs)" for job_id, runs in list(given_up.items())[:shown])
+    names = ", ".join(f"{job_id} ({counted(runs, 'run')})" for job_id, runs in list(given_up.items())[:shown])
     more = f" and {len(given_up) - shown} more" if len(given_up) > shown else ""
-    print(f"genbatch: not trying again {len(given_up)} job(s) that failed in {max_attempts} or more runs: "
+    print(f"genbatch: not trying again {counted(len(given_up), 'job')} that failed in {max_attempts} or more runs: "
           f"{names}{more}; `gen status {out} --failed` says why. Fix the cause and rerun with a higher "
           f"--max-attempts to try them again", file=sys.stderr)
 
