@@ -132,7 +132,7 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, flags: dict) -> N
             click.echo(f"error: {error}", err=True)
         status = exit_codes.USAGE
     except StorageError as error:  # the store failed: for good (2), or past --storage-timeout (75, state kept)
-        click.echo(f"genbatch: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         if error.transient:
             click.echo("genbatch: the run stops here with its state kept (exit 75); rerun the same command once "
                        "the store answers again", err=True)
