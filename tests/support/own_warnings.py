@@ -17,7 +17,7 @@ import genbatch
 
 PACKAGE = os.path.dirname(os.path.abspath(genbatch.__file__))
 PROBE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "warning_probe")
-PROBE_ON = "warning-probe: on"
+PROBE_ON = "warning-probe: on"  # the lines the probe writes (it imports nothing of the tests': it runs first)
 _PRINTED = re.compile(r"^(?P<file>\S[^:\n]*\.py):(?P<line>\d+): (?P<category>\w*Warning): .*$", re.MULTILINE)
 _ORIGIN = re.compile(r"^warning-origin: issuer=(?P<issuer>.+?) caller=(?P<caller>.+?) (?P<category>\w*Warning): .*$",
                      re.MULTILINE)
