@@ -86,7 +86,7 @@ def write_run(out: Path, rows: int, video_share: float) -> dict:
         media = (videos if video else images)[i % (8 if video else 16)]
         ext = "mp4" if video else "png"
         (out / "outputs" / f"{job_id}.{ext}").write_bytes(media)
-        stages = {"text_encode_s": 0.02, "denoise_s": 0.5, "vae_decode_s": 0.05, "encode_media_s": 0.01}
+        stages = {"text_encode_s": 0.02, "denoise_s": 0.5, "vae_decode_s": 0.05, "compress_s": 0.01}
         body = markers.done_marker({**record, **stages}, output_uri=f"{out}/outputs/{job_id}.{ext}",
                                    output_bytes=len(media), output_sha256=hashlib.sha256(media).hexdigest(),
                                    token="bench", attempt=record["run_id"])
@@ -95,7 +95,7 @@ def write_run(out: Path, rows: int, video_share: float) -> dict:
         counts["videos"] += video
         begin = start + (i // 8) * 0.6 + (0 if record["run_id"] == "a0" else 3600)
         for stage, seconds in (("text_encode", 0.02), ("denoise_step", 0.25), ("denoise_step", 0.25),
-                               ("vae_decode", 0.05), ("encode_media", 0.01), ("write", 0.01)):
+                               ("vae_decode", 0.05), ("compress", 0.01), ("write", 0.01)):
             timing_rows.append({"run_id": record["run_id"], "job_id": job_id, "rank": i % 8, "stage": stage,
                                 "start": begin, "seconds": seconds, "layout": "dp8"})
             begin += seconds

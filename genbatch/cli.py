@@ -2,25 +2,57 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from genbatch import __version__
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
+ERROR_PREFIX = "error: "
+"""How every `gen` command begins the line of an error that stops it: click's usage errors and our own alike."""
+
+
+def show_error(error: click.ClickException) -> None:
+    """Print a click error as every `gen` command prints its errors: a usage error's usage line and help hint,
+    then `error: MESSAGE` (click's own would say `Error:`)."""
+    if isinstance(error, click.UsageError) and error.ctx is not None:
+        context = error.ctx
+        click.echo(context.get_usage(), err=True)
+        if context.command.get_help_option(context) is not None:
+            click.echo(f"Try '{context.command_path} {context.help_option_names[0]}' for help.", err=True)
+        click.echo(err=True)
+    click.echo(f"{ERROR_PREFIX}{error.format_message()}", err=True)
+
+
+class CommandsInOrder(click.Group):
+    """The `gen` group: its help lists the commands in the order they were added (the order of a run's life),
+    each once, with its short help; a click error is printed as `error: ...` (`show_error`), its exit status
+    kept."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            status = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as error:
+            show_error(error)
+            sys.exit(error.exit_code)
+        except click.Abort:
+            click.echo("Aborted!", err=True)
+            sys.exit(1)
+        sys.exit(status if isinstance(status, int) else 0)
+
+
+@click.group(cls=CommandsInOrder, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 110})
 @click.version_option(__version__, prog_name="gen")
 def main() -> None:
     """genbatch: turn a Parquet manifest of prompts into images and videos, on one GPU or a cluster.
 
-    \b
-    gen run MANIFEST --out OUT        generate every row (resumes: done rows are skipped)
-    gen validate MANIFEST             check a manifest without running it
-    gen status OUT                    done / failed / rejected / pending counts of a run
-    gen report OUT                    a static HTML gallery of a run, OUT/report/index.html
-    gen submit MANIFEST --out OUT     render and submit an sbatch script
-    gen plan --model M --gpus G       rank parallel layouts by estimated speed
-    gen models                        every name --model takes: family, task, guidance, default size
-    gen bench --out OUT               nightly throughput run with a report
+    `gen COMMAND --help` says what a command takes; the docs say more.
     """
     _quiet_libraries()
 

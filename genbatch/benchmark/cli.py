@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import click
@@ -12,11 +13,10 @@ from genbatch.parallel.flags import kernel_args, kernel_options, quantization_op
 from genbatch.planner.memory import DECODE_CHOICES
 
 
-@click.command("bench")
+@click.command("bench", short_help="Run a benchmark suite over parallel layouts; report to OUT.")
 @click.option("--suite", type=click.Choice(list(SUITES)), default="cpu", show_default=True,
-              help="tiny: tiny-wan, seconds (tests); cpu: an ~11M-parameter Wan on this machine, a few minutes; "
-              "gpu: the Wan 2.1 1.3B architecture (random weights, bf16) on the GPUs present; tiny-qwen-image, "
-              "tiny-hunyuan-video: those presets, seconds.")
+              help="The suite to run (each listed under Suites above: the tiny ones take seconds, cpu a few minutes "
+              "on a CPU machine, gpu and flux want GPUs).")
 @click.option("--out", required=True, help="Where the report goes: a new folder or fsspec URL (one per night).")
 @click.option("--baseline", metavar="URL", help="An earlier report's OUT to compare with (the previous night's).")
 @click.option("--threshold", type=click.FloatRange(0, 1, max_open=True), default=0.05, show_default=True,
@@ -59,7 +59,7 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
                   quantization: str, quantize_text_encoder: bool, cache: str | None, vae_decode: str, batch_size: str, warmup_steps: int | None, patches: int | None,
                   lora: tuple[str, ...], lora_scale: tuple[float, ...], lora_steps: int | None,
                   lora_guidance: float | None) -> None:
-    """Run a benchmark suite over parallel layouts and write a report to OUT.
+    """Run a benchmark suite over parallel layouts; report to OUT.
 
     Every layout is a real `gen run` of the suite's fixed manifest. Progress goes to stderr.
 
@@ -110,3 +110,12 @@ def bench_command(suite: str, out: str, baseline: str | None, threshold: float, 
                                        *(("--patches", str(patches)) if patches is not None else ())),
                            recipe=recipe)
     sys.exit(run_bench(options))
+
+
+def _suites_help() -> str:
+    """Every suite of the registry (`genbatch.benchmark.suites.SUITES`), one line each, for the command's help."""
+    width = max(len(name) for name in SUITES)
+    return "\b\nSuites:\n" + "\n".join(f"  {name:<{width}}  {suite.summary()}" for name, suite in SUITES.items())
+
+
+bench_command.help = f"{inspect.cleandoc(bench_command.help)}\n\n{_suites_help()}"

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-STAGES = ("text_encode", "denoise", "vae_decode", "encode_media", "write")
+from genbatch.io.stage_names import COMPRESS, current_stage
+
+STAGES = ("text_encode", "denoise", "vae_decode", COMPRESS, "write")
 """Stages of a job in run order (`denoise` is the sum of its steps)."""
 
 HIGHER_IS_BETTER = frozenset({"jobs_per_hour", "psnr_db", "ssim"})
@@ -69,7 +71,7 @@ def layout_metrics(rows: list[dict], layout: str, world: int) -> LayoutMetrics:
     stage_time: dict[tuple[str, str], dict[int, float]] = defaultdict(lambda: defaultdict(float))
     step_bytes, peaks = [], []
     for row in rows:
-        stage = "denoise" if row["stage"] == "denoise_step" else row["stage"]
+        stage = "denoise" if row["stage"] == "denoise_step" else current_stage(row["stage"])  # an old night's too
         stage_time[(row["job_id"], stage)][row["rank"]] += row["seconds"]
         if row["stage"] == "denoise_step":
             key = (row["job_id"], row["step"])

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from genbatch.benchmark.recipe import FewStepRecipe
 from genbatch.jobs import exit_codes
+from genbatch.jobs.counts import counted
 
 REGRESSION = 3
 """Exit status when a metric got worse than the baseline by more than the threshold."""
@@ -190,7 +191,7 @@ def run_bench(options: BenchOptions) -> int:
     try:
         suite, layouts, baseline, storage = _prepare(options)
     except BenchUsageError as error:
-        options.say(f"gen bench: {error}")
+        options.say(f"error: {error}")
         return exit_codes.USAGE
     say = options.say
     say(f"gen bench: suite {suite.name}: model {suite.model.name}, {suite.jobs} jobs, layouts "
@@ -243,7 +244,7 @@ def run_bench(options: BenchOptions) -> int:
             say(f"gen bench: {line}")
     say(f"gen bench: report: {report_url}")
     if failures:
-        say(f"gen bench: {len(failures)} layout(s) failed: {', '.join(failures)}")
+        say(f"gen bench: {counted(len(failures), 'layout')} failed: {', '.join(failures)}")
         return exit_codes.JOBS_FAILED
     if comparison is not None and comparison.regressions:
         return REGRESSION

@@ -70,6 +70,15 @@ class Suite:
             for index in range(self.jobs)
         ]
 
+    def summary(self) -> str:
+        """One line for `gen bench --help`: the model, the work and the layouts, e.g. `tiny-wan, 2 jobs of
+        64x48 x 9 frames, 4 steps; layouts single, ulysses2`."""
+        frames = "" if self.num_frames is None else f" x {self.num_frames} frames"
+        layouts = (f"layouts {', '.join(layout.name for layout in self.layouts)}" if self.layouts
+                   else "the layouts the visible GPUs allow")
+        return (f"{self.model.name}, {self.jobs} jobs of {self.width}x{self.height}{frames}, "
+                f"{self.num_inference_steps} steps; {layouts}")
+
     def layouts_here(self) -> list[ParallelDims]:
         """The suite's layouts; for the GPU suite, the ones the visible GPUs allow."""
         if self.layouts:

@@ -194,11 +194,14 @@ class RunStore:
         return self._url_of(path)
 
     def read_timings(self) -> pa.Table:
-        """Every timing part of the run (all ranks, all attempts) as one table."""
+        """Every timing part of the run (all ranks, all attempts) as one table, each stage under today's name
+        (`stage_names`: a part written before a rename reads as one written after)."""
+        from genbatch.io.stage_names import with_current_stages
+
         folder = self.layout.join("timings")
         paths = [f"{folder}/{name}" for name in self.objects.list_names(folder) if name.endswith(".parquet")]
         found = self.objects.read_many(paths)
-        return tables.concat([tables.from_parquet_bytes(found[p]) for p in paths if p in found])
+        return with_current_stages(tables.concat([tables.from_parquet_bytes(found[p]) for p in paths if p in found]))
 
     # ---- run metadata and results -------------------------------------------------------------------
     def write_run_info(self, info: dict[str, Any]) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+from genbatch.jobs.counts import counted
 from genbatch.manifests.validate import Rejection
 
 SHOWN_ROWS = 3
@@ -67,5 +68,5 @@ def cause_lines(rejections: Iterable[Rejection], shown: int | None = None) -> li
     kept = causes if shown is None else causes[:shown]
     lines = [cause.message() for cause in kept]
     if len(causes) > len(kept):
-        lines.append(f"... and {len(causes) - len(kept)} more cause(s)")
+        lines.append(f"... and {counted(len(causes) - len(kept), 'more cause')}")
     return lines

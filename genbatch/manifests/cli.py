@@ -37,8 +37,29 @@ def cache_option(command: Callable) -> Callable:
     )(command)
 
 
+def size_option(what: str) -> Callable:
+    """`--size NAME|WxH` (`genbatch.jobs.frame_size`): `what` it sets, as the help's first words. The command
+    resolves it against --width and --height with `frame_size`."""
+    from genbatch.jobs.frame_size import ACCEPTED
+
+    return click.option("--size", metavar="NAME|WxH", callback=_checked_size,
+                        help=f"{what}: {ACCEPTED}; 720p is 1280x720 (not with --width or --height).")
+
+
+def _checked_size(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """`--size` as given, once it reads as a size (a usage error naming the accepted forms otherwise)."""
+    from genbatch.jobs.frame_size import parse_frame_size
+
+    if value is not None:
+        try:
+            parse_frame_size(value)
+        except ValueError as error:
+            raise click.BadParameter(str(error)) from None
+    return value
+
+
 def job_override_options(command: Callable) -> Callable:
-    """Add --model --width --height --frames --steps --guidance --fps --cache (run-level job settings)."""
+    """Add --model --width --height --size --frames --steps --guidance --fps --cache (run-level job settings)."""
     options = [
         click.option(
             "--model",
@@ -48,6 +69,7 @@ def job_override_options(command: Callable) -> Callable:
         ),
         click.option("--width", type=click.IntRange(min=1), help="Width in pixels for rows without one."),
         click.option("--height", type=click.IntRange(min=1), help="Height in pixels for rows without one."),
+        size_option("Width and height for rows without them"),
         click.option(
             "--frames", "num_frames", type=click.IntRange(min=1), help="Frames for video rows without `num_frames`."
         ),
@@ -76,15 +98,16 @@ def job_override_options(command: Callable) -> Callable:
 
 
 def overrides_from_options(options: dict) -> JobOverrides:
-    """The `JobOverrides` of the options `job_override_options` added (other keys are ignored)."""
+    """The `JobOverrides` of the options `job_override_options` added (other keys are ignored); ValueError naming
+    the flags when --lora and --lora-scale do not pair up, or `--size` comes with --width or --height (`gen run`
+    and `gen validate` say it as a usage error, exit 2)."""
+    from genbatch.jobs.frame_size import frame_size
     from genbatch.jobs.lora import run_loras
 
-    names = ("model", "width", "height", "num_frames", "num_inference_steps", "guidance_scale", "fps", "cache")
-    try:
-        adapters = run_loras(options.get("lora") or (), options.get("lora_scale") or ())
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--lora") from None
-    return JobOverrides(**{name: options.get(name) for name in names}, lora=adapters)
+    names = ("model", "num_frames", "num_inference_steps", "guidance_scale", "fps", "cache")
+    adapters = run_loras(options.get("lora") or (), options.get("lora_scale") or ())
+    width, height = frame_size(options.get("size"), options.get("width"), options.get("height"))
+    return JobOverrides(**{name: options.get(name) for name in names}, width=width, height=height, lora=adapters)
 
 
 def media_options(command: Callable) -> Callable:
@@ -128,7 +151,7 @@ def storage_options_from(pairs: Iterable[str]) -> dict[str, object]:
         raise click.BadParameter(str(error), param_hint="--storage-option") from None
 
 
-@click.command("validate")
+@click.command("validate", short_help="Check a manifest without running it.")
 @click.argument("manifest")
 @job_override_options
 @click.option(

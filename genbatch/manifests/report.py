@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from genbatch.jobs.counts import counted
 from genbatch.jobs.media import MEDIA_COLUMNS
 from genbatch.jobs.schedule import SpecOf
 from genbatch.jobs.spec import JobOverrides, JobSpec
@@ -67,9 +68,10 @@ class ValidationReport:
             return [f"error: {self.option_error}"]
         lines = cause_lines(self.problems)
         lines.append(
-            f"{self.url}: {self.rows} rows, {self.valid} valid, {self.rejected} rejected"
-            + (f" ({len(self.problems)} problems)" if self.problems else "")
-            + (f"; num_outputs: {self.valid} valid rows -> {self.jobs} jobs" if self.jobs != self.valid else "")
+            f"{self.url}: {counted(self.rows, 'row')}, {self.valid} valid, {self.rejected} rejected"
+            + (f" ({counted(len(self.problems), 'problem')})" if self.problems else "")
+            + (f"; num_outputs: {counted(self.valid, 'valid row')} -> {counted(self.jobs, 'job')}"
+               if self.jobs != self.valid else "")
         )
         for model, counts in self.by_model.items():
             lines.append(f"  {model}: {counts.valid} valid, {counts.rejected} rejected")

@@ -144,7 +144,17 @@ def layout_problems(degrees: Mapping[str, int], *, fsdp: bool, cache: bool = Fal
                             "stale K/V (a skipped step would leave its buffers a step further behind); use "
                             f"--cache none or --{name} 1")
     problems += quantization_problems(degrees, fsdp=fsdp, quantization=quantization)
-    if fsdp and math.prod(degrees.get(name, 1) for name in GROUP_AXES) < 2:
-        problems.append("--fsdp shards weights over a job group's ranks, and this layout's job groups have one "
-                        "rank each; drop --fsdp, or give each job group ranks (e.g. --ulysses 2 or --cfg 2)")
+    if fsdp and fsdp_ranks(degrees) < 2:
+        held = ("this layout's job groups have one rank each" if math.prod(degrees.get(name, 1) for name in GROUP_AXES) < 2
+                else "in this layout each weight is held by one rank of its job group (its --tp and --pp ranks hold "
+                "different weights), so FSDP would shard over one rank, which changes nothing")
+        problems.append("--fsdp shards weights over a job group's ranks that hold the same weights (all but --tp "
+                        f"and --pp), and {held}; drop --fsdp, or give each job group such ranks (e.g. --ulysses 2, "
+                        "--ring 2 or --cfg 2)")
     return problems
+
+
+def fsdp_ranks(degrees: Mapping[str, int]) -> int:
+    """The ranks FSDP shards each weight over by default: the product of the `DEFAULT_FSDP_AXES` degrees (the
+    job group minus tp and pp). Below 2 there is nothing to shard, and `layout_problems` refuses `--fsdp`."""
+    return math.prod(degrees.get(name, 1) for name in DEFAULT_FSDP_AXES)

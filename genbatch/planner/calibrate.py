@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from genbatch.jobs.counts import counted
 from genbatch.planner.cost import (
     ATTENTION_EFFICIENCY,
     COPY_BOUND_KINDS,
@@ -283,11 +284,11 @@ def fit(observations: list[Observation], *, name: str, device: str, published: d
 def format_fit(result: Fit, path: str | None = None) -> str:
     """The fitted parameters, what was held, and the residuals: what `gen plan --calibrate` prints."""
     profile = result.profile
-    jobs = f" (the median step of each of {profile.fit['jobs']} jobs)" if "jobs" in profile.fit else ""
+    jobs = f" (the median step of each of {counted(profile.fit['jobs'], 'job')})" if "jobs" in profile.fit else ""
     if profile.fit.get("measurements", profile.fit.get("jobs")) != profile.fit.get("jobs"):
         jobs = jobs[:-1] + f"; the middle run of each measured in more than one: {profile.fit['measurements']})"
-    lines = [f"calibrated profile {profile.name!r} on {profile.device} from {profile.fit['steps']} steps{jobs}"
-             + (f" -> {path}" if path else "")]
+    steps = counted(profile.fit['steps'], 'step')
+    lines = [f"calibrated profile {profile.name!r} on {profile.device} from {steps}{jobs}" + (f" -> {path}" if path else "")]
     rows = [("gemm_tflops", profile.gemm_tflops), ("gemm_half_rows", profile.gemm_half_rows),
             ("attention_tflops", profile.attention_tflops), ("layer_overhead_s", profile.layer_overhead_s),
             *((f"bandwidth_gbs[{key}]", value) for key, value in sorted(profile.bandwidth_gbs.items())),

@@ -8,8 +8,10 @@ import os
 import click
 
 from genbatch.jobs.exit_codes import USAGE
-from genbatch.models.spec import UnknownModelError
+from genbatch.jobs.frame_size import frame_size
 from genbatch.jobs.quantization import parse_quantization
+from genbatch.manifests.cli import size_option
+from genbatch.models.spec import UnknownModelError
 from genbatch.parallel.flags import layout_options, quantization_options
 from genbatch.planner.calibrate import calibrate_runs, format_fit
 from genbatch.planner.constraints import LayoutConstraints
@@ -30,7 +32,7 @@ def _size(text: str | None) -> tuple[int, int] | None:
     return int(width), int(height)
 
 
-@click.command("plan")
+@click.command("plan", short_help="Rank parallel layouts by speed; print the best one's command.")
 @click.option("--model", "-m", default=None,
               help="Model: a name `gen models` lists (a published model, a preset or a model gen plan alone "
               "prices), a hub id (priced as the published model it is) or a diffusers pipeline directory.")
@@ -47,6 +49,7 @@ def _size(text: str | None) -> tuple[int, int] | None:
 @click.option("--gpu-mem", type=float, default=None, help="GiB per GPU the run may use (default: the GPU's).")
 @click.option("--width", type=int, default=None, help="Output width (default: the model's).")
 @click.option("--height", type=int, default=None, help="Output height (default: the model's).")
+@size_option("Output width and height")
 @click.option("--frames", type=int, default=None, help="Video frames (default: the model's).")
 @click.option("--steps", type=int, default=None, help="Denoising steps (default: the model's).")
 @click.option("--guidance", type=float, default=None,
@@ -83,7 +86,7 @@ def _size(text: str | None) -> tuple[int, int] | None:
 @click.option("--profile", "profile_name", default=None,
               help="Price layouts with this calibration profile (NAME or PATH) where it measured, published "
               "figures elsewhere.")
-def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, frames,
+def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu, gpu_mem, width, height, size, frames,
                  steps, guidance, image, input_size, batch_size, offload_text_encoder, objective, max_latency, decode,
                  quantization, quantize_text_encoder, top, as_json, calibrate, profile_out, profile_name,
                  **layout) -> None:
@@ -111,6 +114,7 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
             profile = load_profile(profile_name)
         if model is None or gpus is None:
             raise ValueError("give --model and --gpus (or --calibrate OUT... alone to make a profile)")
+        width, height = frame_size(size, width, height)
         if gpu is None:
             gpu = profile.device if profile is not None and profile.device in GPUS else "h100"
         result = plan(model, gpus, nodes=nodes, interconnect=interconnect, intra_node=intra_node,
@@ -120,9 +124,9 @@ def plan_command(model, gpus, nodes, interconnect, intra_node, network_gbps, gpu
                       decode=decode, image=image, input_size=_size(input_size), batch_size=batch_size,
                       quantization=parse_quantization(quantization, quantize_text_encoder))
     except (UnknownModelError, ValueError) as error:
-        click.echo(f"gen plan: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         raise SystemExit(USAGE) from None
     if as_json:
-        click.echo(json.dumps(plan_to_dict(result), indent=1))
+        click.echo(json.dumps(plan_to_dict(result, model=model), indent=1))
     else:
-        click.echo(format_table(result, top=top))
+        click.echo(format_table(result, top=top, model=model))

@@ -425,13 +425,16 @@ def estimate(layout: ParallelDims, work: Workload, cluster: Cluster, profile: Pr
         decode_s += work.shape.text_encoder_parameters * work.text_encoder_bytes_per_value / (PCIE.gbs * 1e9) / work.batch
     encode_s = encode_seconds(layout, work, cluster)
     per_job = denoise / work.batch  # the batch's rows share its steps
+    exposed = step - compute.step_s - overhead
+    if abs(exposed) <= 1e-9 * step:  # the subtraction's rounding noise (-2.5e-16 s), not time
+        exposed = 0.0
     return Estimate(
         seconds_per_job=per_job + encode_s + decode_s,
         seconds_per_step=step,
         compute_s=compute.step_s,
         overhead_s=overhead,
         comm_s=tally.raw_s,
-        comm_exposed_s=step - compute.step_s - overhead,
+        comm_exposed_s=exposed,
         decode_s=decode_s,
         decode_mode=mode,
         encode_s=encode_s,

@@ -14,7 +14,7 @@ A layout is the runner's own `ParallelDims`, named in its one grammar (`Parallel
 
 from __future__ import annotations
 
-from genbatch.parallel.axes import AXES, AXIS, STALE_AXES
+from genbatch.parallel.axes import AXES, AXIS, GROUP_AXES, STALE_AXES
 from genbatch.parallel.dims import ParallelDims
 from genbatch.planner.hardware import GPUS_PER_SOCKET, Cluster, Link
 from genbatch.planner.shapes import ModelShape
@@ -41,6 +41,16 @@ def plan_degrees(layout: ParallelDims, decode_mode: str = "parallel") -> dict[st
     patch-parallel, 1 when its leader decodes alone)."""
     vae = layout.group_size if decode_mode == "parallel" else 1
     return {**layout.degrees(), "fsdp": layout.fsdp_size, "vae_parallel": vae}
+
+
+def run_flags(layout: ParallelDims) -> tuple[str, ...]:
+    """`gen run`'s layout flags for `layout`, each word an item: every job-group axis above one, then `--fsdp`
+    (`--dp` is left out: gen run gives it the ranks the other axes leave)."""
+    flags: list[str] = []
+    for axis in GROUP_AXES:
+        if layout.degree(axis) > 1:
+            flags += [f"--{axis}", str(layout.degree(axis))]
+    return (*flags, *(("--fsdp",) if layout.fsdp else ()))
 
 
 def _divisors(n: int) -> list[int]:

@@ -25,6 +25,7 @@ from genbatch.planner.layouts import (
     enumerate_layouts,
     is_stale,
     plan_degrees,
+    run_flags,
     structural_problems,
 )
 from genbatch.planner.memory import decode_modes
@@ -118,8 +119,7 @@ MORE_GPUS = (2, 4, 8)
 
 def layout_flags(layout: ParallelDims) -> str:
     """The `gen run` flags of a job group's layout: `--ulysses 2 --fsdp`, `--tp 2`."""
-    flags = [f"--{axis} {value}" for axis, value in layout.degrees().items() if axis != "dp" and value > 1]
-    return " ".join(flags + (["--fsdp"] if layout.fsdp else [])) or "one GPU a job"
+    return " ".join(run_flags(layout)) or "one GPU a job"
 
 
 def more_gpus(cluster: Cluster, ranked_on) -> str | None:

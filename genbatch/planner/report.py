@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import textwrap
+
 from genbatch.parallel.axes import AXES, AXIS, STALE_AXES
 from genbatch.parallel.dims import ParallelDims
+from genbatch.jobs.counts import counted
+from genbatch.planner.command import run_command
 from genbatch.planner.explain import explain, round_figures as _round
 from genbatch.planner.layouts import plan_degrees
 from genbatch.planner.rank import STALE_MARGIN, Candidate, Plan, Rejection
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 """Bumped when a field of `plan_to_dict` changes meaning, goes away or is added (2: PipeFusion's degree is `pp`,
 the runner's axis name, and every layout carries its `layout` name; 3: the plan names its `profile` and every
 layout carries `explain`: its inputs, parameters and their sources, and the terms of its sum; 4: every layout
@@ -20,7 +24,9 @@ layout the planner ranks (the axis table's one rule set, `parallel/axes.py`); 7:
 `batch_size` and the `encode` its VAE runs first (null for a job from noise alone), `memory_gib` a `vae_encode`
 part, the breakdown `encode_s_per_job`, and `explain` its `encode_s` term and `vae_encode` and `batch_size`
 inputs; 8: the workload carries its `quantization` and `quantize_text_encoder`, and a layout rejected for memory
-its `quantization_fix`, the least quantization with which it fits, or null)."""
+its `quantization_fix`, the least quantization with which it fits, or null); 9: `run` gives the command that runs the best layout (`command`: run or submit, `flags`, `line`;
+null when none runs), and FSDP over one rank is no layout, so a layout's `fsdp` is 1 or at least 2 with `fsdp` in
+its name)."""
 
 
 def layout_to_dict(layout: ParallelDims, decode_mode: str = "parallel") -> dict:
@@ -66,13 +72,15 @@ def candidate_to_dict(candidate: Candidate, plan: Plan) -> dict:
     }
 
 
-def plan_to_dict(plan: Plan) -> dict:
-    """The whole plan: inputs, the layouts best first, the best runnable one, and the rejected with reasons."""
+def plan_to_dict(plan: Plan, *, model: str | None = None) -> dict:
+    """The whole plan: inputs, the layouts best first, the best runnable one and the command that runs it (for
+    `model`, the name given to `gen plan`; default the plan's), and the rejected with reasons."""
     work, cluster = plan.work, plan.cluster
     try:
         best = layout_to_dict(plan.best.layout, plan.best.estimate.decode_mode)
+        command = run_command(plan, model or work.shape.name).to_dict()
     except ValueError:
-        best = None
+        best = command = None
     return {
         "schema": SCHEMA_VERSION,
         "model": work.shape.name,
@@ -107,6 +115,7 @@ def plan_to_dict(plan: Plan) -> dict:
         "max_latency": plan.max_latency,
         "constraints": plan.constraints.given,
         "best": best,
+        "run": command,
         "layouts": [candidate_to_dict(candidate, plan) for candidate in plan.ranked],
         "rejected": [rejection_to_dict(rejection) for rejection in plan.rejected],
     }
@@ -114,12 +123,36 @@ def plan_to_dict(plan: Plan) -> dict:
 
 
 
-def _degree_cells(degrees: dict[str, int]) -> list[str]:
-    return [str(degrees[axis]) for axis in AXES] + [str(degrees["fsdp"])]
+def _degree_cells(layout: ParallelDims) -> list[str]:
+    """Each axis's degree, then `fsdp` on or off (as `gen run --fsdp` is)."""
+    return [str(layout.degree(axis)) for axis in AXES] + ["on" if layout.fsdp else "off"]
 
 
-def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
-    """The ranked layouts (at most `top`) with the numbers behind their rank, then rejected layouts by reason."""
+def _fixed(value: float, decimals: int) -> str:
+    """`value` with `decimals` decimals, never `-0.000` (a negative that rounds to zero is zero)."""
+    text = f"{value:.{decimals}f}"
+    return text[1:] if text.startswith("-") and float(text) == 0 else text
+
+
+def rejections_by_reason(rejections: tuple[Rejection, ...] | list[Rejection]) -> dict[str, list[str]]:
+    """Each reason once, in the order first given, with the names of the layouts it rejects."""
+    grouped: dict[str, list[str]] = {}
+    for rejection in rejections:
+        for reason in rejection.reasons:
+            grouped.setdefault(reason, []).append(rejection.layout.name)
+    return grouped
+
+
+def _names(names: list[str], indent: str = "    ", width: int = 110) -> list[str]:
+    """Every name, comma-separated, wrapped into lines of at most `width` characters."""
+    return textwrap.wrap(", ".join(names), width=width, initial_indent=indent, subsequent_indent=indent,
+                         break_on_hyphens=False)
+
+
+def format_table(plan: Plan, *, top: int = 10, rejected: int = 12, model: str | None = None) -> str:
+    """The ranked layouts (at most `top`) by name with the numbers behind their rank, the command that runs the
+    best (for `model`, the name given to `gen plan`; default the plan's), then each reason for rejecting layouts
+    once with the layouts it rejects (at most `rejected` reasons)."""
     work, cluster = plan.work, plan.cluster
     network = f", {cluster.nodes} nodes over {cluster.inter.name}" if cluster.inter else ""
     lines = [
@@ -130,23 +163,24 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
         "",
     ]
     encodes = work.encode is not None
-    header = ["#", *(AXIS[axis].short for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
+    header = ["#", "layout", *(AXIS[axis].short for axis in AXES), "fsdp", "s/job", "s/step", "jobs/h", "compute", "comm",
               "exposed", "GB/step", "GiB/rank", "weights", "act", "vae", *(("enc", "enc s") if encodes else ()),
               "decode"]
     rows = [header]
     for index, candidate in enumerate(plan.ranked[:top], start=1):
         cost, memory = candidate.estimate, candidate.estimate.memory
         rows.append([
-            str(index), *_degree_cells(plan_degrees(candidate.layout, cost.decode_mode)),
-            f"{cost.seconds_per_job:.2f}", f"{cost.seconds_per_step:.3f}", f"{candidate.jobs_per_hour:.1f}",
-            f"{cost.compute_s:.3f}", f"{cost.comm_s:.3f}", f"{cost.comm_exposed_s:.3f}",
-            f"{cost.comm_bytes_per_step / 1e9:.2f}", f"{memory['total']:.1f}", f"{memory['weights']:.1f}",
-            f"{memory['activations']:.1f}", f"{memory['vae_decode']:.1f}",
-            *((f"{memory['vae_encode']:.1f}", f"{cost.encode_s:.2f}") if encodes else ()), cost.decode_mode,
+            str(index), candidate.layout.name, *_degree_cells(candidate.layout),
+            _fixed(cost.seconds_per_job, 2), _fixed(cost.seconds_per_step, 3), _fixed(candidate.jobs_per_hour, 1),
+            _fixed(cost.compute_s, 3), _fixed(cost.comm_s, 3), _fixed(cost.comm_exposed_s, 3),
+            _fixed(cost.comm_bytes_per_step / 1e9, 2), _fixed(memory["total"], 1), _fixed(memory["weights"], 1),
+            _fixed(memory["activations"], 1), _fixed(memory["vae_decode"], 1),
+            *((_fixed(memory["vae_encode"], 1), _fixed(cost.encode_s, 2)) if encodes else ()), cost.decode_mode,
         ])
     widths = [max(len(row[column]) for row in rows) for column in range(len(header) - 1)]
     for row in rows:
-        cells = [cell.rjust(width) for cell, width in zip(row, widths)]
+        cells = [cell.ljust(width) if column == 1 else cell.rjust(width)
+                 for column, (cell, width) in enumerate(zip(row, widths))]
         lines.append("  ".join(cells + [row[-1]]).rstrip())
     if len(plan.ranked) > top:
         lines.append(f"... {len(plan.ranked) - top} more legal layouts (--top N, or --json for all)")
@@ -162,14 +196,19 @@ def format_table(plan: Plan, *, top: int = 10, rejected: int = 12) -> str:
         lines.append(f"({' and '.join(stale)} reuse{'s' if len(stale) == 1 else ''} stale K/V: ranked above exact "
                      f"layouts only when {STALE_MARGIN:.0%} faster)")
     try:
-        lines.append(f"best runnable: {plan.best.layout.name}")
+        command = run_command(plan, model or plan.work.shape.name)
+        lines.append(f"best runnable: {plan.best.layout.name}; run it with (your manifest and output for MANIFEST "
+                     "and OUT):")
+        lines.append(f"  {command.line()}")
     except ValueError as error:
         lines.append(f"no runnable layout: {error}")
     if plan.rejected:
+        reasons = rejections_by_reason(plan.rejected)
         lines.append("")
-        lines.append(f"rejected {len(plan.rejected)} layouts:")
-        for rejection in plan.rejected[:rejected]:
-            lines.append(f"  {rejection.layout.name}: {'; '.join(rejection.reasons)}")
-        if len(plan.rejected) > rejected:
-            lines.append(f"  ... {len(plan.rejected) - rejected} more (--json lists all)")
+        lines.append(f"rejected {counted(len(plan.rejected), 'layout')}, for {counted(len(reasons), 'reason')}:")
+        for reason, names in list(reasons.items())[:rejected]:
+            lines.append(f"  {reason}:")
+            lines += _names(names)
+        if len(reasons) > rejected:
+            lines.append(f"  ... {counted(len(reasons) - rejected, 'more reason')} (--json lists all)")
     return "\n".join(lines)

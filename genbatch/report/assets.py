@@ -32,6 +32,8 @@ article.job h3 { font-size: 14px; margin: 6px 0 4px; word-break: break-all; }
 .badge.done { background: var(--done); } .badge.failed { background: var(--failed); }
 .badge.rejected { background: var(--rejected); }
 .prompt { margin: 4px 0; display: -webkit-box; -webkit-line-clamp: 4; -webkit-box-orient: vertical; overflow: hidden; }
+.negative-prompt { margin: 4px 0; font-size: 12px; display: -webkit-box; -webkit-line-clamp: 2;
+  -webkit-box-orient: vertical; overflow: hidden; } .negative-prompt .label { color: var(--muted); }
 dl.facts { display: grid; grid-template-columns: auto 1fr; gap: 0 10px; margin: 6px 0; font-size: 12px; }
 dl.facts dt { color: var(--muted); } dl.facts dd { margin: 0; word-break: break-all; }
 .stages { font-size: 12px; color: var(--muted); margin: 4px 0 0; }

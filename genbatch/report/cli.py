@@ -6,12 +6,13 @@ import sys
 
 import click
 
+from genbatch.jobs.counts import counted
 from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import storage_options_from
 from genbatch.report.config import MAX_PAGE_SIZE
 
 
-@click.command("report")
+@click.command("report", short_help="Write a static HTML gallery of a run (OUT/report/index.html).")
 @click.argument("out")
 @click.option("--to", metavar="DIR|URL",
               help="Where the report goes: a folder or any fsspec URL [default: OUT/report].")
@@ -56,10 +57,10 @@ def report_command(out: str, to: str | None, page_size: int, thumb_px: int, prev
                                 storage_timeout=storage_timeout)
         result = write_report(options)
     except StorageError as error:
-        click.echo(f"genbatch: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         sys.exit(exit_codes.for_storage_error(error))
     except (FileNotFoundError, ValueError) as error:
-        click.echo(f"genbatch: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         sys.exit(exit_codes.USAGE)
     if as_json:
         import json
@@ -76,5 +77,5 @@ def describe(result) -> str:
     """One line saying what a report holds and where it is."""
     previews = result.previews
     unavailable = f", {previews.failed} unavailable" if previews.failed else ""
-    return (f"genbatch: report of {result.jobs} jobs on {result.pages} pages (previews: {previews.made} made, "
+    return (f"genbatch: report of {counted(result.jobs, 'job')} on {counted(result.pages, 'page')} (previews: {previews.made} made, "
             f"{previews.reused} reused{unavailable}) in {result.seconds:.1f} s -> {result.url}")

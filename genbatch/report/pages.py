@@ -73,7 +73,8 @@ def _media(job, media, original: str | None) -> str:
 
 
 def card(job, media=None, original: str | None = None) -> str:
-    """One job's card: its preview (`media`: previews.Media), prompt, settings, seconds per stage, error."""
+    """One job's card: its preview (`media`: previews.Media), prompt, negative prompt (when the row had one),
+    settings, seconds per stage, error."""
     facts = [("seed", job.seed), ("model", job.model), ("size", _size(job)), ("steps", job.steps),
              ("guidance", job.guidance), ("layout", job.layout), ("LoRA", job.lora), ("cache", job.cache),
              ("approximation", job.approximation), ("VAE decode", job.vae_decode), ("sound", _sound(job)),
@@ -82,6 +83,9 @@ def card(job, media=None, original: str | None = None) -> str:
                      if value is not None)
     stages = " · ".join(f"{escape(stage)} {seconds:.3g} s" for stage, seconds in job.stages.items())
     prompt = f'<p class="prompt" title="{escape(job.prompt, quote=True)}">{escape(job.prompt)}</p>' if job.prompt else ""
+    if job.negative_prompt:
+        prompt += (f'<p class="negative-prompt" title="{escape(job.negative_prompt, quote=True)}">'
+                   f'<span class="label">negative:</span> {escape(job.negative_prompt)}</p>')
     error = f'<p class="error">{escape(job.error)}</p>' if job.error and job.status != "done" else ""
     return (f'<article class="job {job.status}" data-status="{job.status}" '
             f'data-model="{escape(job.model or "", quote=True)}">'

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from genbatch.io.stage_names import COMPRESS, current_stage
+
 STATUSES = ("done", "failed", "rejected")
 """The statuses a results row can have, in the order the report shows them."""
 
-STAGE_ORDER = ("download", "load", "adapters", "text_encode", "vae_encode", "denoise", "vae_decode", "encode_media",
-               "write")
+STAGE_ORDER = ("download", "load", "adapters", "text_encode", "vae_encode", "denoise", "vae_decode", COMPRESS, "write")
 """The order stages are shown in (a stage not named here follows, in the results' column order)."""
 
 STAGE_SUFFIX = "_s"
@@ -38,6 +39,8 @@ class JobView:
     """The manifest row number."""
     model: str | None = None
     prompt: str | None = None
+    negative_prompt: str | None = None
+    """The row's negative prompt (None when it had none)."""
     seed: int | None = None
     width: int | None = None
     height: int | None = None
@@ -54,7 +57,8 @@ class JobView:
     """`exact`, or the attention approximation the job ran under (stale K/V)."""
     vae_decode: str | None = None
     stages: dict[str, float] = field(default_factory=dict)
-    """Seconds per stage, in STAGE_ORDER (text_encode, denoise, vae_decode, encode_media, then any other)."""
+    """Seconds per stage, in STAGE_ORDER (text_encode, denoise, vae_decode, compress, then any other); a run
+    written before a stage was renamed shows it under today's name (`io.stage_names`)."""
     error: str | None = None
     """Why a failed job failed or a rejected row was rejected."""
     output_ext: str | None = None
@@ -136,7 +140,7 @@ def job_views(results: pa.Table, layouts: dict[str, str], run_layout: str | None
     stage_columns = [name for name in names if name.endswith(STAGE_SUFFIX)
                      and pa.types.is_floating(results.schema.field(name).type)]
     known = {stage: index for index, stage in enumerate(STAGE_ORDER)}
-    stage_columns.sort(key=lambda name: known.get(name[: -len(STAGE_SUFFIX)], len(known)))  # stable: rest in order
+    stage_columns.sort(key=lambda name: known.get(current_stage(name[: -len(STAGE_SUFFIX)]), len(known)))  # stable
     columns = {name: results[name].to_pylist() for name in names}
     missing = [None] * results.num_rows
 
@@ -148,12 +152,12 @@ def job_views(results: pa.Table, layouts: dict[str, str], run_layout: str | None
         row = column("row")[i]
         uri = column("output_uri")[i] if status == "done" else None
         ext = uri.rsplit(".", 1)[-1].lower() if uri and "." in uri.rsplit("/", 1)[-1] else None
-        stages = {name[: -len(STAGE_SUFFIX)]: columns[name][i] for name in stage_columns
+        stages = {current_stage(name[: -len(STAGE_SUFFIX)]): columns[name][i] for name in stage_columns
                   if columns[name][i] is not None}
         job_id = job_id if job_id else f"row {row}"
         views.append(JobView(
             id=job_id, status=status, row=row, model=_text(column("model")[i]), prompt=_text(column("prompt")[i]),
-            seed=column("seed")[i], width=column("width")[i], height=column("height")[i],
+            negative_prompt=_text(column("negative_prompt")[i]), seed=column("seed")[i], width=column("width")[i], height=column("height")[i],
             num_frames=column("num_frames")[i], fps=column("fps")[i], steps=column("num_inference_steps")[i],
             guidance=column("guidance_scale")[i],
             layout=layouts.get(job_id, run_layout if status != "rejected" else None),

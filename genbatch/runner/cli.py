@@ -17,6 +17,7 @@ from genbatch.manifests.cli import (
 from genbatch.parallel.flags import kernel_options, layout_options, quantization_options
 from genbatch.parallel.tensor.encoders import MODES as TEXT_ENCODER_MODES
 from genbatch.planner.memory import DECODE_CHOICES
+from genbatch.runner.help_sections import RUN_SECTIONS, SectionedCommand
 
 
 def _layout_options(command):
@@ -29,7 +30,8 @@ def _layout_options(command):
     return layout_options(constraints=False)(command)
 
 
-@click.command("run")
+@click.command("run", cls=SectionedCommand, sections=RUN_SECTIONS,
+               short_help="Generate every row of MANIFEST into OUT (a rerun resumes).")
 @click.argument("manifest")
 @click.option("--out", required=True, help="Where outputs, timings and resume state go: a path or any fsspec URL (s3://...).")
 @job_override_options
@@ -131,10 +133,10 @@ def _run_or_launch(manifest: str, out: str, nproc: int | None, flags: dict) -> N
         status = run(RunOptions.from_flags(manifest, out, flags), stop)
     except UsageError as error:  # nothing could start: bad options (every rank knows; the first says it)
         if int(os.environ.get("RANK", "0")) == 0:
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
         status = exit_codes.USAGE
     except StorageError as error:  # the store failed: for good (2), or past --storage-timeout (75, state kept)
-        click.echo(f"genbatch: {error}", err=True)
+        click.echo(f"error: {error}", err=True)
         if error.transient:
             click.echo("genbatch: the run stops here with its state kept (exit 75); rerun the same command once "
                        "the store answers again", err=True)
@@ -175,7 +177,7 @@ def _args_without_nproc(argv: list[str]) -> list[str]:
     return kept
 
 
-@click.command("status")
+@click.command("status", short_help="Done / failed / rejected / pending counts of a run, and its ETA.")
 @click.argument("out")
 @click.option("--manifest", help="Count pending jobs against this manifest (default: the one in OUT/run.json).")
 @click.option("--storage-option", "storage_option", multiple=True, metavar="KEY=VALUE")
@@ -203,10 +205,10 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
         try:
             jobs = failed_jobs(out, storage_options=options, storage_timeout=storage_timeout)
         except StorageError as error:
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
             sys.exit(exit_codes.for_storage_error(error))
         except (FileNotFoundError, ValueError) as error:
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
             sys.exit(exit_codes.USAGE)
         if as_json:
             import json
@@ -219,10 +221,10 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
         try:
             counts = run_status(out, manifest=manifest, storage_options=options, storage_timeout=storage_timeout)
         except StorageError as error:  # down past the bound: 75, try again later; refused for good: 2
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
             sys.exit(exit_codes.for_storage_error(error))
         except (FileNotFoundError, ValueError) as error:
-            click.echo(f"genbatch: {error}", err=True)
+            click.echo(f"error: {error}", err=True)
             sys.exit(exit_codes.USAGE)
         if as_json:
             import json

@@ -20,6 +20,7 @@ import torch
 
 from genbatch.io.media_input import MediaReader
 from genbatch.io.sound import Soundtrack
+from genbatch.io.stage_names import COMPRESS
 from genbatch.jobs.batches import batch_id
 from genbatch.jobs.cache import parse_cache
 from genbatch.models.spec import ModelSpec
@@ -335,8 +336,8 @@ class JobExecutor:
             return BatchResult(records=records, timings=self._timing_rows(timer, jobs), failures=prepared.failures)
         encoded = []
         for job, output in zip(jobs, decoded, strict=True):
-            with timer.stage("encode_media", **self._own_columns(job, jobs)):
-                encoded.append(self._encode_media(to_uint8(output.frames), job, model.spec.is_video, output.sound))
+            with timer.stage(COMPRESS, **self._own_columns(job, jobs)):
+                encoded.append(self._compress(to_uint8(output.frames), job, model.spec.is_video, output.sound))
         skipped = sum(interval.extra.get(SKIPPED, 0) for interval in timer.intervals)
         for job, record, (media, ext), output in zip(jobs, records, encoded, decoded, strict=True):
             record["output_uri"] = self.store.output_uri(job.id, ext)
@@ -379,7 +380,8 @@ class JobExecutor:
         }])
 
     @staticmethod
-    def _encode_media(frames: np.ndarray, job: JobSpec, is_video: bool, sound=None) -> tuple[bytes, str]:
+    def _compress(frames: np.ndarray, job: JobSpec, is_video: bool, sound=None) -> tuple[bytes, str]:
+        """The output file's bytes and extension: a PNG of an image, an H.264 MP4 (with its sound) of a video."""
         from genbatch.io import encode_mp4, encode_png
 
         if is_video:

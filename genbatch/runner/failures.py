@@ -95,7 +95,8 @@ def record_failure(ctx, store, jobs: list[JobSpec], error: BaseException, run_id
     if raised:
         cause = "; ".join(raised)
     elif silent:
-        cause = f"rank(s) {silent} stopped responding (died or hung; collective timeout applies)"
+        cause = (f"{'rank' if len(silent) == 1 else 'ranks'} {', '.join(map(str, silent))} stopped responding "
+                 "(died or hung; collective timeout applies)")
     else:
         cause = describe_error(error)
     names = ", ".join(failed.id for failed in jobs)

@@ -15,6 +15,7 @@ import time
 
 from genbatch.io.retry import StorageError
 from genbatch.jobs import exit_codes
+from genbatch.jobs.counts import counted
 from genbatch.runner.download import DownloadStopped, prepare_models
 from genbatch.runner.errors import describe_error, is_collective_error
 from genbatch.runner.execute import JobInterrupted
@@ -133,7 +134,7 @@ def _run(context: RunContext, stop: StopRequest) -> int:
         if ctx.is_leader:  # an error, so said under --quiet too
             print(f"genbatch: {failure.message.splitlines()[0]}\ngenbatch: this group cannot go on, so the run "
                   f"stops here (exit {exit_codes.REQUEUE}); rerun the same command to continue: the job is tried "
-                  f"again in at most {options.resume.max_attempts} runs in all", file=sys.stderr)
+                  f"again in at most {counted(options.resume.max_attempts, 'run')} in all", file=sys.stderr)
         return exit_codes.REQUEUE
     except StorageError:
         raise  # cli.py turns it into exit 75 (transient: state kept) or 2 (permanent)

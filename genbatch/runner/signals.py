@@ -152,9 +152,9 @@ class StopRequest:
             os._exit(status)
 
     def _close(self, status: int, reason: str, cleanup: bool) -> None:
-        """What a stop does before the exit: say why, run the cleanups, flush what was written."""
-        say(f"genbatch: {reason}; exiting with status {status}"
-            + (": rerun the same command to continue" if status == EXIT_STATUS[signal.SIGTERM] else ""))
+        """What a stop does before the exit: say why and that a rerun continues (every stop keeps the run's state:
+        a signal's, a launcher's death), run the cleanups, flush what was written."""
+        say(f"genbatch: {reason}; exiting with status {status}: rerun the same command to continue")
         if cleanup and self._cleanups:
             worker = threading.Thread(target=self._run_cleanups, name="genbatch-stop-cleanup", daemon=True)
             worker.start()

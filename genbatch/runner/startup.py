@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from genbatch.io import BackgroundWriter, RunStore
+from genbatch.jobs.counts import counted
 from genbatch.runner.execute import JobExecutor
 from genbatch.runner.loading import PipelineCache, load_for_group
 from genbatch.runner.options import RunOptions, UsageError
@@ -135,8 +136,8 @@ def _print_rejections(rejected, out: str, shown: int = 5) -> None:
     for cause in causes[:shown]:
         print(f"genbatch: rejected {cause.message()}", file=sys.stderr)
     rows = len({rejection.row for rejection in rejected})
-    more = f" ({len(causes) - shown} more cause(s) not shown)" if len(causes) > shown else ""
-    print(f"genbatch: {rows} rejected row(s){more}, each with its reason, in {out}/rejected/; "
+    more = f" ({counted(len(causes) - shown, 'more cause')} not shown)" if len(causes) > shown else ""
+    print(f"genbatch: {counted(rows, 'rejected row')}{more}, each with its reason, in {out}/rejected/; "
           "`gen validate MANIFEST` lists them all", file=sys.stderr)
 
 
@@ -170,9 +171,9 @@ def _first_writes(options: RunOptions, world: World, store: RunStore, manifest: 
 
 
 def _print_given_up(given_up: dict[str, int], max_attempts: int, out: str, shown: int = 5) -> None:
-    names = ", ".join(f"{job_id} ({runs} runs)" for job_id, runs in list(given_up.items())[:shown])
+    names = ", ".join(f"{job_id} ({counted(runs, 'run')})" for job_id, runs in list(given_up.items())[:shown])
     more = f" and {len(given_up) - shown} more" if len(given_up) > shown else ""
-    print(f"genbatch: not trying again {len(given_up)} job(s) that failed in {max_attempts} or more runs: "
+    print(f"genbatch: not trying again {counted(len(given_up), 'job')} that failed in {max_attempts} or more runs: "
           f"{names}{more}; `gen status {out} --failed` says why. Fix the cause and rerun with a higher "
           f"--max-attempts to try them again", file=sys.stderr)
 

@@ -24,7 +24,7 @@ def run_status(out: str, *, manifest: str | None = None, storage_options: dict |
     store = RunStore(out, storage_options=storage_options, retry=RetryPolicy(timeout_s=storage_timeout))
     info = store.read_run_info()
     if info is None and manifest is None:
-        raise FileNotFoundError(f"{out} has no run.json: pass --manifest to count against a manifest")
+        raise no_run(store, out)
     manifest = manifest or info["manifest"]
     overrides = JobOverrides.from_record((info or {}).get("overrides", {})) if info else JobOverrides()
     if overrides.model is None and info and info.get("model"):  # the run's --model, as the run resolved rows
@@ -37,6 +37,19 @@ def run_status(out: str, *, manifest: str | None = None, storage_options: dict |
     eta = None if rate is None else (0.0 if not pending else pending / rate * 3600.0)
     return {"total": len(loaded.jobs) + len(loaded.rejected), **counts,
             "jobs_per_hour": None if rate is None else round(rate, 1), "eta_s": None if eta is None else round(eta)}
+
+
+def no_run(store, out: str, *, counts: bool = True) -> FileNotFoundError:
+    """The error for an OUT that holds no run: it does not exist (a mistyped path, most often), or it holds no
+    run.json; each names the fix (`counts`: the command can count a manifest's rows with --manifest instead)."""
+    try:
+        exists = store.fs.exists(store.layout.root)
+    except OSError:  # cannot tell: say what is known
+        exists = True
+    if not exists:
+        return FileNotFoundError(f"{out} does not exist: give the --out of a `gen run` (check the path for typos)")
+    manifest = (f"; or give --manifest MANIFEST to count its rows against the outputs in {out}" if counts else "")
+    return FileNotFoundError(f"{out} holds no run (no run.json): give the --out of a `gen run`{manifest}")
 
 
 def format_status(counts: dict) -> str:
@@ -64,7 +77,7 @@ def failed_jobs(out: str, *, storage_options: dict | None = None, storage_timeou
 
     store = RunStore(out, storage_options=storage_options, retry=RetryPolicy(timeout_s=storage_timeout))
     if store.read_run_info() is None and not store.failed_ids():
-        raise FileNotFoundError(f"{out} holds no run (no run.json): pass the --out of a `gen run`")
+        raise no_run(store, out, counts=False)
     listed = []
     for job_id, record in store.failures().items():
         error = str(record.get("error") or "")

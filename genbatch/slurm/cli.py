@@ -54,7 +54,8 @@ def _carry_profile(run_args: list[str]) -> list[str]:
     return carried
 
 
-@click.command("submit", context_settings=_CONTEXT)
+@click.command("submit", context_settings=_CONTEXT,
+               short_help="Render an sbatch script that runs gen run on Slurm, and submit it.")
 @click.argument("manifest")
 @click.option("--out", required=True, help="The run's output: a path or any fsspec URL (as for gen run).")
 @click.option("--nodes", type=click.IntRange(min=1), required=True, help="Nodes to allocate.")

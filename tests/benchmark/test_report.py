@@ -33,7 +33,7 @@ def test_timings_hold_every_step_of_every_rank_with_its_layout(tiny_report):
         denoise = [row for row in mine if row["stage"] == "denoise_step"]
         assert len(denoise) == SUITE.jobs * steps * world
         assert {row["job_id"] for row in denoise} == {row["id"] for row in SUITE.manifest_rows()}
-        assert {row["stage"] for row in mine} >= {"text_encode", "denoise_step", "vae_decode", "encode_media", "write"}
+        assert {row["stage"] for row in mine} >= {"text_encode", "denoise_step", "vae_decode", "compress", "write"}
     # the manifest that was measured is in the report
     manifest = pq.read_table(os.path.join(tiny_report.out, "manifest.parquet")).to_pylist()
     assert [row["id"] for row in manifest] == [row["id"] for row in SUITE.manifest_rows()]
@@ -66,7 +66,7 @@ def test_markdown_reports_layouts_stages_and_plots(tiny_report):
     assert f"{metrics['single'].seconds_per_step:.4f}" in throughput and "100%" in throughput
     ulysses = next(line for line in table_rows if line.startswith("| ulysses2 | 2 |"))
     assert f"{metrics['ulysses2'].jobs_per_hour:.1f}" in ulysses
-    assert "| layout | text_encode | denoise | vae_decode | encode_media | write |" in text
+    assert "| layout | text_encode | denoise | vae_decode | compress | write |" in text
     assert "](plots/step_time.png)" in text and "](plots/stages.png)" in text
     assert "Against the baseline" not in text  # no baseline given
     assert "plots/quality.png" not in text  # no --cache: nothing approximate to score

@@ -54,6 +54,8 @@ def test_the_planner_ranks_every_layout_the_runner_runs_and_none_it_refuses(cach
         every |= runs
     quantized = quantization != "none"
     assert (ParallelDims(tp=2, ulysses=2, fsdp=True) in every) is not quantized  # tp and pp with FSDP
+    assert all(layout.fsdp_size > 1 for layout in every if layout.fsdp)  # never FSDP over one rank
+    assert ParallelDims(tp=2, fsdp=True) not in every and ParallelDims(pp=2, dp=2, fsdp=True) not in every
     assert (ParallelDims(pp=2, cfg=2, fsdp=True) in every) is not (cache or quantized)  # no cache beside stale K/V
     assert not quantized or not any(layout.tp > 1 or layout.fsdp for layout in every)  # torchao's tensors
     assert ParallelDims(pp=2, ulysses=2, cfg=2) in every or cache  # the rest composes (pp: not with a cache)
@@ -64,7 +66,10 @@ def test_each_rule_names_the_flags_and_a_fix():
         ParallelDims(cfg=4): "--cfg 4: CFG parallel",
         ParallelDims(distrifusion=2, ulysses=2): "--distrifusion 2 does not compose with --ulysses 2",
         ParallelDims(distrifusion=2, cfg=2, fsdp=True): "--distrifusion 2 does not compose with --fsdp",
-        ParallelDims(dp=2, fsdp=True): "--fsdp shards weights over a job group's ranks",
+        ParallelDims(dp=2, fsdp=True): "--fsdp shards weights over a job group's ranks.*one rank each",
+        # FSDP over one rank is no layout: tp's and pp's ranks hold different weights, so nothing is left to shard
+        ParallelDims(tp=2, fsdp=True): "--fsdp shards weights .* FSDP would shard over one rank",
+        ParallelDims(dp=2, pp=2, fsdp=True): "--fsdp shards weights .* FSDP would shard over one rank",
     }
     for dims, message in cases.items():
         with pytest.raises(ValueError, match=message):

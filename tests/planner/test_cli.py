@@ -28,7 +28,7 @@ def _json(*args: str) -> dict:
 
 def test_json_schema_best_first_with_rejections():
     data = _json("--model", "wan2.1-14b", "--gpus", "8", "--objective", "latency")
-    assert data["schema"] == 8 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
+    assert data["schema"] == 9 and data["model"] == "wan2.1-14b" and data["objective"] == "latency"
     assert data["profile"] is None
     assert data["workload"] == {"width": 1280, "height": 720, "frames": 81, "steps": 50, "tokens": 75600,
                                 "image_tokens": 75600, "offload_text_encoder": False, "batch_size": 1,

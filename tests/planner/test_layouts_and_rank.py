@@ -17,7 +17,7 @@ def test_every_layout_multiplies_to_the_gpus_and_none_repeats(gpus):
     assert len(set(layouts)) == len(layouts)
     for layout in layouts:
         assert layout.world_size == gpus and layout.cfg in (1, 2) and layout.fsdp_size in (1, layout.group_size // (layout.tp * layout.pp))
-        assert not layout.fsdp or (layout.group_size > 1 and layout.distrifusion == 1)
+        assert not layout.fsdp or (layout.fsdp_size > 1 and layout.distrifusion == 1)
         assert not layout.problems()
     plain = {layout for layout in layouts if not layout.fsdp}
     assert ParallelDims(dp=gpus) in plain and ParallelDims(ulysses=gpus) in plain and ParallelDims(ring=gpus) in plain

@@ -61,7 +61,7 @@ def encoded_by_attempt(store: RunStore) -> dict[str, set[str]]:
     """{attempt: ids of the jobs whose media it encoded} (each job's media is encoded by its group leader)."""
     found: dict[str, set[str]] = defaultdict(set)
     for row in store.read_timings().to_pylist():
-        if row["stage"] == "encode_media":
+        if row["stage"] == "compress":
             found[row["run_id"]].add(row["job_id"])
     return dict(found)
 

@@ -59,6 +59,6 @@ def test_kill_9_then_resume_loses_and_repeats_nothing(tmp_path):
     # Nothing done before the kill was generated again: the second attempt's media encodes are the rest.
     timings = pq.read_table(out / "timings").to_pylist()
     attempts = sorted({row["run_id"] for row in timings})
-    encoded_later = {row["job_id"] for row in timings if row["stage"] == "encode_media" and row["run_id"] == attempts[-1]}
-    assert encoded_later == {row["id"] for row in ROWS} - done_before, (attempts, sorted(done_before), [(r["run_id"], r["job_id"], r["stage"]) for r in timings if r["stage"] == "encode_media"])
+    encoded_later = {row["job_id"] for row in timings if row["stage"] == "compress" and row["run_id"] == attempts[-1]}
+    assert encoded_later == {row["id"] for row in ROWS} - done_before, (attempts, sorted(done_before), [(r["run_id"], r["job_id"], r["stage"]) for r in timings if r["stage"] == "compress"])
     assert not [name for name in os.listdir(out / "outputs") if name.startswith(".") or ".tmp" in name]

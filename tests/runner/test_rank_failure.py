@@ -1,5 +1,6 @@
 """A rank that dies or hangs mid-job makes the others fail within the collective timeout, with an error that
-names the rank and the job; the job is recorded failed; nothing hangs; the run exits 75 and a rerun finishes."""
+names the rank and the job; the job is recorded failed; nothing hangs; the run exits 75 and a rerun finishes.
+Neither prints a Python warning raised from genbatch's own code."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ import time
 
 import pytest
 
-from tests.support.runs import gen, start_gen, write_manifest
+from tests.support.own_warnings import genbatch_warnings, probe_env, probed_processes
+from tests.support.runs import REPO, gen, start_gen, write_manifest
 
 pytestmark = pytest.mark.processes  # each test is about processes: fresh ones, never the pool
 
@@ -52,7 +54,8 @@ def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
     manifest = write_manifest(str(tmp_path / "m.parquet"), ROWS)
     out = tmp_path / "out"
     process = start_gen("run", manifest, "--out", str(out), "--nproc", "2", "--ulysses", "2",
-                        "--collective-timeout", "15", "-q")  # a loaded machine's skew between ranks stays under it
+                        "--collective-timeout", "15", "-q",  # a loaded machine's skew between ranks stays under it
+                        env=probe_env(REPO))  # each warning printed says whose code raised it or called what did
     deadline = time.monotonic() + 180
     while not _mid_job(out) and time.monotonic() < deadline and process.poll() is None:
         time.sleep(0.1)
@@ -67,6 +70,9 @@ def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
         with contextlib.suppress(ProcessLookupError):  # what a cluster does to a hung process in the end
             os.kill(victim, signal.SIGKILL)
     _, stderr = process.communicate(timeout=60)
+    # `gen run --nproc 2 --ulysses 2`'s start-up and steps print no Python warning of genbatch's own making
+    assert probed_processes(stderr) >= 3, stderr[-3000:]  # the launcher and both ranks were probed
+    assert not genbatch_warnings(stderr), genbatch_warnings(stderr)
     # the group cannot go on: the run stops as "rerun to continue", like a preemption
     assert process.returncode == 75, stderr
     assert "this group cannot go on" in stderr and "rerun the same command to continue" in stderr
@@ -74,11 +80,13 @@ def test_a_lost_rank_fails_the_job_naming_rank_and_job(fault, tmp_path):
     assert len(failed) == 1 and failed[0]["failed_in"] and len(failed[0]["failed_in"]) == 1
     error = json.dumps(failed[0])
     job_id = [row["id"] for row in ROWS if row["id"] in error][0]
-    assert f"job {job_id}" in error and "rank" in error and "1" in error
+    assert f"job {job_id}" in error and "rank 1 stopped responding" in error  # the lost rank, by number
     assert not (out / "done" / f"{job_id}.json").exists()
     if fault == "dies-then-rerun":  # and the rerun does continue: every job done, the failed one included
-        rerun = gen("run", manifest, "--out", str(out), "--nproc", "2", "--ulysses", "2", "-q", timeout=300)
+        rerun = gen("run", manifest, "--out", str(out), "--nproc", "2", "--ulysses", "2", "-q", timeout=300,
+                    env=probe_env(REPO))
         assert rerun.returncode == 0, rerun.stderr[-3000:]
+        assert not genbatch_warnings(rerun.stderr), genbatch_warnings(rerun.stderr)  # decode and write too
         assert sorted(os.listdir(out / "done")) == sorted(f"{row['id']}.json" for row in ROWS)
 
 

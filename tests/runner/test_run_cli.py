@@ -47,7 +47,7 @@ def test_outputs_results_and_rejections(finished_run):
     assert ("bad-size", "width") in reasons and (("", "id") in reasons or (None, "id") in reasons)
     # said at once, not only in the table: which rows will not run, why, and where the list is
     assert "genbatch: rejected row 2 (id 'bad-size'): column 'width'" in first.stderr
-    assert f"2 rejected row(s), each with its reason, in {out}/rejected/" in first.stderr
+    assert f"2 rejected rows, each with its reason, in {out}/rejected/" in first.stderr
 
 
 def test_every_denoising_step_is_timed(finished_run):
@@ -56,7 +56,7 @@ def test_every_denoising_step_is_timed(finished_run):
     steps = {(row["job_id"], row["step"]) for row in timings if row["stage"] == "denoise_step"}
     assert steps == {("fox", 0), ("fox", 1), ("fox", 2), ("owl", 0), ("owl", 1)}
     stages = {row["stage"] for row in timings if row["job_id"] == "fox"}
-    assert {"text_encode", "denoise_step", "vae_decode", "encode_media", "write"} <= stages
+    assert {"text_encode", "denoise_step", "vae_decode", "compress", "write"} <= stages
     assert all(row["seconds"] >= 0 and row["start"] > 1.7e9 for row in timings)
     assert {row["layout"] for row in timings} == {"single"}  # the layout's name (`ParallelDims.name`)
 
@@ -122,7 +122,7 @@ def test_a_job_that_keeps_failing_is_tried_in_at_most_max_attempts_runs(tmp_path
     assert (second.returncode, failed_runs) == (1, 2), second.stderr  # retried
     third, failed_runs = attempt()
     assert (third.returncode, failed_runs) == (1, 2), third.stderr  # left alone, still counted failed
-    assert "not trying again 1 job(s) that failed in 2 or more runs: explodes (2 runs)" in third.stderr
+    assert "not trying again 1 job that failed in 2 or more runs: explodes (2 runs)" in third.stderr
     assert "--max-attempts" in third.stderr and "1 not tried again" in third.stderr
     results = {row["id"]: row for row in pq.read_table(out / "results").to_pylist()}
     assert results["explodes"]["status"] == "failed" and results["explodes"]["failed_runs"] == 2

@@ -82,7 +82,7 @@ def test_a_cause_shared_by_every_row_is_said_once_and_the_run_exits_1(tmp_path):
         + rejected_lines[0].split("is not a preset", 1)[1]
     ]
     assert rejected_lines[0].endswith("(row 0 (id 'row-0'), row 1 (id 'row-1'), row 2 (id 'row-2') and 1997 more)")
-    assert f"{ROWS} rejected row(s), each with its reason, in {out}/rejected/" in result.stderr
+    assert f"{ROWS} rejected rows, each with its reason, in {out}/rejected/" in result.stderr
     assert "every row of" in result.stderr and "was rejected, nothing was run" in result.stderr
     assert len(result.stderr.splitlines()) < 10
     assert pq.read_table(out / "rejected").column("id").to_pylist() == ids
@@ -100,7 +100,7 @@ def test_causes_after_the_first_five_are_counted_and_the_valid_rows_run(tmp_path
     rejected_lines = [line for line in result.stderr.splitlines() if line.startswith("genbatch: rejected")]
     assert len(rejected_lines) == 5, result.stderr
     assert rejected_lines[0] == "genbatch: rejected row 0 (id 'r1'): column 'width': 65 is not a multiple of 16 (use 64)"
-    assert "7 rejected row(s) (2 more cause(s) not shown), each with its reason" in result.stderr
+    assert "7 rejected rows (2 more causes not shown), each with its reason" in result.stderr
 
 
 def test_status_counts_rows_against_the_runs_model(big_manifest, tmp_path):

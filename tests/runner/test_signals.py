@@ -57,6 +57,7 @@ def test_a_signal_during_the_rendezvous_ends_the_rank_at_once(signum, status, tm
     assert time.monotonic() - sent < LIMIT_S, stderr
     assert process.returncode == status, stderr
     assert f"{signal.Signals(signum).name} received during the rendezvous" in stderr
+    assert "rerun the same command to continue" in stderr  # SIGINT's too: the state is kept, a rerun resumes
 
 
 def _start_launcher(manifest: str, out: str, *args: str) -> subprocess.Popen:
@@ -131,3 +132,4 @@ def test_sigint_inside_a_job_exits_130(tmp_path):
     _, stderr = process.communicate(timeout=60)
     assert process.returncode == exit_codes.INTERRUPTED, stderr
     assert "interrupted (SIGINT)" in stderr and not store.done_ids()
+    assert "rerun the same command to continue from the last checkpoint" in stderr

@@ -186,7 +186,7 @@ def test_e_srun_tasks_without_torchrun_form_one_run(slurm_cluster, short_runs):
     assert info["world_size"] == 2 and info["layout"] == "dp2", info
     timings = RunStore(str(out)).read_timings().to_pylist()
     assert {row["rank"] for row in timings} == {0, 1}  # both tasks worked, as ranks of one run
-    encodes = [row["job_id"] for row in timings if row["stage"] == "encode_media"]
+    encodes = [row["job_id"] for row in timings if row["stage"] == "compress"]
     assert sorted(encodes) == sorted(set(encodes)) and len(encodes) == 3  # every job generated once
 
 
