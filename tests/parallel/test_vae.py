@@ -6,7 +6,7 @@ the latent whole (the reference) and then in parallel; heights that do not divid
 short height (2-D tiles), a batch of two, real 32-group GroupNorm and a wider Wan VAE are all covered.
 
 The decode is one rank's within floating-point rounding, not bit for bit, so a few 8-bit pixel values may round
-the other way: the frames written are held to at most one level apart, in at most 1 of 10^4 values, on a
+the other way: the frames written are held to at most one level apart, in at most 1 of 10^3 values, on a
 bench-wan-sized clip too (bench-wan's VAE is the tiny one, at 128x128 x 17 frames here).
 """
 
@@ -21,8 +21,9 @@ import torch.distributed as dist
 from tests.support.distributed import run_on_ranks
 
 TOLERANCE = 1e-4
-LEVEL_SHARE = 1e-4
-"""The largest share of 8-bit frame values that may round to the neighbouring level (measured: 4e-6)."""
+LEVEL_SHARE = 1e-3
+"""The largest share of 8-bit frame values that may round to the neighbouring level (measured: 4e-6 on bench-wan's
+VAE at 256x256 x 17 frames, 4e-5 on LTX-2's published VAE; a wrong tile moves most of its values, by many levels)."""
 WORLD_SIZES = (2, 4)
 
 WIDE_WAN_VAE = dict(base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True])
