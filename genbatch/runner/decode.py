@@ -1,6 +1,7 @@
 """VAE decode for a job group in one of four modes (`gen run --vae-decode`):
 
-- `parallel`: patch-parallel over the job group (`genbatch.parallel.vae`): every rank decodes a strip, exact;
+- `parallel`: patch-parallel over the job group (`genbatch.parallel.vae`): every rank decodes a strip, exact
+  within floating-point rounding (not bit for bit);
 - `full`: the group's leader decodes alone with the pipeline's own decode, exact;
 - `tiled`: the leader decodes alone with the VAE's own tiling (diffusers' `enable_tiling`): the least memory, but
   tiles are blended, so the output is not the full decode's;

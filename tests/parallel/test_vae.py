@@ -4,6 +4,10 @@ Each world size is launched once (a launch costs seconds of imports) and runs ev
 check each case's result, so a failure names its case. Every rank builds the same VAE from a seed, decodes
 the latent whole (the reference) and then in parallel; heights that do not divide by the group size, a
 short height (2-D tiles), a batch of two, real 32-group GroupNorm and a wider Wan VAE are all covered.
+
+The decode is one rank's within floating-point rounding, not bit for bit, so a few 8-bit pixel values may round
+the other way: the frames written are held to at most one level apart, in at most 1 of 10^3 values, on a
+bench-wan-sized clip too (bench-wan's VAE is the tiny one, at 128x128 x 17 frames here).
 """
 
 from __future__ import annotations
@@ -17,6 +21,9 @@ import torch.distributed as dist
 from tests.support.distributed import run_on_ranks
 
 TOLERANCE = 1e-4
+LEVEL_SHARE = 1e-3
+"""The largest share of 8-bit frame values that may round to the neighbouring level (measured: 4e-6 on bench-wan's
+VAE at 256x256 x 17 frames, 4e-5 on LTX-2's published VAE; a wrong tile moves most of its values, by many levels)."""
 WORLD_SIZES = (2, 4)
 
 WIDE_WAN_VAE = dict(base_dim=16, z_dim=16, dim_mult=[1, 2, 4, 4], num_res_blocks=1, temperal_downsample=[False, True, True])
@@ -71,6 +78,7 @@ CASES = [
     Case(name="wan-tiny-h3-tiles", family="wan", config="tiny", latent=(1, 16, 2, 3, 6)),
     Case(name="wan-tiny-h1-columns", family="wan", config="tiny", latent=(1, 16, 2, 1, 7)),
     Case(name="wan-wide-h7", family="wan", config="wide", latent=(1, 16, 2, 7, 5)),
+    Case(name="wan-tiny-bench-clip", family="wan", config="tiny", latent=(1, 16, 5, 16, 16)),
     Case(name="wan22-residual-patched-h7", family="wan", config="wan22", latent=(1, 16, 3, 7, 5)),
     Case(name="qwen-image-tiny-h7", family="qwen-image", config="tiny", latent=(1, 4, 1, 7, 6)),
     Case(name="image-tiny-h7", family="image", config="tiny", latent=(1, 16, 7, 6), tiling_on=True),
@@ -132,6 +140,17 @@ def run_all(rank: int, world_size: int, cases: list[Case]) -> dict:
     return dict(decode=run_cases(rank, world_size, cases), norm=run_norms(rank, world_size))
 
 
+def _levels_apart(image: torch.Tensor, reference: torch.Tensor) -> tuple[int, int, int]:
+    """(most levels apart, values apart, values) of the two decodes as the 8-bit frames genbatch writes."""
+    from genbatch.models.hooks import to_uint8
+
+    def pixels(x):  # the pipelines' postprocess: [-1, 1] -> [0, 1], then genbatch's rounding
+        return torch.from_numpy(to_uint8((x / 2 + 0.5).clamp(0, 1).numpy())).int()
+
+    apart = (pixels(image) - pixels(reference)).abs()
+    return int(apart.max()), int((apart > 0).sum()), apart.numel()
+
+
 def run_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]:
     from genbatch.parallel.comm import Comm, CommLedger
     from genbatch.parallel.vae import parallel_decode
@@ -150,10 +169,12 @@ def run_cases(rank: int, world_size: int, cases: list[Case]) -> list[dict]:
         vae.use_tiling = False
         with torch.no_grad():
             again = vae.decode(latents).sample
+        comparable = image is not None and image.shape == reference.shape
         results.append(
             dict(
                 got=image is not None,
-                diff=None if image is None or image.shape != reference.shape else (image - reference).abs().max().item(),
+                diff=(image - reference).abs().max().item() if comparable else None,
+                levels=_levels_apart(image, reference) if comparable else None,
                 shape_ok=image is None or image.shape == reference.shape,
                 restored=not swapped and tiling_after == case.tiling_on and torch.equal(again, reference),
                 sent=comm.ledger.take(),
@@ -180,6 +201,15 @@ def test_parallel_decode_equals_one_rank_decode(outcomes, case):
     assert all(r["shape_ok"] for r in ranks)
     diffs = [r["diff"] for r in ranks if r["got"]]
     assert max(diffs) <= TOLERANCE, diffs
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_parallel_frames_are_one_rank_frames_to_one_level(outcomes, case):
+    """Rounding apart, not a wrong tile: an 8-bit value may differ by one level, and only rarely."""
+    _, by_case = outcomes
+    for levels in [r["levels"] for r in by_case[case.name] if r["got"]]:
+        most, apart, values = levels
+        assert most <= 1 and apart <= LEVEL_SHARE * values + 2, levels
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)

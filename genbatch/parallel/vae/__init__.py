@@ -1,4 +1,5 @@
-"""Patch-parallel VAE decode and encode: every rank of a group works on a tile; the result is exact.
+"""Patch-parallel VAE decode and encode: every rank of a group works on a tile; the result is one rank's within
+floating-point rounding (the same terms, summed in another order; not bit for bit).
 
     from genbatch.parallel.vae import supports_parallel_decode, parallel_decode, decode_fallback, peak_memory
     from genbatch.parallel.vae import supports_parallel_encode, parallel_encode, parallel_encoding

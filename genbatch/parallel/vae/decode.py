@@ -6,7 +6,9 @@
 
 `latents` is what the pipeline hands to `vae.decode` (already un-normalised) and must be identical on every
 rank. Each rank decodes its tile of the latent with the decoder's halos, norms and attention made global
-(see `forwards.py`), so the result equals a one-rank decode while each rank holds about 1/p of the activations.
+(see `forwards.py`), so the result equals a one-rank decode within floating-point rounding (every layer adds the
+same terms, tiles and all-gathered norm statistics in another order: not bit for bit) while each rank holds about
+1/p of the activations.
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ The pixels are cut by the grid of the latent they become (`tile_grid` in latent 
 spatial factor), so every tile edge is a multiple of each downsampling's stride. Each rank encodes its tile
 with the encoder's halos (and, before each stride-2 convolution, the row and column the whole image's pad
 would read, from the neighbours) and its mid-block attention made global (see `forwards.py`): the latent equals a
-one-rank encode while each rank holds about 1/p of the activations, the part of an image-to-video job at 720p
-that does not fit one GPU otherwise.
+one-rank encode within floating-point rounding while each rank holds about 1/p of the activations, the part of an
+image-to-video job at 720p that does not fit one GPU otherwise.
 """
 
 from __future__ import annotations
