@@ -26,6 +26,7 @@ def _batches(out) -> dict[str, tuple[str, int]]:
     return {row["id"]: (row["batch_id"], row["batch_size"]) for row in table}
 
 
+@pytest.mark.slow  # a kill mid-batch and its resume: tests/runner/test_kill_resume.py kills and resumes in make test
 def test_a_killed_batched_run_resumes_to_the_same_batches_and_bytes(tmp_path):
     import torch
 

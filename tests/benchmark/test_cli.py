@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from genbatch.benchmark.nightly import REGRESSION
 from genbatch.jobs.exit_codes import JOBS_FAILED, OK, USAGE
 from tests.benchmark.conftest import scaled_copy
@@ -37,6 +39,7 @@ def test_existing_report_is_kept_without_overwrite(tiny_report):
     assert "already holds a report" in result.stderr and "--overwrite" in result.stderr
 
 
+@pytest.mark.slow  # two more nights: test_compare.py holds the verdicts on the same report in make test
 def test_exit_status_against_baselines(tiny_report, tmp_path):
     """A baseline 1000x faster than the run it was made from: exit 3 and the comparison in the report; one
     1000x slower: exit 0. (Tiny steps take milliseconds, so a loaded machine can slow a run 20x: the

@@ -22,6 +22,7 @@ def crash_manifest(tmp_path_factory):
     return manifest, uninterrupted_outputs(manifest, str(root / "reference"))
 
 
+@pytest.mark.slow  # the harness's closed-pipe kills: test_stop_closed_pipe.py's launcher deaths hold this in make test
 def test_a_launcher_killed_with_its_pipes_closed_leaves_no_process_behind(crash_manifest, tmp_path):
     manifest, reference = crash_manifest
     report = crash_trials(lambda index: Target(url=str(tmp_path / f"trial{index}")), manifest=manifest,
