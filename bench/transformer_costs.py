@@ -11,8 +11,11 @@ prices; an edit or reference-image model with its input image's tokens at the ou
 counts them) under torch's `FlopCounterMode`. Nothing is computed: meta tensors carry shapes only, and the FLOP
 counter prices each matmul, convolution and attention call from them. Beside each count the script prints the
 planner's: FLOPs of one forward (`genbatch.planner.cost.forward_flops`) and weight bytes (`ModelShape.parameters`
-at `BYTES_PER_VALUE`), with their ratio planner / counted. It exits with status 1 when any ratio is outside
-[0.75, 1.25].
+at `BYTES_PER_VALUE`), with their ratio planner / counted. A transformer that keeps its prefix's keys and values
+from the first step (Qwen-Image 2.1) is counted as the runner steps it: the first step's forward over the whole
+sequence filling the cache, the later steps' over the output's tokens against it, averaged over the default steps;
+the cache's bytes are printed beside the planner's (`memory.kept_prefix_bytes`). It exits with status 1 when any
+ratio is outside [0.75, 1.25].
 
 Some forwards read the values of small index tensors (a text mask's valid tokens, a block-causal layout's image
 positions), which meta tensors do not have. `ShadowValues` keeps a CPU copy beside every small meta tensor made
@@ -327,6 +330,10 @@ class Count:
     counted_bytes: float
     planner_bytes: float
     seconds: float
+    counted_kept: float = 0.0
+    """Bytes of the keys and values the transformer keeps from its first step (its cache once filled); 0: none."""
+    planner_kept: float = 0.0
+    """The planner's (`memory.kept_prefix_bytes`, one rank, the branch counted)."""
 
     @property
     def flops_ratio(self) -> float:
@@ -337,8 +344,13 @@ class Count:
         return self.planner_bytes / self.counted_bytes
 
     @property
+    def kept_ratio(self) -> float | None:
+        return self.planner_kept / self.counted_kept if self.counted_kept else None
+
+    @property
     def within(self) -> bool:
-        return all(abs(ratio - 1) <= WITHIN for ratio in (self.flops_ratio, self.bytes_ratio))
+        ratios = (self.flops_ratio, self.bytes_ratio, self.kept_ratio if self.counted_kept else 1.0)
+        return all(abs(ratio - 1) <= WITHIN for ratio in ratios) and bool(self.counted_kept) == bool(self.planner_kept)
 
 
 def published_models() -> dict[str, tuple[str, Mapping[str, Any]]]:
@@ -390,18 +402,31 @@ def count_forward(model: torch.nn.Module, forwards: dict | list[tuple[float, dic
 
 def count(name: str) -> Count:
     """Count the published model `name`'s transformer beside the planner's prices."""
+    from genbatch.parallel.dims import ParallelDims
     from genbatch.planner.cost import forward_flops
+    from genbatch.planner.memory import kept_prefix_bytes
     from genbatch.planner.workload import BYTES_PER_VALUE
 
     start = time.perf_counter()
     transformer, config = published_models()[name]
     work, grid = workload_grid(name)
     model = build(transformer, config)
-    flops = count_forward(model, INPUTS[transformer](config, grid))
+    forwards = INPUTS[transformer](config, grid)
+    flops = count_forward(model, forwards)
     weights = sum(tensor.numel() * tensor.element_size() for tensor in (*model.parameters(), *model.buffers()))
+    one_branch = ParallelDims(cfg=2) if work.shape.uses_cfg else ParallelDims()  # the planner's, for one branch
     return Count(name=name, transformer=transformer, counted_flops=flops, planner_flops=forward_flops(work),
                  counted_bytes=float(weights), planner_bytes=work.shape.parameters * BYTES_PER_VALUE,
-                 seconds=time.perf_counter() - start)
+                 seconds=time.perf_counter() - start, counted_kept=kept_bytes(forwards),
+                 planner_kept=kept_prefix_bytes(one_branch, work))
+
+
+def kept_bytes(forwards: dict | list[tuple[float, dict]]) -> float:
+    """Bytes of the keys and values held in the forwards' caches (`kv_cache`, filled by the first): 0 without."""
+    caches = {id(inputs["kv_cache"]): inputs["kv_cache"] for _, inputs in
+              (forwards if isinstance(forwards, list) else [(1.0, forwards)]) if inputs.get("kv_cache") is not None}
+    return float(sum(tensor.numel() * tensor.element_size() for cache in caches.values()
+                     for layer in cache.layer_caches for tensor in (layer.k, layer.v) if tensor is not None))
 
 
 HEADER = (f"{'model':28s} {'transformer':34s} {'TFLOP counted':>13s} {'planner':>9s} {'ratio':>6s}   "
@@ -412,7 +437,10 @@ def line(result: Count) -> str:
     verdict = "" if result.within else f"  OUTSIDE {WITHIN:.0%}"
     return (f"{result.name:28s} {result.transformer:34s} {result.counted_flops / 1e12:13.2f} "
             f"{result.planner_flops / 1e12:9.2f} {result.flops_ratio:6.3f}   {result.counted_bytes / 1e9:10.2f} "
-            f"{result.planner_bytes / 1e9:8.2f} {result.bytes_ratio:6.3f}{verdict}  ({result.seconds:.1f} s)")
+            f"{result.planner_bytes / 1e9:8.2f} {result.bytes_ratio:6.3f}{verdict}  ({result.seconds:.1f} s)"
+            + (f"\n{'':28s} {'  kept keys and values (one branch)':34s} {'':13s} {'':9s} {'':6s}   "
+               f"{result.counted_kept / 1e9:10.2f} {result.planner_kept / 1e9:8.2f} {result.kept_ratio:6.3f}"
+               if result.counted_kept else ""))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -36,6 +36,8 @@ def test_new_transformers_are_priced_within_a_quarter_of_their_counts(name):
     assert result.counted_flops > 0 and result.counted_bytes > 0
     assert abs(result.flops_ratio - 1) <= BENCH.WITHIN, BENCH.line(result)
     assert abs(result.bytes_ratio - 1) <= BENCH.WITHIN, BENCH.line(result)
+    assert result.within, BENCH.line(result)  # and the kept keys and values of a model that keeps them
+    assert bool(result.counted_kept) == (name == "qwen-image-2.1")
 
 
 @pytest.mark.slow
@@ -72,3 +74,20 @@ def test_shadow_values_answer_the_reads_meta_tensors_cannot():
         listed = ids.tolist()
     assert picked.shape == (1, 3, 8) and picked.device.type == "meta"
     assert count == 3 and listed == [7, -1, 8, 9]
+
+
+def test_the_planners_memory_holds_the_kept_keys_and_values():
+    from dataclasses import replace
+
+    from genbatch.parallel.dims import ParallelDims
+    from genbatch.planner.hardware import GIB
+    from genbatch.planner.memory import kept_prefix_bytes, memory_per_rank
+
+    work, _ = BENCH.workload_grid("qwen-image-2.1")
+    forgetful = replace(work, shape=replace(work.shape, keeps_prefix_kv=False))
+    for layout in (ParallelDims(), ParallelDims(tp=2)):
+        kept = kept_prefix_bytes(layout, work)
+        added = memory_per_rank(layout, work)["activations"] - memory_per_rank(layout, forgetful)["activations"]
+        assert kept > 0 and added == pytest.approx(kept / GIB)
+    assert kept_prefix_bytes(ParallelDims(tp=2), work) == kept_prefix_bytes(ParallelDims(), work) / 2
+    assert kept_prefix_bytes(ParallelDims(), BENCH.workload_grid("flux.2-klein")[0]) == 0
