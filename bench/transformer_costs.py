@@ -9,7 +9,8 @@ device, in bf16 as the runner loads it (diffusers' `_keep_in_fp32_modules` in fp
 planner's default workload (`make_workload` of its `PUBLISHED` shape: the size, frames and text tokens the planner
 prices; an edit or reference-image model with its input image's tokens at the output's size, as the planner
 counts them) under torch's `FlopCounterMode`. Nothing is computed: meta tensors carry shapes only, and the FLOP
-counter prices each matmul, convolution and attention call from them. Beside each count the script prints the
+counter prices each matmul, convolution and attention call from them (elementwise work, norms and softmax are not
+counted, and the planner's formula leaves them out too). Beside each count the script prints the
 planner's: FLOPs of one forward (`genbatch.planner.cost.forward_flops`) and weight bytes (`ModelShape.parameters`
 at `BYTES_PER_VALUE`), with their ratio planner / counted. A transformer that keeps its prefix's keys and values
 from the first step (Qwen-Image 2.1) is counted as the runner steps it: the first step's forward over the whole

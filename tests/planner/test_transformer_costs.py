@@ -25,8 +25,8 @@ def _bench():
 
 BENCH = _bench()
 FAST = ("flux.2-klein", "qwen-image-2.1")
-"""One forward each in about a second: FLUX.2's blocks, and the block-causal transformer whose forward reads its
-index tensors' values and whose later steps run against its kept keys and values."""
+"""A few seconds together: FLUX.2's blocks, and the block-causal transformer whose forward reads its index tensors'
+values and whose later steps run against its kept keys and values. The others are slow (`make test-slow`)."""
 SLOW = ("flux.2-dev", "z-image-turbo", "hunyuanvideo-1.5-720p", "ltx-2")
 
 
