@@ -176,6 +176,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         path=path,
         media_inputs=("image",),
         joins_image_tokens=True,
+        keeps_prefix_kv=bool(transformer.get("causal_condition", True)),  # diffusers' default: True
         tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer({"transformer_blocks": transformer["num_layers"]}),
     )
 

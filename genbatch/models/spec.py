@@ -77,6 +77,11 @@ class ModelSpec:
     `TensorSplits.all_reduces_per_layer` of its block counts (seed 000's 2; Wan 3; FLUX and HunyuanVideo between
     1 and 2 by their dual- and single-stream blocks). What the planner charges a layer."""
 
+    keeps_prefix_kv: bool = False
+    """True when the transformer keeps the keys and values of the tokens before the output's (the text and a
+    condition image) from the first step and runs every later step on the output's tokens alone against them
+    (Qwen-Image 2.1's block-causal transformer with `causal_condition`: the pipeline's `use_kv_cache`)."""
+
     audio_tokens_per_frame: float = 0.0
     """Audio tokens the transformer denoises beside the video's, per output frame (LTX-2: its audio latent's rate
     over the video's frame rate); 0 for a model without sound."""

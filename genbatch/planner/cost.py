@@ -3,7 +3,10 @@
 Compute: per layer, 2 x tokens x (4d^2 + 2 d ffn [+ 2d^2 cross-attention]) linear FLOPs and 4 N^2 d attention
 FLOPs (4 N T d for Wan's cross-attention), at a fraction of the GPU's peak. The linear layers lose
 efficiency as each rank's GEMMs shrink to N/p rows (seed 000 §2.2), and every layer costs a fixed overhead
-that splitting does not shrink.
+that splitting does not shrink. A model that keeps the prefix's keys and values (`ModelSpec.keeps_prefix_kv`:
+Qwen-Image 2.1) runs all N tokens at its first step and the output's alone after, against all N keys: its
+queries are the output's tokens plus the prefix's over the steps. `forward_flops` is one forward's total;
+`bench/transformer_costs.py` holds it to FLOPs counted on every published transformer.
 
 Communication per rank per layer, from seed 000 §1's table, over the slowest link the axis crosses:
 Ulysses 4(p-1)/p^2 N d (four all-to-alls, not overlapped); Ring 2(p-1)/p N d (K/V passed around the ring,
@@ -210,13 +213,27 @@ def _flops(layout: ParallelDims, work: Workload, *, patches: int) -> tuple[float
     shape = work.shape
     n, d, text, tp, batch = work.sequence, shape.hidden_size, shape.text_tokens, layout.tp, work.batch
     cross = not shape.joint_text
+    queries = n
+    if shape.keeps_prefix_kv:
+        # the text's and condition image's keys and values are computed at the first step and kept: a later
+        # step runs the output's tokens alone through every layer, attending to all n keys (Qwen-Image 2.1)
+        own = work.image_tokens
+        queries = own + (n - own) / work.steps
     # this rank's queries: its sequence shard (or DistriFusion patch) of each of the batch's rows
-    tokens = batch * n / token_shards(layout)
+    tokens = batch * queries / token_shards(layout)
     linear = 2 * tokens * (4 * d * d + 2 * d * shape.ffn_dim + (2 * d * d if cross else 0)) / tp
     linear += (4 * batch * text * d * d / tp) if cross else 0.0  # each row's text K/V projections, on every rank
     attention = 4 * tokens * (n + (text if cross else 0)) * d / tp  # each row attends over its own n keys
     rows = tokens / (patches * tp)  # TP narrows each GEMM as much as fewer rows would
     return linear, attention, rows
+
+
+def forward_flops(work: Workload) -> float:
+    """FLOPs of one transformer forward of the workload's batch on one rank: `_flops`' linear and attention FLOPs
+    of a layer, times the layers (`bench/transformer_costs.py` holds it to FLOPs counted on each published model's
+    transformer)."""
+    linear, attention, _ = _flops(ParallelDims(), work, patches=1)
+    return work.shape.num_layers * (linear + attention)
 
 
 def _forwards_and_layers(layout: ParallelDims, work: Workload) -> tuple[int, float]:

@@ -6,6 +6,8 @@ encode. Seed 000 gives the rules: weights are replicated under
 sequence, CFG and DistriFusion parallel and split 1/p under FSDP (text encoders too), TP and PipeFusion (by
 layer); activations split 1/p under sequence parallel and DistriFusion (each rank holds [N/p, d]). Stale K/V, per
 CFG branch a rank runs: PipeFusion 2 x N x d x L/p (a stage's layers) over its sequence ranks, DistriFusion 2 x N x d x L (`stale_fit`).
+A model that keeps its prefix's keys and values (Qwen-Image 2.1) holds 2 x prefix x d x L per branch beside the
+activations (`kept_prefix_bytes`; `bench/transformer_costs.py` counts the cache diffusers fills).
 The VAE decode peak is the decoder's own (`vae_memory`: frame-causal, framewise or tiled as diffusers decodes),
 split 1/p with patch parallel over the job's group (§7.1). The VAE encode's is the encoder's own (`vae_encode`:
 Wan's frame-causal chunks, an image VAE whole, beside the input the pipeline built), split 1/p over the job's
@@ -111,6 +113,18 @@ def text_encoder_gib(layout: ParallelDims, work: Workload) -> float:
     return shape.text_encoder_parameters * work.text_encoder_bytes_per_value / layout.fsdp_size / GIB
 
 
+def kept_prefix_bytes(layout: ParallelDims, work: Workload) -> float:
+    """Bytes of the prefix's keys and values a model that keeps them (`ModelSpec.keeps_prefix_kv`: Qwen-Image 2.1)
+    holds on one rank through the denoise: K and V of the tokens before the output's (text and condition image),
+    every layer, for each CFG branch the rank runs (each branch keeps its own), split by TP heads; 0 for others."""
+    shape = work.shape
+    if not shape.keeps_prefix_kv:
+        return 0.0
+    prefix = work.sequence - work.image_tokens
+    return (work.batch * 2 * prefix * shape.hidden_size * BYTES_PER_VALUE * shape.num_layers / layout.tp
+            * branches_per_rank(shape, layout))
+
+
 def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") -> dict[str, float]:
     """GiB per rank by part with the VAE decoded in mode `decode`, and `total` (the peak): on the group's
     leader, the fullest rank (it gathers the decoded output)."""
@@ -133,6 +147,7 @@ def memory_per_rank(layout: ParallelDims, work: Workload, decode: str = "full") 
         branches = branches_per_rank(shape, layout)
         split = layout.tp * layout.ulysses * layout.ring
         stale_kv = work.batch * 2 * work.sequence * d * BYTES_PER_VALUE * (layers / layout.pp) / split * branches
+    activations += kept_prefix_bytes(layout, work)  # alive beside every step's activations
     parts = {
         "weights": weights / GIB,
         "text_encoder": 0.0 if work.offload_text_encoder else text_encoder_gib(layout, work),
