@@ -244,7 +244,7 @@ def test_a_sample_sigmas_grid_sets_the_steps_and_the_hub_id_resolves(directory, 
         np.testing.assert_array_equal(ours, theirs)
         pipe = load_pipeline(resolve_model(str(turbo)), torch.device("cpu"), torch.float32)
         with pytest.raises(ValueError, match="3-step sigma grid.*set num_inference_steps to 3"):
-            family("qwen-image-21").hooks.trajectory(pipe, replace(spec_job, num_inference_steps=5),
+            family("qwen-image-21").hooks.trajectory(pipe, PreparedJob.of(replace(spec_job, num_inference_steps=5)),
                                                       torch.Generator().manual_seed(0), torch.device("cpu"))
     finally:
         resolve_model.cache_clear()
