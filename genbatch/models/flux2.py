@@ -82,7 +82,7 @@ def flux2_spec(name: str, family: str, transformer: Mapping[str, Any], vae: Mapp
         name=name, family=family, is_video=False, uses_cfg=uses_cfg, size_multiple=spatial * 2, frame_multiple=1,
         vae_spatial=spatial, patch_size=(2, 2), num_layers=sum(layers.values()), num_heads=heads, head_dim=head_dim,
         text_tokens=MAX_SEQUENCE_LENGTH, joint_text=True,
-        ffn_dim=int(heads * head_dim * transformer.get("mlp_ratio", 3.0)),
+        ffn_dim=int(heads * head_dim * transformer.get("mlp_ratio", 3.0)), mlp_matrices=3,  # SwiGLU
         out_channels=transformer.get("in_channels", 128) // 4,  # per latent pixel; 4 of them make a token
         defaults=dict(defaults), path=path, media_inputs=("image",), joins_image_tokens=True,
         tp_all_reduces=TENSOR_SPLITS.all_reduces_per_layer(layers),

@@ -171,6 +171,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         text_tokens=TEXT_TOKENS,
         joint_text=True,
         ffn_dim=heads * head_dim * transformer.get("mlp_ratio", 3),
+        mlp_matrices=3,  # SwiGLU
         out_channels=transformer.get("out_channels") or transformer["in_channels"],
         defaults=dict(defaults),
         path=path,

@@ -77,6 +77,10 @@ class ModelSpec:
     `TensorSplits.all_reduces_per_layer` of its block counts (seed 000's 2; Wan 3; FLUX and HunyuanVideo between
     1 and 2 by their dual- and single-stream blocks). What the planner charges a layer."""
 
+    mlp_matrices: int = 2
+    """The weight matrices of a layer's MLP, each `hidden_size x ffn_dim`: 2 (in and out) for a GELU MLP, 3 for a
+    gated one (SwiGLU: gate, up and down; FLUX.2, Z-Image, Qwen-Image 2.1). What the planner charges its GEMMs."""
+
     keeps_prefix_kv: bool = False
     """True when the transformer keeps the keys and values of the tokens before the output's (the text and a
     condition image) from the first step and runs every later step on the output's tokens alone against them

@@ -131,6 +131,7 @@ def read_spec(name: str, transformer: Mapping[str, Any], vae: Mapping[str, Any],
         text_tokens=TEXT_TOKENS,
         joint_text=True,
         ffn_dim=ffn_width(dim),
+        mlp_matrices=3,  # SwiGLU: w1, w3 and w2
         out_channels=transformer.get("in_channels", 16),
         defaults=dict(CALL_DEFAULTS if defaults is None else defaults),
         path=path,

@@ -221,7 +221,7 @@ def _flops(layout: ParallelDims, work: Workload, *, patches: int) -> tuple[float
         queries = own + (n - own) / work.steps
     # this rank's queries: its sequence shard (or DistriFusion patch) of each of the batch's rows
     tokens = batch * queries / token_shards(layout)
-    linear = 2 * tokens * (4 * d * d + 2 * d * shape.ffn_dim + (2 * d * d if cross else 0)) / tp
+    linear = 2 * tokens * (4 * d * d + shape.mlp_matrices * d * shape.ffn_dim + (2 * d * d if cross else 0)) / tp
     linear += (4 * batch * text * d * d / tp) if cross else 0.0  # each row's text K/V projections, on every rank
     attention = 4 * tokens * (n + (text if cross else 0)) * d / tp  # each row attends over its own n keys
     rows = tokens / (patches * tp)  # TP narrows each GEMM as much as fewer rows would

@@ -102,7 +102,7 @@ def shape_from_spec(spec: ModelSpec) -> ModelShape:
     root = spec.path if spec.path and os.path.isdir(spec.path) else None  # a preset has no directory
     d = spec.hidden_size
     # Without weights on disk: attention (and cross-attention) projections plus the MLP.
-    estimate = spec.num_layers * (4 * d * d * (1 if spec.joint_text else 2) + 2 * d * spec.ffn_dim)
+    estimate = spec.num_layers * (4 * d * d * (1 if spec.joint_text else 2) + spec.mlp_matrices * d * spec.ffn_dim)
     parameters = spec.parameters or (root and _safetensors_parameters(os.path.join(root, "transformer"))) or estimate
     text = sum(_safetensors_parameters(os.path.join(root, sub)) or 0.0
                for sub in ("text_encoder", "text_encoder_2", "text_encoder_3")) if root else 0.0
