@@ -61,7 +61,7 @@ class Overage:
             return text + "; no change of decode, FSDP, TP, ranks per job or quantization fits on these GPUs: use " \
                           "more GPUs, a larger --gpu-mem or a smaller size" + (f"; {wider}" if wider else "")
         if fix is None:
-            return text + f"; fits with {quantized.describe()}"
+            return text + f"; fits with {quantized.describe()}" + (f"; or {wider}" if wider else "")
         return text + f"; fits with {fix.describe()}" + (f"; or with {quantized.describe()}" if quantized else "")
 
     def to_dict(self) -> dict:

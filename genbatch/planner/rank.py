@@ -200,7 +200,7 @@ def rank(work: Workload, cluster: Cluster, *, objective: str = "throughput", max
                                                         decode),
                 lambda changed, layout=layout: not layout.problems(cache=cache, quantization=changed.kind))
     more = None
-    if wider and not ranked and fixes and not any(fixes.values()) and not any(quantized_fixes.values()):
+    if wider and not ranked and fixes and not any(fixes.values()):  # no layout of these GPUs fits unquantized
         more = more_gpus(cluster, lambda bigger: rank(work, bigger, objective=objective, max_latency=max_latency,
                                                       profile=profile, decode=decode, cache=cache,
                                                       wider=False).ranked)
