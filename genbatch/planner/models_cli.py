@@ -19,7 +19,7 @@ LEGEND = (
 """What the kinds mean, printed below the table."""
 
 
-@click.command("models")
+@click.command("models", short_help="Every name --model takes, with its task, guidance and size.")
 @click.option("--json", "as_json", is_flag=True, help="Print the list as JSON records, one per name.")
 def models_command(as_json: bool) -> None:
     """List every model name --model takes (gen run, gen validate, gen plan): the published models with their hub

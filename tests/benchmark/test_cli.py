@@ -19,7 +19,7 @@ def test_help_names_suites_layouts_report_and_exit_codes():
     for needle in ("--suite [tiny|cpu|gpu|tiny-qwen-image|tiny-hunyuan-video|flux|tiny-flux]", "--baseline URL", "--threshold", "--layouts NAMES", "OUT/report.md",
                    "3 a regression beyond --threshold", "efficiency against one rank"):
         assert needle in text, needle
-    assert "gen bench --out OUT" in run_cli("--help").stdout
+    assert "bench     Run a benchmark suite over parallel layouts; report to OUT." in run_cli("--help").stdout
 
 
 def test_usage_errors_exit_2_before_running(tmp_path):
