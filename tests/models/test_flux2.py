@@ -90,9 +90,14 @@ def _equal(model, spec_job, tmp_path, **call):
     return ours
 
 
-@pytest.mark.parametrize("preset", [DEV, BASE])
-@pytest.mark.parametrize(("size", "from_directory"), [((64, 64), False), ((48, 80), True)],
-                         ids=["64x64-preset", "48x80-directory"])
+SLOW = pytest.mark.slow  # the other two pairings of model and size: the two above hold both sizes and both sources
+EQUALITY_CASES = [pytest.param(preset, size, from_directory, id=f"{name}-{preset}", marks=marks)
+                  for size, from_directory, name, slow_preset in [((64, 64), False, "64x64-preset", BASE),
+                                                                   ((48, 80), True, "48x80-directory", DEV)]
+                  for preset in (DEV, BASE) for marks in [(SLOW,) if preset == slow_preset else ()]]
+
+
+@pytest.mark.parametrize(("preset", "size", "from_directory"), EQUALITY_CASES)
 def test_output_equals_the_diffusers_pipeline(preset, size, from_directory, directories, tmp_path):
     model = directories[preset] if from_directory else preset
     spec_job = job(preset, model=model, seed=3, width=size[0], height=size[1], num_inference_steps=2,
@@ -111,6 +116,7 @@ def test_a_reference_image_row_equals_the_pipeline(preset, tmp_path):
     assert np.abs(ours - without).max() > 0.02, "the image must move the output (5 levels at least)"
 
 
+@pytest.mark.slow  # the equality with Flux2Pipeline above holds the prompt and the guidance in make test
 def test_the_prompt_and_the_guidance_reach_the_image(tmp_path):
     """Two prompts differ, as do two guidance values of [dev] and of the base model (CFG); the distilled [klein]
     ignores the guidance, as its pipeline does."""
@@ -223,7 +229,7 @@ def _vae_cases(rank, world_size):
     return results
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
+@pytest.mark.parametrize("world_size", [2, pytest.param(4, marks=pytest.mark.slow)])  # 4: the tiles' corners too
 def test_the_vae_decodes_and_encodes_patch_parallel_as_one_rank(world_size):
     per_rank = run_on_ranks(_vae_cases, world_size, timeout_s=60)
     for index, case in enumerate(VAE_CASES):
@@ -234,6 +240,7 @@ def test_the_vae_decodes_and_encodes_patch_parallel_as_one_rank(world_size):
         assert all(ranks[index]["p2p"] > 0 for ranks in per_rank), case  # halos went between the tiles
 
 
+@pytest.mark.slow  # tests/runner/test_lora.py holds the adapter path to diffusers (FLUX.1, Wan) in make test
 def test_a_lora_equals_diffusers_load_lora_weights_and_fuse_lora(tmp_path):
     lora = peft_lora(DEV, tmp_path / "lora", LORA_TARGETS)
     plain = job(DEV, num_inference_steps=2, seed=5)

@@ -205,6 +205,7 @@ def test_the_video_vae_decodes_patch_parallel_on_four_ranks():
         assert reason is None and max(diffs) <= 1e-4, (reason, diffs)
 
 
+@pytest.mark.slow  # test_step_checkpoints.py holds a resume after step k (Wan, FLUX) in make test; here the sound
 def test_a_job_stopped_after_step_k_resumes_to_the_same_frames_and_sound(tmp_path):
     from genbatch.runner.execute import JobInterrupted
     from tests.resume.inprocess import SignalAfterStep, executor_on

@@ -46,8 +46,9 @@ def genbatch_outputs(model: str, spec_job, out: str, **layout):
         return latents, output.frames, None if output.sound is None else output.sound.samples
 
 
-@pytest.mark.parametrize(("from_directory", "size", "image"), [(False, (96, 64), (80, 48)), (True, (64, 96), (48, 80))],
-                         ids=["preset-96x64", "directory-64x96"])
+@pytest.mark.parametrize(("from_directory", "size", "image"), [
+    pytest.param(False, (96, 64), (80, 48), marks=pytest.mark.slow),  # the other size; the directory's holds the path
+    (True, (64, 96), (48, 80))], ids=["preset-96x64", "directory-64x96"])
 def test_frames_and_waveform_equal_the_diffusers_pipeline(from_directory, size, image, directory, tmp_path):
     model = directory if from_directory else PRESET
     width, height = size
@@ -66,6 +67,7 @@ def test_frames_and_waveform_equal_the_diffusers_pipeline(from_directory, size, 
     np.testing.assert_array_equal(sound, output.audio[0].float().numpy())
 
 
+@pytest.mark.slow  # the equality above re-compresses the image as the pipeline does in make test
 def test_the_image_is_recompressed_at_the_pipelines_crf_and_reaches_the_output(tmp_path):
     from diffusers.pipelines.ltx2.utils import DEFAULT_IMAGE_CRF
 

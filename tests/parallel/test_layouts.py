@@ -92,6 +92,7 @@ def test_four_rank_layouts_equal_one_process(references, tmp_path):
     _check(FOUR_RANKS, per_rank, references)
 
 
+@pytest.mark.slow  # the rest of the matrix; test_four_rank_layouts_equal_one_process holds each method in make test
 def test_the_rest_of_the_four_rank_layouts_equal_one_process(references, tmp_path):
     per_rank = run_on_ranks(_all_layouts, 4, args=(FOUR_RANKS_MORE, str(tmp_path)), timeout_s=60)
     _check(FOUR_RANKS_MORE, per_rank, references)

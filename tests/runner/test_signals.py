@@ -41,7 +41,8 @@ def _listening(port: int) -> bool:
 
 
 @pytest.mark.parametrize(("signum", "status"), [
-    (signal.SIGTERM, exit_codes.REQUEUE), (signal.SIGUSR1, exit_codes.REQUEUE),
+    (signal.SIGTERM, exit_codes.REQUEUE),
+    pytest.param(signal.SIGUSR1, exit_codes.REQUEUE, marks=pytest.mark.slow),  # TERM's path (Slurm: tests/slurm)
     (signal.SIGINT, exit_codes.INTERRUPTED),
 ], ids=["TERM", "USR1", "INT"])
 def test_a_signal_during_the_rendezvous_ends_the_rank_at_once(signum, status, tmp_path):
