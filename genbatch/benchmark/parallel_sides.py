@@ -148,12 +148,14 @@ def _diffusers_side(args, rows: list[dict], device: torch.device, dtype: torch.d
 
 def _genbatch_side(args, device: torch.device) -> dict:
     from genbatch.parallel.dims import LayoutRequest
+    from genbatch.runner.options import LayoutOptions, ModelOptions
     from genbatch.runner.run import RunOptions, run
 
-    layout = LayoutRequest.of(ulysses=args.ulysses, ring=args.ring, tp=args.tp)
-    status = run(RunOptions(manifest=args.manifest, out=os.path.join(args.out, "run"), model=args.model_dir,
-                            quiet=True, dtype="bf16" if device.type == "cuda" else "fp32", layout=layout,
-                            attention=args.attention, collective_timeout=args.collective_timeout))
+    request = LayoutRequest.of(ulysses=args.ulysses, ring=args.ring, tp=args.tp)
+    model = ModelOptions(model=args.model_dir, dtype="bf16" if device.type == "cuda" else "fp32",
+                         attention=args.attention)
+    status = run(RunOptions(manifest=args.manifest, out=os.path.join(args.out, "run"), quiet=True, model=model,
+                            layout=LayoutOptions(request=request, collective_timeout=args.collective_timeout)))
     return {"status": status}
 
 

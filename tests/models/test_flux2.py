@@ -336,7 +336,7 @@ def test_compile_gives_the_eager_latents(tmp_path):
         torch._dynamo.reset()
         counters.clear()
         with job_executor(str(tmp_path / str(compiled)), compile=compiled, compile_backend="aot_eager") as (world, ex):
-            latents[compiled] = ex.denoise(spec_job, JobTimer(world.ctx.device))
+            latents[compiled] = drive.denoise(ex, spec_job, JobTimer(world.ctx.device))
     assert sum(counters["graph_break"].values()) == 0
     assert counters["stats"]["unique_graphs"] == 2  # Flux2TransformerBlock, Flux2SingleTransformerBlock
     assert (latents[True] - latents[False]).abs().max().item() <= 1e-4
