@@ -79,9 +79,10 @@ def pytest_addoption(parser):
                      help="Run the collected tests last to first: a test that needs another to run before it fails.")
 
 
-SHARED_SESSION_FOLDERS = ("tests/slurm",)
+SHARED_SESSION_FOLDERS = ("tests/slurm", "tests/benchmark")
 """Folders whose tests share a session fixture that must exist once per machine (the Slurm cluster, with its
-fixed node names): under `pytest -n N`, one worker runs the whole folder."""
+fixed node names) or costs a run to make (gen bench's tiny report): under `pytest -n N`, one worker runs the
+whole folder."""
 
 
 def _worker_group(item) -> str:

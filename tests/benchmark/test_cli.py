@@ -62,6 +62,7 @@ def test_exit_status_against_baselines(tiny_report, tmp_path):
     assert "verdict: no regression" in again.stderr
 
 
+@pytest.mark.slow  # a third night of gen bench: its failed-layouts section and exit 1, in make test-slow
 def test_a_failing_layout_is_reported_and_exits_1(tiny_report, tmp_path):
     """ulysses3 cannot split tiny-wan's 4 heads: `gen run` refuses it; the report says so and why."""
     out = tmp_path / "failed"

@@ -135,6 +135,7 @@ def _mixed_sizes_ulysses_two(rank: int, world_size: int, out: str) -> dict:
     return {key: result[key] for key in ("graph_breaks", "compiles")}
 
 
+@pytest.mark.slow  # test_batch_compile.py holds "each size compiles at most once" in make test; here under ulysses
 def test_mixed_sizes_under_ulysses_compile_at_most_twice_per_block_class(tmp_path):
     for rank, result in enumerate(run_on_ranks(_mixed_sizes_ulysses_two, world_size=2, args=(str(tmp_path),),
                                                timeout_s=280)):

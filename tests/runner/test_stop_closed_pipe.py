@@ -242,6 +242,7 @@ def test_gen_run_stopped_in_the_rendezvous_exits_75(how, launched, tmp_path):
     assert status == exit_codes.REQUEUE and seconds < LIMIT_S, (status, seconds)
 
 
+@pytest.mark.slow  # test_signals.py's launcher killed mid-job (dp2) holds the checkpoint and the 75 in make test
 def test_gen_run_nproc_2_whose_launcher_dies_mid_job_checkpoints_and_exits_75(launched, tmp_path):
     rows = [{"id": f"long-{index}", "prompt": f"a fox in the snow, view {index}", "model": "tiny-wan",
              "num_inference_steps": LONG} for index in range(2)]

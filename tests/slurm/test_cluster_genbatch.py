@@ -142,6 +142,7 @@ def _submit_srun_tasks(cluster, root: Path, manifest: Path) -> tuple[int, Path]:
     """A hand-written sbatch script: two nodes, one task each, `srun gen run` with no torchrun."""
     out = root / "srun-tasks"
     script = root / "srun-tasks.sbatch"
+    (root / "logs").mkdir(exist_ok=True)  # sbatch's --output folder: Slurm fails a job whose log it cannot open
     script.write_text("\n".join([
         "#!/bin/bash",
         *(f"export {name}={value}" for name, value in THREADS.items()),
