@@ -79,21 +79,10 @@ def pytest_addoption(parser):
                      help="Run the collected tests last to first: a test that needs another to run before it fails.")
 
 
-SHARED_SESSION_FOLDERS = ("tests/slurm", "tests/benchmark")
-"""Folders whose tests share a session fixture that must exist once per machine (the Slurm cluster, with its
-fixed node names) or costs a run to make (gen bench's tiny report): under `pytest -n N`, one worker runs the
-whole folder."""
-
-
-def _worker_group(item) -> str:
-    """The tests that `pytest -n N --dist loadgroup` gives one worker: a module's, so its module fixtures are made
-    once, or a whole folder's from SHARED_SESSION_FOLDERS."""
-    module = item.nodeid.split("::")[0]
-    return next((folder for folder in SHARED_SESSION_FOLDERS if module.startswith(folder + "/")), module)
-
-
 def pytest_collection_modifyitems(config, items):
+    """`make test` and `make test-slow` run on two pytest-xdist workers with `--dist loadfile`: a module's tests
+    on one worker, so its module fixtures are made once. A session fixture is made once per worker (each
+    worker's Slurm cluster has its own ports, munge socket and state), or once per session where it shares its
+    result through the session's temporary folder (gen bench's tiny report: tests/benchmark/conftest.py)."""
     if config.getoption("--reverse-order"):
         items.reverse()
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(_worker_group(item)))

@@ -33,11 +33,26 @@ class TinyReport:
 
 @pytest.fixture(scope="session")
 def tiny_report(tmp_path_factory) -> TinyReport:
-    root = tmp_path_factory.mktemp("bench")
+    """Made once per session: under pytest-xdist the first worker runs it and the others read it from the
+    session's shared temporary folder (its lock held while it runs)."""
+    import fcntl
+    import json
+
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        root = tmp_path_factory.getbasetemp().parent / "bench"  # the session's folder, above each worker's
+        root.mkdir(exist_ok=True)
+    else:
+        root = tmp_path_factory.mktemp("bench")
     out, cache = str(root / "report"), str(root / "cache" / "bench")
-    result = run_cli("bench", "--suite", "tiny", "--out", out, "--model-cache", cache)
-    return TinyReport(out=out, model_cache=cache, genbatch_cache=str(root / "cache"), exit_code=result.returncode,
-                      output=result.stdout + result.stderr)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        made = root / "made.json"
+        if not made.exists():
+            result = run_cli("bench", "--suite", "tiny", "--out", out, "--model-cache", cache)
+            made.write_text(json.dumps({"exit_code": result.returncode, "output": result.stdout + result.stderr}))
+        record = json.loads(made.read_text())
+    return TinyReport(out=out, model_cache=cache, genbatch_cache=str(root / "cache"), exit_code=record["exit_code"],
+                      output=record["output"])
 
 
 def scaled_copy(report: str, destination: str, factor: float, byte_factor: float = 1.0) -> str:
