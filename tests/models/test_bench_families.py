@@ -13,7 +13,8 @@ from genbatch.benchmark.suites import get_suite
 from tests.support.runs import run_cli
 
 
-@pytest.mark.parametrize("suite_name", ["tiny-qwen-image", "tiny-hunyuan-video"])
+@pytest.mark.parametrize("suite_name", [  # the video family's suite in make test-slow; the tiny suite's video in make test
+    "tiny-qwen-image", pytest.param("tiny-hunyuan-video", marks=pytest.mark.slow)])
 def test_gen_bench_runs_the_family_suite(suite_name, tmp_path):
     suite = get_suite(suite_name)
     out = str(tmp_path / "report")
