@@ -45,7 +45,7 @@ LAYOUTS: dict[str, list[str]] = {
     "flux ulysses2": [*IMAGE, "--nproc", "2", "--ulysses", "2"],
     "sd3 cfg2": [*SD3, "--nproc", "2", "--cfg", "2"],
     "wan cache fbc": [*VIDEO, "--cache", "fbc:0.2"],
-    "wan cache taylorseer": [*VIDEO, "--cache", "taylorseer:2"],  # TeaCache needs published coefficients: no preset has them
+    "wan cache taylorseer": [*VIDEO, "--cache", "taylorseer:2"],  # no preset has TeaCache coefficients
     "flux cache taylorseer": [*IMAGE, "--cache", "taylorseer:2"],
     "wan cfg2 cache fbc": [*VIDEO, "--nproc", "2", "--cfg", "2", "--cache", "fbc:0.2"],
     "wan ulysses2 cache fbc": [*VIDEO, "--nproc", "2", "--ulysses", "2", "--cache", "fbc:0.2"],
