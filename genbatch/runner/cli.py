@@ -177,6 +177,21 @@ def _args_without_nproc(argv: list[str]) -> list[str]:
     return kept
 
 
+def _read_or_exit(read):
+    """`read()` of a run's records, or its error said and the exit status that fits it: storage down past the
+    bound 75 (try again later), refused for good 2; a path with no run, or a bad value, 2."""
+    from genbatch.io import StorageError
+
+    try:
+        return read()
+    except StorageError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(exit_codes.for_storage_error(error))
+    except (FileNotFoundError, ValueError) as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(exit_codes.USAGE)
+
+
 @click.command("status", short_help="Done / failed / rejected / pending counts of a run, and its ETA.")
 @click.argument("out")
 @click.option("--manifest", help="Count pending jobs against this manifest (default: the one in OUT/run.json).")
@@ -197,19 +212,11 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
     job and why."""
     import time
 
-    from genbatch.io import StorageError
     from genbatch.runner.status import failed_jobs, format_failed, format_status, run_status
 
     options = storage_options_from(storage_option)
     if list_failed:
-        try:
-            jobs = failed_jobs(out, storage_options=options, storage_timeout=storage_timeout)
-        except StorageError as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(exit_codes.for_storage_error(error))
-        except (FileNotFoundError, ValueError) as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(exit_codes.USAGE)
+        jobs = _read_or_exit(lambda: failed_jobs(out, storage_options=options, storage_timeout=storage_timeout))
         if as_json:
             import json
 
@@ -218,14 +225,8 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
             click.echo(format_failed(jobs))
         return
     while True:
-        try:
-            counts = run_status(out, manifest=manifest, storage_options=options, storage_timeout=storage_timeout)
-        except StorageError as error:  # down past the bound: 75, try again later; refused for good: 2
-            click.echo(f"error: {error}", err=True)
-            sys.exit(exit_codes.for_storage_error(error))
-        except (FileNotFoundError, ValueError) as error:
-            click.echo(f"error: {error}", err=True)
-            sys.exit(exit_codes.USAGE)
+        counts = _read_or_exit(lambda: run_status(out, manifest=manifest, storage_options=options,
+                                                  storage_timeout=storage_timeout))
         if as_json:
             import json
 
