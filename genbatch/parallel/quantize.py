@@ -8,7 +8,7 @@ layers a model keeps in fp32 (`_keep_in_fp32_modules`) stay in their dtype.
            comes, so the matmul runs on the FP8 tensor cores; a layer whose sides do not divide by 16 (what
            `torch._scaled_mm` takes) gets the weight-only form instead
            elsewhere (older GPUs, the CPU): Float8WeightOnlyConfig, e4m3 weights per row, dequantized into
-           each matmul (memory, not speed)
+           each matmul (memory, not speed); on the CPU a block of rows at a time (`parallel/row_blocks.py`)
 
 Applied in the parallelisation order after the stage split and the plans (each PipeFusion stage quantizes only
 the blocks it kept) and before compile, which traces through the quantized matmuls (`parallel/apply.py`). Every
@@ -196,6 +196,10 @@ def _quantize_layer(linear: torch.nn.Linear, kind: str, device: torch.device) ->
     else:
         linear.weight = torch.nn.Parameter(quantized, requires_grad=False)
     CONFIGS.put(linear, config)
+    if device.type == "cpu" and isinstance(config, _torchao().Float8WeightOnlyConfig):
+        from genbatch.parallel.row_blocks import use_row_blocks
+
+        use_row_blocks(linear)  # its matmul dequantizes a block of rows at a time, not the whole weight
 
 
 def quantize(module: torch.nn.Module, kind: str, device: torch.device) -> int:

@@ -132,3 +132,30 @@ def test_a_lora_merges_into_the_dequantized_weights_and_the_base_comes_back_bit_
     assert 0 < weights.kept_bytes < 256 * 256 + 16 * 256  # the quantized base, at its width
     weights.switch(pipe, None, [])
     assert torch.equal(weight.qdata, stored[0]) and torch.equal(weight.scale, stored[1])
+
+
+def test_fp8_on_the_cpu_dequantizes_a_block_of_rows_at_a_time_to_torchaos_product(monkeypatch):
+    """On the CPU a weight-only fp8 layer runs `RowBlockLinear`: each block is torchao's own dequantization (the
+    same values), and the joined product is torchao's whole-weight one; int8 keeps torchao's own Linear."""
+    from genbatch.parallel import row_blocks
+    from genbatch.parallel.row_blocks import RowBlockLinear
+
+    torch.manual_seed(0)
+    layers = {kind: torch.nn.Linear(96, 200, dtype=torch.bfloat16) for kind in ("fp8", "int8")}
+    layers["int8"].load_state_dict(layers["fp8"].state_dict())
+    for kind, layer in layers.items():
+        quantize(torch.nn.Sequential(layer), kind, torch.device("cpu"))
+    fp8 = layers["fp8"]
+    assert type(fp8) is RowBlockLinear and type(layers["int8"]) is torch.nn.Linear
+    assert is_quantized(fp8.weight) and tensor_bytes(fp8.weight) < 96 * 200 + 8 * 200
+    monkeypatch.setattr(row_blocks, "BLOCK_VALUES", 96 * 64)  # 4 blocks of 64, 64, 64 and 8 rows
+    blocks = torch.cat([fp8.weight[start:start + 64].dequantize() for start in range(0, 200, 64)])
+    assert torch.equal(blocks, fp8.weight.dequantize())
+    x = torch.randn(3, 5, 96, dtype=torch.bfloat16)
+    whole = torch.nn.Linear.forward(fp8, x)  # torchao's path: the whole weight dequantized
+    dequantized, dequantize = [], type(fp8.weight).dequantize
+    monkeypatch.setattr(type(fp8.weight), "dequantize",
+                        lambda self, *args: dequantized.append(self.shape[0]) or dequantize(self, *args))
+    by_rows = fp8(x)
+    assert dequantized == [64, 64, 64, 8] and by_rows.shape == whole.shape == (3, 5, 200)
+    torch.testing.assert_close(by_rows, whole, rtol=1.6e-2, atol=1e-2)  # bf16 products, summed in another order
