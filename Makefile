@@ -27,10 +27,10 @@ demo: setup
 	@echo "gen is in $(BIN): run 'source $(BIN)/activate' to put it on this shell's PATH"
 
 test: setup-test
-	$(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadfile --durations=40
+	$(BIN)/python -m pytest -q -m "not slow" -n 2 --dist loadfile --no-loadscope-reorder --durations=40
 
 test-slow: setup-test
-	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile --durations=20
+	$(BIN)/python -m pytest -q -m slow -n 2 --dist loadfile --no-loadscope-reorder --durations=20
 
 docs: setup-test
 	$(BIN)/mkdocs build --strict

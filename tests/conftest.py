@@ -79,10 +79,18 @@ def pytest_addoption(parser):
                      help="Run the collected tests last to first: a test that needs another to run before it fails.")
 
 
+@pytest.hookimpl(trylast=True)  # after `-m` has deselected: a module weighs the tests this run selected
 def pytest_collection_modifyitems(config, items):
     """`make test` and `make test-slow` run on two pytest-xdist workers with `--dist loadfile`: a module's tests
     on one worker, so its module fixtures are made once. A session fixture is made once per worker (each
     worker's Slurm cluster has its own ports, munge socket and state), or once per session where it shares its
-    result through the session's temporary folder (gen bench's tiny report: tests/benchmark/conftest.py)."""
+    result through the session's temporary folder (gen bench's tiny report: tests/benchmark/conftest.py).
+
+    The modules come heaviest first by their tests' recorded seconds (tests/support/module_seconds.py), which
+    xdist hands out in that order under `--no-loadscope-reorder`: the light modules fill the end, where a heavy
+    one drawn last would keep one worker busy and the other idle. `--reverse-order` then runs it all backwards."""
+    from tests.support.module_seconds import heaviest_first
+
+    items[:] = heaviest_first(items)
     if config.getoption("--reverse-order"):
         items.reverse()

@@ -104,6 +104,24 @@ class Gather:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class KeptPrefix:
+    """Sequence parallelism for a transformer whose blocks take [prefix, output] with the prefix attended
+    block-causally and, on later steps, read from a key/value cache (Qwen-Image 2.1): the output's tokens are split
+    and the prefix stays whole on every rank (`genbatch.parallel.kept_prefix`). Each block's attention makes its
+    prefix's calls over the prefix alone (run locally, as on one process), and one call from the output's queries
+    over [prefix keys, output keys] (`genbatch.parallel.attention.prefix`)."""
+
+    blocks: str
+    """The ModuleList of blocks: the first block's `hidden_states` is cut, the last block's output gathered."""
+    token_inputs: tuple[str, ...]
+    """Per-token inputs of every block, cut like the hidden states along their first dim (rotary tables,
+    per-token modulation masks); a None is left alone."""
+    prefix_length: Callable[[Mapping[str, Any]], int]
+    """A block's keyword inputs -> how many of its hidden states' tokens are the prefix (0 when the hidden states
+    hold the output's alone, the prefix read from the cache)."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class SequenceSplits:
     """Where sequence parallelism splits and gathers a transformer; the attention modules it routes and their
     streams are the class's `AttentionSite`s (all but `CROSS`)."""
@@ -119,6 +137,9 @@ class SequenceSplits:
     strategy: Mapping[str, str] = field(default_factory=dict)
     """Attention module glob -> the attention strategy it uses (`genbatch.parallel.attention.strategy`);
     modules not listed use `exact`."""
+    kept_prefix: KeptPrefix | None = None
+    """Set for a block-causal transformer with a cached prefix: `points` stay empty, and the output's tokens are
+    split after the prefix instead."""
 
 
 COLWISE = "colwise"

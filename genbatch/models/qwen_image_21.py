@@ -22,12 +22,12 @@ seen by Qwen3-VL in the prompt's template (over white where it is transparent) a
 sequence. The output is the row's `width` x `height` (multiples of 32). The VAE (`AutoencoderKLQwenImage21`)
 decodes four channels, RGBA: genbatch writes the RGB ones (its PNGs are RGB).
 
-Layouts: tensor parallel (diffusers' `_tp_plan`: heads and the SwiGLU split), CFG parallel, FSDP, data parallel.
-No sequence parallelism: the processor attends segment by segment over the sequence's global positions (one call
-per text run and image block at the first step) and later steps attend from the output's tokens to the cached
-prefix, so an exact split needs an attention whose keys are a whole prefix plus split output tokens, which
-genbatch's strategies do not have; `--ulysses`/`--ring` above 1 exit naming --tp, --cfg and --dp. Hence no
-PipeFusion either. A batch of rows (`--batch-size`) runs one forward per group of rows that share a sequence layout
+Layouts: Ulysses, Ring and USP, tensor parallel (diffusers' `_tp_plan`: heads and the SwiGLU split), CFG parallel,
+FSDP, data parallel. Sequence parallelism splits the output's tokens and keeps the prefix whole on every rank
+(`KeptPrefix`, `genbatch.parallel.kept_prefix`): the processor attends segment by segment over the prefix at the
+first step (each rank computes the prefix, filling its own cache), and the output's queries attend over [the
+prefix's keys, every rank's output keys] (`genbatch.parallel.attention.prefix`). No PipeFusion or DistriFusion:
+their stale keys and values cannot stand for a prefix the output attends to causally. A batch of rows (`--batch-size`) runs one forward per group of rows that share a sequence layout
 (the same prompt length and condition-image grid: the transformer reads the layout from the batch's first row),
 so each row's output is its own, as alone.
 """
@@ -47,7 +47,9 @@ from genbatch.models.base import (
     JOINT,
     AttentionSite,
     Blocks,
+    KeptPrefix,
     ModelFamily,
+    SequenceSplits,
     TensorSplits,
     TinyPreset,
     TransformerParts,
@@ -336,6 +338,13 @@ class QwenImage21Hooks(FamilyHooks):
         return pipe.image_processor.postprocess(decoded[:, :, 0], output_type="np")[0][..., :3]
 
 
+def _prefix_length(block_inputs: Mapping[str, Any]) -> int:
+    """How many of a block's hidden states are the prefix: the end of its last block-causal segment at the first
+    step (or without the cache); 0 on a cached step, whose hidden states are the output's alone."""
+    segments = block_inputs.get("segments")
+    return segments[-1][1] if segments else 0
+
+
 def _rebuild_rotary_tables(transformer) -> None:
     """Compute the rotary tables again where loading left them on the meta device: `QwenImage21Rope` keeps them in a
     plain list (neither parameters nor buffers), which a transformer built on the meta device (--fsdp, --tp) gets
@@ -506,7 +515,9 @@ FAMILY = ModelFamily(
             # one block-causal attention over [text and condition image, output image]: causal and padding masks
             attention=(AttentionSite(pattern="transformer_blocks.*.attn", kind=JOINT, streams=("hidden_states",),
                                      masked=True),),
-            sequence=None,  # see the module's docstring
+            sequence=SequenceSplits(kept_prefix=KeptPrefix(
+                blocks="transformer_blocks", token_inputs=("rotary_emb", "target_token_mask"),
+                prefix_length=_prefix_length)),
             tensor_splits=TENSOR_SPLITS,
             compile_units=("transformer_blocks.*",),  # diffusers' _repeated_blocks: QwenImage21TransformerBlock
         ),

@@ -79,8 +79,11 @@ class ModelShape(ModelSpec):
     hub_id: str | None = None
     """A published model's hub id."""
     sequence_parallel: bool = True
-    """False when genbatch has no sequence-parallel splits for the model's transformer (Qwen-Image 2.1's block-causal
-    attention): ulysses, ring and DistriFusion do not apply to it."""
+    """False when genbatch has no sequence-parallel splits for the model's transformer: ulysses, ring and
+    DistriFusion do not apply to it."""
+    patch_parallel: bool = True
+    """False when the model's sequence split keeps a prefix the output attends to causally (Qwen-Image 2.1's
+    `KeptPrefix`): DistriFusion's stale patches do not apply to it, ulysses and ring do."""
     pipeline_stages: bool = True
     """False when the model's transformer takes no PipeFusion stages: pp does not apply to it."""
     pads_frames_to_patch: bool = False

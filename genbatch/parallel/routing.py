@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from diffusers.models._modeling_parallel import ContextParallelInput, ContextParallelOutput
 
 from genbatch.models import families
-from genbatch.models.base import CROSS, SPLIT_KEYS, Gather
+from genbatch.models.base import CROSS, SPLIT_KEYS, Gather, KeptPrefix
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -38,6 +38,10 @@ class SequenceRouting:
     split_keys: tuple[str, ...] = ()
     """Glob patterns of the attention modules whose queries every rank holds whole and whose keys are split
     (`genbatch.models.base.SPLIT_KEYS`): merged over the group on the log-sum-exp, whatever the strategy."""
+
+    kept_prefix: KeptPrefix | None = None
+    """A block-causal model's kept prefix (`genbatch.models.base.KeptPrefix`): its blocks' hooks in place of
+    `points`."""
 
     def has_split_keys(self, module_name: str) -> bool:
         """Whether `module_name` is a `SPLIT_KEYS` attention module."""
@@ -90,6 +94,7 @@ def _routing() -> dict[str, SequenceRouting]:
                 points=_diffusers_points(transformer.sequence.points),
                 strategy=dict(transformer.sequence.strategy),
                 split_keys=tuple(site.pattern for site in transformer.attention if site.kind == SPLIT_KEYS),
+                kept_prefix=transformer.sequence.kept_prefix,
             )
     return routing
 
@@ -103,6 +108,8 @@ def sequence_routing(model) -> tuple[SequenceRouting, dict]:
     name = type(model).__name__
     routing = SEQUENCE_ROUTING.get(name)
     points = (routing.points if routing is not None else None) or getattr(model, "_cp_plan", None)
+    if routing is not None and routing.kept_prefix is not None:
+        return routing, {}
     if routing is None or not points:
         raise ValueError(
             f"{name} has no sequence-parallel split points; run it with --ulysses 1 --ring 1 (use --dp, and --cfg for "

@@ -145,6 +145,9 @@ class SequenceParallel:
         """The strategies the routed modules attend with, by name (a job's stale-K/V state is set on them)."""
         self.model = model
         SEQUENCE_PARALLEL.put(model, self)
+        if self.routing.kept_prefix is not None:
+            self._keep_prefix(model, group, strategy)
+            return
         named = list(model.named_modules())
         for key, spec in points.items():
             targets = [(name, module) for name, module in named if fnmatch.fnmatchcase(name, key)]
@@ -174,6 +177,24 @@ class SequenceParallel:
             if key not in routes:
                 routes[key] = _Route(self, self.routing.pattern_of(name), streams, strategies[chosen])
             self._route(name, module, key, routes[key])
+
+    def _keep_prefix(self, model: torch.nn.Module, group: SequenceGroup, strategy: str | None) -> None:
+        """A block-causal model's kept prefix (`genbatch.parallel.kept_prefix`): its hooks, and one route for every
+        attention module."""
+        from genbatch.parallel.kept_prefix import KeptPrefixRoute, KeptPrefixSplit
+
+        name = type(model).__name__
+        if strategy is not None:
+            raise ValueError(f"{name} attends block-causally over a cached prefix, which stale-K/V attention "
+                             f"({strategy}: PipeFusion, DistriFusion) cannot keep; run it with --ulysses or --ring, "
+                             "--tp, --cfg or --dp")
+        split = KeptPrefixSplit(model, self.routing.kept_prefix, group)
+        self.handles += split.handles
+        routes: dict[str, KeptPrefixRoute] = {}  # one per pattern, shared: the routed class binds its attend
+        for module_name, module, _, _ in self.routing.attention_modules(model):
+            pattern = self.routing.pattern_of(module_name)
+            route = routes.setdefault(pattern, KeptPrefixRoute(split, pattern))
+            self._route(module_name, module, ("kept_prefix", pattern), route)
 
     def remove(self) -> None:
         if SEQUENCE_PARALLEL.get(self.model) is self:

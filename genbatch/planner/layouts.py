@@ -118,6 +118,9 @@ def structural_problems(layout: ParallelDims, shape: ModelShape, sequence: int, 
     if split and not shape.sequence_parallel:
         problems.append(f"{', '.join(f'{axis}={degree}' for axis, degree in split.items())} needs sequence-parallel "
                         f"split points, which {shape.name} has none of (use dp, cfg or tp)")
+    elif layout.distrifusion > 1 and not shape.patch_parallel:
+        problems.append(f"distrifusion={layout.distrifusion} needs patches whose keys can go stale, which {shape.name} "
+                        "has none of: its output attends causally to a kept prefix (use ulysses, ring, dp, cfg or tp)")
     if layout.pp > 1 and not shape.pipeline_stages:
         problems.append(f"pp={layout.pp} needs PipeFusion stages, which {shape.name} has none of")
     if layout.pp > shape.num_layers:

@@ -39,10 +39,13 @@ _PLANNED_ONLY = (
 
 
 def _parallel_support(spec: ModelSpec) -> dict[str, bool]:
-    """Whether the family's transformers have sequence-parallel split points, and PipeFusion stages."""
+    """Whether the family's transformers have sequence-parallel split points, patches DistriFusion can make stale,
+    and PipeFusion stages."""
     plans = list(families()[spec.family].transformers.values()) if spec.family in families() else []
     sequence = all(plan.sequence is not None for plan in plans)
-    return {"sequence_parallel": sequence, "pipeline_stages": sequence and all(plan.carried for plan in plans)}
+    patches = sequence and not any(plan.sequence.kept_prefix for plan in plans)
+    return {"sequence_parallel": sequence, "patch_parallel": patches,
+            "pipeline_stages": patches and all(plan.carried for plan in plans)}
 
 
 def vae_costs_of(spec: ModelSpec) -> VaeCosts:

@@ -2,8 +2,8 @@
 pixels, its key/value cache included) without guidance, with true CFG, and with a condition image from the row's
 `image` (of the output's aspect ratio and of another), at two sizes, from the preset and from a saved directory;
 the prompt, the image and the guidance reach the output; a job resumed past its first step fills the cache again
-and equals the uninterrupted one; tp, --fsdp and cfg 2 equal one process, and --ulysses is refused naming the
-layouts that run it; a batch equals its rows one by one; the new VAE decodes (and encodes) patch-parallel at 2 and
+and equals the uninterrupted one; ulysses 2, ring 2, tp, --fsdp and cfg 2 equal one process, and the stale-K/V
+methods are refused naming the layouts that run it; a batch equals its rows one by one; the new VAE decodes (and encodes) patch-parallel at 2 and
 4 ranks exactly as on one; a random LoRA equals diffusers' load_lora_weights; a sample_sigmas grid sets the steps;
 the hub id resolves from the cache."""
 
@@ -116,23 +116,43 @@ def test_a_job_resumed_past_its_first_step_fills_the_cache_and_equals_the_uninte
     torch.testing.assert_close(run(2), run(None), rtol=0, atol=0)
 
 
-def test_tp_fsdp_and_cfg_layouts_equal_one_process(tmp_path):
-    # a condition image, true CFG; 2 x 3 output tokens and 2 x 2 of the image's after the prompt's
-    image = random_image(tmp_path / "in.png", (48, 40))
-    spec_job = job(PRESET, width=96, height=64, num_inference_steps=2, seed=17, guidance_scale=4.0,
-                   negative_prompt="grey", image=image)
+def test_ulysses_ring_tp_fsdp_and_cfg_layouts_equal_one_process(tmp_path):
+    # ulysses and ring split the output's tokens and keep the prefix (the prompt's, the image's) whole on each rank
     # (dp, cfg, ring, ulysses, fsdp[, tp])
-    check_two_rank_layouts(spec_job, [(1, 1, 1, 1, False, 2), (1, 2, 1, 1, True), (1, 2, 1, 1, False)], tmp_path,
-                           timeout_s=120)
+    check_two_rank_layouts(_layouts_job(tmp_path), [(1, 1, 1, 2, False), (1, 1, 2, 1, False), (1, 1, 1, 1, False, 2),
+                                                    (1, 2, 1, 1, True), (1, 2, 1, 1, False)], tmp_path, timeout_s=150)
 
 
-def test_sequence_parallel_is_refused_naming_the_layouts_that_run_it():
-    from genbatch.parallel.routing import sequence_routing
+def _layouts_job(tmp_path):
+    """A condition image, true CFG, 3 steps (the first fills the cache, the later ones read it), and 3 x 3 output
+    tokens after the prompt's and the image's: uneven over 2 and 4 ranks."""
+    image = random_image(tmp_path / "in.png", (48, 40))
+    return job(PRESET, width=96, height=96, num_inference_steps=3, seed=17, guidance_scale=4.0,
+               negative_prompt="grey", image=image)
+
+
+@pytest.mark.slow  # test_ulysses_ring_tp_fsdp_and_cfg_layouts_equal_one_process holds ulysses and ring in make test
+def test_usp_ring_4_and_cfg_with_ulysses_equal_one_process_on_four_ranks(tmp_path):
+    from tests.parallel.test_layouts import _all_layouts, _check, _run_job
+
+    spec_job = _layouts_job(tmp_path)
+    cases = [(spec_job, 1, 1, 2, 2, False), (spec_job, 1, 1, 4, 1, False), (spec_job, 1, 2, 1, 2, False)]
+    per_rank = run_on_ranks(_all_layouts, 4, args=(cases, str(tmp_path / "ranks")), timeout_s=150)
+    _check(cases, per_rank, {PRESET: _run_job(spec_job, None, 1, 1, 1, False, out=str(tmp_path / "one"))})
+
+
+def test_stale_patch_attention_is_refused_naming_the_layouts_that_run_it():
+    from genbatch.parallel.attention.group import SequenceGroup
+    from genbatch.parallel.comm import Comm, CommLedger
+    from genbatch.parallel.sequence import SequenceParallel
 
     pipe = load_pipeline(resolve_model(PRESET), torch.device("cpu"), torch.float32)
-    with pytest.raises(ValueError, match="QwenImage21Transformer2DModel has no sequence-parallel split points; run it with "
-                                         "--ulysses 1 --ring 1"):
-        sequence_routing(pipe.transformer)
+    solo = Comm(None, CommLedger())
+    for strategy in ("pipefusion", "distrifusion"):
+        with pytest.raises(ValueError, match=f"QwenImage21Transformer2DModel attends block-causally over a cached "
+                                             f"prefix, which stale-K/V attention \\({strategy}: .*run it with "
+                                             "--ulysses or --ring, --tp, --cfg or --dp"):
+            SequenceParallel(pipe.transformer, SequenceGroup(ulysses=solo, ring=solo, sp=solo), strategy)
 
 
 @pytest.mark.slow
@@ -262,7 +282,7 @@ def test_compile_equals_eager(tmp_path):
     assert (compiled[1] - eager).abs().max().item() > 1e-3  # another seed through the same graphs
 
 
-def test_the_planner_ranks_no_sequence_or_pipefusion_layout_for_it():
+def test_the_planner_ranks_ulysses_and_ring_and_no_stale_layout_for_it():
     from genbatch.parallel.dims import ParallelDims
     from genbatch.planner.hardware import make_cluster
     from genbatch.planner.layouts import structural_problems
@@ -270,9 +290,12 @@ def test_the_planner_ranks_no_sequence_or_pipefusion_layout_for_it():
 
     for name in ("qwen-image-2.1", PRESET):
         shape = resolve_shape(name)
-        assert not shape.sequence_parallel and not shape.pipeline_stages, name
+        assert shape.sequence_parallel and not shape.patch_parallel and not shape.pipeline_stages, name
     shape = resolve_shape("qwen-image-2.1")
     cluster = make_cluster(8)
-    assert any("needs sequence-parallel split points" in problem for problem in structural_problems(
-        ParallelDims(dp=4, ulysses=2), shape, 4352, 40, cluster))
-    assert not structural_problems(ParallelDims(dp=4, tp=2), shape, 4352, 40, cluster)
+    for layout in (ParallelDims(dp=4, ulysses=2), ParallelDims(dp=4, ring=2), ParallelDims(dp=4, tp=2)):
+        assert not structural_problems(layout, shape, 4352, 40, cluster), layout
+    assert any("distrifusion=2 needs patches whose keys can go stale" in problem for problem in structural_problems(
+        ParallelDims(dp=4, distrifusion=2), shape, 4352, 40, cluster))
+    assert any("pp=2 needs PipeFusion stages" in problem for problem in structural_problems(
+        ParallelDims(dp=4, pp=2), shape, 4352, 40, cluster))

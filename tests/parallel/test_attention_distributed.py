@@ -1,5 +1,6 @@
 """Ulysses, Ring and USP on 2 and 4 gloo processes against one-process SDPA on the full sequence, and the
-bytes each rank sends against seed 000's formulas.
+bytes each rank sends against seed 000's formulas; the same with a prefix every rank keeps whole
+(`prefix_attention`, Qwen-Image 2.1's kept prefix), its padded keys masked, and its bytes never sent.
 
 Each world size is launched once (a launch costs seconds of imports) and runs every case; the tests then
 check each case's result, so a failure names its case.
@@ -16,6 +17,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from genbatch.parallel.attention import SequenceLayout, ring_attention, ulysses_attention, usp_attention
+from genbatch.parallel.attention.group import SequenceGroup
+from genbatch.parallel.attention.prefix import prefix_attention
 from genbatch.parallel.comm import Comm, CommLedger
 from tests.support.distributed import run_on_ranks
 
@@ -39,6 +42,10 @@ class Case:
     """Shard lengths; None splits N as torch.tensor_split does."""
     error: str | None = None
     """A ValueError message every rank must raise (regex)."""
+    prefix: int = 0
+    """Tokens of a prefix every rank holds whole, before the split ones (`prefix_attention`); 0: none."""
+    padded: int = 0
+    """Prefix keys masked as padding at the end of the second batch row's prefix."""
 
     @property
     def world(self) -> int:
@@ -77,6 +84,11 @@ CASES = [
     Case(name="r4-3-tokens", ring=4, tokens=3),
     Case(name="u2r2-3-tokens", ulysses=2, ring=2, tokens=3),
     Case(name="u2r2-empty-row", ulysses=2, ring=2, tokens=9, layout=(0, 0, 4, 5)),
+    Case(name="u2-prefix-uneven-padded", ulysses=2, tokens=45, prefix=13, padded=4),
+    Case(name="r2-prefix-uneven-padded", ring=2, tokens=45, heads=3, prefix=13, padded=4),
+    Case(name="r2-prefix-lopsided", ring=2, tokens=45, layout=(40, 5), prefix=7),
+    Case(name="u2r2-prefix-uneven-padded", ulysses=2, ring=2, tokens=45, prefix=11, padded=3),
+    Case(name="r4-prefix-3-tokens", ring=4, tokens=3, prefix=5, padded=2),
     Case(name="u2-bad-heads", ulysses=2, heads=3, error=r"Ulysses degree 2 does not divide the 3 .*\[1, 3\]"),
     Case(name="u4-bad-heads", ulysses=4, heads=6, error=r"Ulysses degree 4 .* 6 attention heads.*\[1, 2, 3, 6\]"),
     Case(name="u2r2-bad-heads", ulysses=2, ring=2, heads=5, error=r"degree 2 does not divide the 5"),
@@ -89,11 +101,18 @@ def _inputs(case: Case, index: int):
     gen = torch.Generator().manual_seed(1000 + index)
     shape = (case.batch, case.tokens, case.heads, case.head_dim)
     q, k, v = (torch.randn(shape, generator=gen).to(getattr(torch, case.dtype)) for _ in range(3))
-    # one-process reference in fp32 on the same (possibly bf16-rounded) values: (b, S, h, d) -> (b, h, S, d)
+    prefix_shape = (case.batch, case.prefix, case.heads, case.head_dim)
+    prefix_k, prefix_v = (torch.randn(prefix_shape, generator=gen).to(q.dtype) for _ in range(2))
+    prefix_mask = torch.ones(case.batch, case.prefix, dtype=torch.bool)
+    prefix_mask[-1, case.prefix - case.padded:] = False
+    # one-process reference in fp32 on the same (possibly bf16-rounded) values over [prefix, every split token]:
+    # (b, S, h, d) -> (b, h, S, d); the mask (b, P + S) -> (b, 1, 1, P + S)
+    keys, values = torch.cat([prefix_k, k], dim=1), torch.cat([prefix_v, v], dim=1)
+    mask = torch.cat([prefix_mask, torch.ones(case.batch, case.tokens, dtype=torch.bool)], dim=1)[:, None, None]
     ref = F.scaled_dot_product_attention(
-        *(x.float().transpose(1, 2) for x in (q, k, v)), scale=case.scale
+        *(x.float().transpose(1, 2) for x in (q, keys, values)), attn_mask=mask, scale=case.scale
     ).transpose(1, 2)
-    return q, k, v, ref
+    return q, k, v, ref, (prefix_k, prefix_v, prefix_mask if case.padded else None)
 
 
 def _groups(world: int, ulysses: int):
@@ -113,12 +132,16 @@ def _groups(world: int, ulysses: int):
 def _run_case(case: Case, index: int, groups) -> dict:
     ulysses_group, ring_group, ring_rank, ulysses_rank = groups
     ulysses, ring = Comm(ulysses_group, CommLedger()), Comm(ring_group, CommLedger())
-    q, k, v, ref = _inputs(case, index)
+    q, k, v, ref, (prefix_k, prefix_v, prefix_mask) = _inputs(case, index)
     layout = case.shards
     sp_rank = min(ring_rank * case.ulysses + ulysses_rank, layout.parts - 1)
     shard = [layout.shard(x, sp_rank) for x in (q, k, v)]
     try:
-        if case.kind == "ulysses":
+        if case.prefix:
+            group = SequenceGroup(ulysses=ulysses, ring=ring, sp=Comm(dist.group.WORLD, CommLedger()))
+            out = prefix_attention(*shard, prefix_k, prefix_v, group, layout, prefix_mask=prefix_mask,
+                                   scale=case.scale)
+        elif case.kind == "ulysses":
             out = ulysses_attention(*shard, ulysses, layout, scale=case.scale)
         elif case.kind == "ring":
             out = ring_attention(*shard, ring, layout, scale=case.scale)

@@ -32,20 +32,22 @@ def ring_pass(
     scale: float | None = None,
     key_mask: torch.Tensor | None = None,
     backend: str = "auto",
+    seed: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """q, k, v (b, s_rank, h, d) with `lengths[r]` tokens on ring rank r -> out (b, s_rank, h, d); `backend`:
     the local kernel of each block (`local_attention`'s).
 
     `key_mask` (b, sum(lengths)) bool, in ring-rank order, drops padded keys: every rank holds all of it
-    (it is small), so only K/V travel and each block's slice of the mask is cut locally."""
+    (it is small), so only K/V travel and each block's slice of the mask is cut locally. `seed`: (out, lse) of
+    q over keys no ring rank holds (a prefix every rank keeps whole: `attention.prefix`), merged first."""
     p, r = comm.size, comm.rank
-    if p == 1:
+    if p == 1 and seed is None:
         return local_attention(q, k, v, scale=scale, key_mask=key_mask, backend=backend)[0]
     offsets = SequenceLayout(tuple(lengths)).offsets
     b, s_q, h, d = q.shape
     after, before = (r + 1) % p, (r - 1) % p
     kv = torch.stack((k, v))  # 2 x (b, s, h, d) -> (2, b, s, h, d): one message per round
-    out = lse = None
+    out, lse = (None, None) if seed is None else (seed[0].float(), seed[1])
     for step in range(p):
         holder = (r - step) % p  # whose K/V block this rank holds in this round
         works, incoming = [], None
@@ -58,7 +60,7 @@ def ring_pass(
         if s_q and lengths[holder]:
             block_mask = None if key_mask is None else key_mask.narrow(1, offsets[holder], lengths[holder])
             block_out, block_lse = local_attention(q, kv[0], kv[1], scale=scale, key_mask=block_mask, backend=backend)
-            if out is None:  # the first block is this rank's own, never empty here
+            if out is None:  # the first block (this rank's own, never empty here) when there is no seed
                 out, lse = block_out.float(), block_lse
             else:
                 out, lse = merge_attention(out, lse, block_out, block_lse)
