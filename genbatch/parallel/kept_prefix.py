@@ -109,7 +109,8 @@ class KeptPrefixRoute:
         prefix_mask = None
         if attn_mask is not None:  # (b, 1, 1, prefix + T): padded prompt keys; the output's keys are never padded
             mask = masks.key_padding(attn_mask, query.shape[0], self.name)
-            if mask.shape[1] != prefix + state.layout.total or not bool(mask[:, prefix:].all()):
+            checked = torch.compiler.is_compiling() or bool(mask[:, prefix:].all())  # no host sync in a graph
+            if mask.shape[1] != prefix + state.layout.total or not checked:
                 raise ValueError(f"{self.name}: sequence parallelism takes a padding mask over the prefix's keys "
                                  "only; run this model with --ulysses 1 --ring 1")
             prefix_mask = mask[:, :prefix]

@@ -170,6 +170,38 @@ def test_a_batch_equals_its_rows_one_by_one(tmp_path):
     assert np.abs(batched[0] - batched[1]).max() > 0.05 and np.abs(batched[0] - batched[2]).max() > 0.05
 
 
+def _batch_under(rank, world_size, rows, out, layout):
+    with job_executor(out, model=PRESET, **layout) as (world, executor):
+        return drive.denoise_batch(executor, rows, JobTimer(world.ctx.device))
+
+
+@pytest.mark.slow
+def test_a_batch_under_ulysses_and_ring_equals_one_process(tmp_path):
+    # two rows of one prompt share a layout (one forward of two rows through the kept prefix), a third runs alone
+    image = random_image(tmp_path / "in.png", (64, 48))
+    rows = [replace(job(PRESET, width=96, height=96, num_inference_steps=3, seed=50 + index, prompt=prompt,
+                        guidance_scale=4.0, negative_prompt="grey", image=image), id=f"row{index}", row=index)
+            for index, prompt in enumerate(("a red fox", "a red fox", "a lighthouse on a cliff at dusk"))]
+    reference = _batch_under(0, 1, rows, str(tmp_path / "one"), {})
+    for layout in ({"ulysses": 2}, {"ring": 2}):
+        for rank, latents in enumerate(run_on_ranks(_batch_under, 2, args=(rows, str(tmp_path / str(layout)), layout),
+                                                     timeout_s=120)):
+            diff = (latents - reference).abs().max().item()
+            assert diff <= 1e-5, f"{layout}: rank {rank} latents differ by {diff}"
+
+
+@pytest.mark.slow
+def test_compiled_ulysses_and_ring_equal_one_eager_process(tmp_path):
+    spec_job = replace(_layouts_job(tmp_path), id="compiled")
+    reference = _batch_under(0, 1, [spec_job], str(tmp_path / "one"), {})
+    for layout in ({"ulysses": 2}, {"ring": 2}):
+        compiled = dict(layout, compile=True, compile_backend="aot_eager")
+        for rank, latents in enumerate(run_on_ranks(_batch_under, 2, args=([spec_job], str(tmp_path / str(layout)),
+                                                                            compiled), timeout_s=300)):
+            diff = (latents - reference).abs().max().item()
+            assert diff <= 1e-4, f"{layout}: rank {rank} latents differ by {diff}"  # compile's fusions: 1e-4
+
+
 WIDE_VAE = dict(TINY_VAE, base_dim=8, decoder_base_dim=12, dim_mult=[1, 2, 4, 8, 8], z_dim=16)
 """The published layout (channel multipliers 1-2-4-8-8, the decoder wider than the encoder) at 1/12 of its width."""
 VAE_CASES = [("tiny", (1, 16, 1, 7, 6)), ("tiny", (1, 16, 1, 3, 6)), ("wide", (1, 16, 1, 5, 7)),
