@@ -259,6 +259,17 @@ def build_tiny(meta: frozenset[str] = frozenset()):
     return QwenImagePipeline(**tiny_components(tokenizer, meta))
 
 
+VL_ENCODER_BLOCKS = Blocks(
+    before=("model.language_model.embed_tokens",),
+    repeated=("model.visual.blocks", "model.language_model.layers"),  # the vision tower idles on text
+    after=("model.language_model.norm", "lm_head"),
+)
+"""The blocks of a Qwen vision-language text encoder (Qwen2.5-VL here, Qwen3-VL for Qwen-Image 2.1: the same
+module names)."""
+VL_ENCODER_SPLITS = decoder_tensor_splits("model.language_model.layers")
+"""Its tensor splits: the decoder layers' heads and MLP."""
+
+
 FAMILY = ModelFamily(
     name="qwen-image",
     pipelines=("QwenImagePipeline",),
@@ -287,14 +298,8 @@ FAMILY = ModelFamily(
             carried=("encoder_hidden_states", "hidden_states"),  # a block returns the two streams
         ),
     },
-    text_encoders={
-        "Qwen2_5_VLForConditionalGeneration": Blocks(
-            before=("model.language_model.embed_tokens",),
-            repeated=("model.visual.blocks", "model.language_model.layers"),  # the vision tower idles on text
-            after=("model.language_model.norm", "lm_head"),
-        ),
-    },
-    text_encoder_splits={"Qwen2_5_VLForConditionalGeneration": decoder_tensor_splits("model.language_model.layers")},
+    text_encoders={"Qwen2_5_VLForConditionalGeneration": VL_ENCODER_BLOCKS},
+    text_encoder_splits={"Qwen2_5_VLForConditionalGeneration": VL_ENCODER_SPLITS},
     vae_classes=("diffusers:AutoencoderKLQwenImage",),
     vae_rules=vae_rules.AUTOENCODER_KL_QWEN_IMAGE,
     presets=(TinyPreset(name="tiny-qwen-image", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,

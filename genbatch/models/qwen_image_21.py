@@ -53,9 +53,9 @@ from genbatch.models.base import (
     TensorSplits,
     TinyPreset,
     TransformerParts,
-    decoder_tensor_splits,
 )
 from genbatch.models.hooks import COND, UNCOND, Conditioning, FamilyHooks, Trajectory, classifier_free_guidance
+from genbatch.models.qwen_image import VL_ENCODER_BLOCKS, VL_ENCODER_SPLITS
 from genbatch.models.shapes import ImageEncode, Published
 from genbatch.models.spec import ModelSpec
 
@@ -522,14 +522,8 @@ FAMILY = ModelFamily(
             compile_units=("transformer_blocks.*",),  # diffusers' _repeated_blocks: QwenImage21TransformerBlock
         ),
     },
-    text_encoders={
-        "Qwen3VLForConditionalGeneration": Blocks(
-            before=("model.language_model.embed_tokens",),
-            repeated=("model.visual.blocks", "model.language_model.layers"),  # the vision tower idles on text
-            after=("model.language_model.norm", "lm_head"),
-        ),
-    },
-    text_encoder_splits={"Qwen3VLForConditionalGeneration": decoder_tensor_splits("model.language_model.layers")},
+    text_encoders={"Qwen3VLForConditionalGeneration": VL_ENCODER_BLOCKS},
+    text_encoder_splits={"Qwen3VLForConditionalGeneration": VL_ENCODER_SPLITS},
     vae_classes=("diffusers:AutoencoderKLQwenImage21",),
     vae_rules=vae_rules.AUTOENCODER_KL_QWEN_IMAGE_21,
     presets=(TinyPreset(name="tiny-qwen-image-21", transformer=TINY_TRANSFORMER, vae=TINY_VAE, defaults=TINY_DEFAULTS,
