@@ -20,7 +20,7 @@ from genbatch.jobs.spec import JobOverrides
 from genbatch.manifests import read_jobs
 from genbatch.runner.execute import fingerprint
 from tests.models.pipeline_outputs import genbatch_frames, pipeline_frames
-from tests.support.runs import gen, job, write_manifest
+from tests.support.runs import job, run_cli, write_manifest
 
 PRESET = "tiny-wan-i2v"
 FLF2V = "tiny-wan-flf2v"  # the first-and-last-frame model
@@ -156,8 +156,7 @@ def test_image_columns_are_checked_against_the_model_and_relative_paths_follow_t
     assert "tiny-wan takes no image (it is a text-only model)" in reasons[("text-model", "image")]
 
 
-@pytest.mark.processes  # `gen run` end to end: the results table, read by a fresh run of the CLI
-def test_gen_run_records_each_image_and_its_sha256(tmp_path):
+def test_gen_run_records_each_image_and_its_sha256(tmp_path):  # `gen run` end to end, in this process
     (tmp_path / "frames").mkdir()
     image = _png(tmp_path / "frames" / "fox.png", (64, 48), (200, 90, 10))
     rows = [{"id": "clip", "prompt": "a fox", "model": PRESET, "image": "frames/fox.png", "num_frames": 5,
@@ -168,7 +167,7 @@ def test_gen_run_records_each_image_and_its_sha256(tmp_path):
              "num_inference_steps": 2}]
     (tmp_path / "frames" / "broken.png").write_bytes(b"not a picture")
     out = tmp_path / "out"
-    result = gen("run", write_manifest(str(tmp_path / "m.parquet"), rows), "--out", str(out), "-q")
+    result = run_cli("run", write_manifest(str(tmp_path / "m.parquet"), rows), "--out", str(out), "-q")
     assert result.returncode == 1, result.stderr[-3000:]  # one job failed, the other ran
     results = {row["id"]: row for row in pq.read_table(out / "results").to_pylist()}
     assert results["clip"]["status"] == "done" and results["clip"]["image"] == image
