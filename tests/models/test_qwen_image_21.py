@@ -303,10 +303,22 @@ def test_a_sample_sigmas_grid_sets_the_steps_and_the_hub_id_resolves(directory, 
 
 
 @pytest.mark.slow
-def test_compile_equals_eager(tmp_path):
+def test_compile_equals_eager_taylorseer_runs_and_fbc_is_refused(tmp_path):
     spec_job = job(PRESET, num_inference_steps=3, seed=5, guidance_scale=4.0, negative_prompt="grey")
     with job_executor(str(tmp_path / "eager"), model=PRESET) as (world, executor):
         eager = drive.denoise(executor, spec_job, JobTimer(world.ctx.device))
+        # TaylorSeer's warm-up runs the first step (the prefix's) and the next two in full, then predicts the
+        # attention of the output's tokens; the prefix's cached keys and values are read, never rewritten
+        steps = replace(spec_job, num_inference_steps=6)
+        full = drive.denoise(executor, steps, JobTimer(world.ctx.device))
+        with drive.hook_summaries() as summaries:
+            cached = drive.denoise(executor, replace(steps, cache="taylorseer:2"), JobTimer(world.ctx.device))
+        assert summaries[-1]["cache_hooked"] > 0
+        assert 0 < (cached - full).abs().max().item() < full.abs().max().item()
+        with pytest.raises(ValueError, match="QwenImage21TransformerBlock is not a transformer block diffusers' "
+                                             "First-Block Cache knows; run this model with --cache none or --cache "
+                                             "taylorseer:N"):
+            drive.denoise(executor, replace(spec_job, cache="fbc:0.2"), JobTimer(world.ctx.device))
     with job_executor(str(tmp_path / "compiled"), model=PRESET, compile=True, compile_backend="aot_eager") as (
             world, executor):
         compiled = [drive.denoise(executor, replace(spec_job, seed=seed), JobTimer(world.ctx.device)) for seed in (5, 6)]
