@@ -36,6 +36,8 @@ class PrefixState:
 
     prefix: int = 0
     layout: SequenceLayout | None = None
+    mask_checked: bool = False
+    """Whether this forward's padding mask was found to spare the output's keys (checked once: a host sync)."""
 
 
 class KeptPrefixSplit:
@@ -62,6 +64,7 @@ class KeptPrefixSplit:
             if first:
                 hidden = kwargs["hidden_states"]
                 self.state.prefix = self.spec.prefix_length(kwargs)
+                self.state.mask_checked = False
                 self.state.layout = SequenceLayout.split(hidden.shape[1] - self.state.prefix, self.group.size)
                 kwargs["hidden_states"] = self._cut(hidden, 1).contiguous()
             for name in self.spec.token_inputs:
@@ -109,8 +112,10 @@ class KeptPrefixRoute:
         prefix_mask = None
         if attn_mask is not None:  # (b, 1, 1, prefix + T): padded prompt keys; the output's keys are never padded
             mask = masks.key_padding(attn_mask, query.shape[0], self.name)
-            checked = torch.compiler.is_compiling() or bool(mask[:, prefix:].all())  # no host sync in a graph
-            if mask.shape[1] != prefix + state.layout.total or not checked:
+            spared = True
+            if not torch.compiler.is_compiling() and not state.mask_checked:  # once a forward: a host sync
+                spared, state.mask_checked = bool(mask[:, prefix:].all()), True
+            if mask.shape[1] != prefix + state.layout.total or not spared:
                 raise ValueError(f"{self.name}: sequence parallelism takes a padding mask over the prefix's keys "
                                  "only; run this model with --ulysses 1 --ring 1")
             prefix_mask = mask[:, :prefix]
