@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable, Iterable
 
 import click
@@ -139,6 +140,22 @@ def media_policy_from(manifest: str, options: dict):
         raise click.BadParameter(str(error), param_hint="--media-refuse") from None
     return MediaPolicy.for_manifest(manifest, allow=tuple(options.get("media_allow") or ()),
                                     max_mib=options.get("media_max_mib") or 64, refuse=refuse)
+
+
+def read_or_exit(read):
+    """`read()` of a run's records (`gen status`, `gen report`), or its error said and the exit status that fits
+    it: storage down past the bound 75 (try again later), refused for good 2; a path with no run, or a bad value,
+    2."""
+    from genbatch.io import StorageError
+
+    try:
+        return read()
+    except StorageError as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(exit_codes.for_storage_error(error))
+    except (FileNotFoundError, ValueError) as error:
+        click.echo(f"error: {error}", err=True)
+        sys.exit(exit_codes.USAGE)
 
 
 def storage_options_from(pairs: Iterable[str]) -> dict[str, object]:

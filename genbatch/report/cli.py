@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
 from genbatch.jobs.counts import counted
-from genbatch.jobs import exit_codes
-from genbatch.manifests.cli import storage_options_from
+from genbatch.manifests.cli import read_or_exit, storage_options_from
 from genbatch.report.config import MAX_PAGE_SIZE
 
 
@@ -47,21 +44,16 @@ def report_command(out: str, to: str | None, page_size: int, thumb_px: int, prev
     \b
     Example:  gen report runs/night --to /srv/www/night && xdg-open /srv/www/night/index.html
     """
-    from genbatch.io import StorageError
     from genbatch.report.config import ReportOptions
     from genbatch.report.write import write_report
 
-    try:
-        options = ReportOptions(out=out, to=to, page_size=page_size, thumb_px=thumb_px, preview_px=preview_px,
-                                workers=workers, storage_options=storage_options_from(storage_option),
-                                storage_timeout=storage_timeout)
-        result = write_report(options)
-    except StorageError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(exit_codes.for_storage_error(error))
-    except (FileNotFoundError, ValueError) as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(exit_codes.USAGE)
+    def write():
+        return write_report(ReportOptions(out=out, to=to, page_size=page_size, thumb_px=thumb_px,
+                                          preview_px=preview_px, workers=workers,
+                                          storage_options=storage_options_from(storage_option),
+                                          storage_timeout=storage_timeout))
+
+    result = read_or_exit(write)  # a bad option's ValueError too: exit 2 naming it
     if as_json:
         import json
 

@@ -12,6 +12,7 @@ from genbatch.jobs import exit_codes
 from genbatch.manifests.cli import (
     job_override_options,
     media_options,
+    read_or_exit,
     storage_options_from,
 )
 from genbatch.parallel.flags import kernel_options, layout_options, quantization_options
@@ -177,21 +178,6 @@ def _args_without_nproc(argv: list[str]) -> list[str]:
     return kept
 
 
-def _read_or_exit(read):
-    """`read()` of a run's records, or its error said and the exit status that fits it: storage down past the
-    bound 75 (try again later), refused for good 2; a path with no run, or a bad value, 2."""
-    from genbatch.io import StorageError
-
-    try:
-        return read()
-    except StorageError as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(exit_codes.for_storage_error(error))
-    except (FileNotFoundError, ValueError) as error:
-        click.echo(f"error: {error}", err=True)
-        sys.exit(exit_codes.USAGE)
-
-
 @click.command("status", short_help="Done / failed / rejected / pending counts of a run, and its ETA.")
 @click.argument("out")
 @click.option("--manifest", help="Count pending jobs against this manifest (default: the one in OUT/run.json).")
@@ -216,7 +202,7 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
 
     options = storage_options_from(storage_option)
     if list_failed:
-        jobs = _read_or_exit(lambda: failed_jobs(out, storage_options=options, storage_timeout=storage_timeout))
+        jobs = read_or_exit(lambda: failed_jobs(out, storage_options=options, storage_timeout=storage_timeout))
         if as_json:
             import json
 
@@ -225,7 +211,7 @@ def status_command(out: str, manifest: str | None, storage_option: tuple[str, ..
             click.echo(format_failed(jobs))
         return
     while True:
-        counts = _read_or_exit(lambda: run_status(out, manifest=manifest, storage_options=options,
+        counts = read_or_exit(lambda: run_status(out, manifest=manifest, storage_options=options,
                                                   storage_timeout=storage_timeout))
         if as_json:
             import json
