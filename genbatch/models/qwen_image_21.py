@@ -27,9 +27,10 @@ FSDP, data parallel. Sequence parallelism splits the output's tokens and keeps t
 (`KeptPrefix`, `genbatch.parallel.kept_prefix`): the processor attends segment by segment over the prefix at the
 first step (each rank computes the prefix, filling its own cache), and the output's queries attend over [the
 prefix's keys, every rank's output keys] (`genbatch.parallel.attention.prefix`). No PipeFusion or DistriFusion:
-their stale keys and values cannot stand for a prefix the output attends to causally. A batch of rows (`--batch-size`) runs one forward per group of rows that share a sequence layout
-(the same prompt length and condition-image grid: the transformer reads the layout from the batch's first row),
-so each row's output is its own, as alone.
+their stale keys and values cannot stand for a prefix the output attends to causally. A batch of rows
+(`--batch-size`) runs one forward per group of rows that share a sequence layout (the same prompt length and
+condition-image grid: the transformer reads the layout from the batch's first row), so each row's output is its
+own, as alone.
 """
 
 from __future__ import annotations

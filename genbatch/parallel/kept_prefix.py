@@ -41,7 +41,7 @@ class PrefixState:
 
 
 class KeptPrefixSplit:
-    """The split and gather hooks of one transformer; `handles` to remove them."""
+    """The split and gather hooks of one transformer; `handles` to remove them (`SequenceParallel.remove`)."""
 
     def __init__(self, model: torch.nn.Module, spec: KeptPrefix, group: SequenceGroup):
         self.spec, self.group, self.state = spec, group, PrefixState()
@@ -81,10 +81,6 @@ class KeptPrefixSplit:
         output = torch.cat(pieces, dim=0).transpose(0, 1)  # p x (s_r, b, c) -> (T, b, c) -> (b, T, c)
         return torch.cat([hidden[:, :prefix], output], dim=1)  # (b, P + T, c)
 
-    def remove(self) -> None:
-        for handle in self.handles:
-            handle.remove()
-        self.handles.clear()
 
 
 class KeptPrefixRoute:
@@ -95,7 +91,6 @@ class KeptPrefixRoute:
         from diffusers.models.attention_dispatch import dispatch_attention_fn
 
         self.split, self.name, self.used = split, name, False
-        self.strategy = None
         self._one_process = dispatch_attention_fn
 
     def attend(self, query, key, value, attn_mask, scale):

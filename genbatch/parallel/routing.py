@@ -107,9 +107,9 @@ def sequence_routing(model) -> tuple[SequenceRouting, dict]:
     """(genbatch's routing, the split/gather table) for a transformer; ValueError naming the fix otherwise."""
     name = type(model).__name__
     routing = SEQUENCE_ROUTING.get(name)
-    points = (routing.points if routing is not None else None) or getattr(model, "_cp_plan", None)
     if routing is not None and routing.kept_prefix is not None:
-        return routing, {}
+        return routing, {}  # its hooks take the place of split points
+    points = (routing.points if routing is not None else None) or getattr(model, "_cp_plan", None)
     if routing is None or not points:
         raise ValueError(
             f"{name} has no sequence-parallel split points; run it with --ulysses 1 --ring 1 (use --dp, and --cfg for "

@@ -193,8 +193,9 @@ class SequenceParallel:
         routes: dict[str, KeptPrefixRoute] = {}  # one per pattern, shared: the routed class binds its attend
         for module_name, module, _, _ in self.routing.attention_modules(model):
             pattern = self.routing.pattern_of(module_name)
-            route = routes.setdefault(pattern, KeptPrefixRoute(split, pattern))
-            self._route(module_name, module, ("kept_prefix", pattern), route)
+            if pattern not in routes:
+                routes[pattern] = KeptPrefixRoute(split, pattern)
+            self._route(module_name, module, ("kept_prefix", pattern), routes[pattern])
 
     def remove(self) -> None:
         if SEQUENCE_PARALLEL.get(self.model) is self:
