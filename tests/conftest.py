@@ -97,7 +97,6 @@ def pytest_collection_modifyitems(config, items):
         items.reverse()
 
 
-
 def pytest_configure(config):
     """Under pytest-xdist each worker takes its share of the cores for torch's threads: two workers on 2 cores,
     each with torch's default of 2 threads, oversubscribe the cores, and their OpenMP threads spin against each

@@ -106,9 +106,11 @@ def _inputs(case: Case, index: int):
     prefix_mask = torch.ones(case.batch, case.prefix, dtype=torch.bool)
     prefix_mask[-1, case.prefix - case.padded:] = False
     # one-process reference in fp32 on the same (possibly bf16-rounded) values over [prefix, every split token]:
-    # (b, S, h, d) -> (b, h, S, d); the mask (b, P + S) -> (b, 1, 1, P + S)
+    # (b, S, h, d) -> (b, h, S, d); a padded prefix's mask (b, P + S) -> (b, 1, 1, P + S)
     keys, values = torch.cat([prefix_k, k], dim=1), torch.cat([prefix_v, v], dim=1)
-    mask = torch.cat([prefix_mask, torch.ones(case.batch, case.tokens, dtype=torch.bool)], dim=1)[:, None, None]
+    mask = None
+    if case.padded:
+        mask = torch.cat([prefix_mask, torch.ones(case.batch, case.tokens, dtype=torch.bool)], dim=1)[:, None, None]
     ref = F.scaled_dot_product_attention(
         *(x.float().transpose(1, 2) for x in (q, keys, values)), attn_mask=mask, scale=case.scale
     ).transpose(1, 2)

@@ -49,10 +49,11 @@ def load() -> dict[str, float]:
 def heaviest_first(items: list) -> list:
     """Pytest's `items`, their modules heaviest first by `load()`'s seconds (a module's tests keep their order)."""
     seconds = load()
+    modules = {item.nodeid: item.nodeid.split("::")[0] for item in items}
     weight: collections.Counter = collections.Counter()
     for item in items:
-        weight[item.nodeid.split("::")[0]] += seconds.get(item.nodeid, UNKNOWN_TEST_SECONDS)
-    return sorted(items, key=lambda item: -weight[item.nodeid.split("::")[0]])  # stable: in-module order kept
+        weight[modules[item.nodeid]] += seconds.get(item.nodeid, UNKNOWN_TEST_SECONDS)
+    return sorted(items, key=lambda item: -weight[modules[item.nodeid]])  # stable: in-module order kept
 
 
 def main(paths: list[str]) -> None:
